@@ -1,0 +1,140 @@
+/* The wire protocol: length-prefixed msgpack frames (a 4-byte big-endian length, then one
+ * msgpack map), a reader that checks every peer-supplied number against the limits below
+ * before msgpack-c allocates anything, read-only accessors over a decoded frame, and a writer
+ * that builds one frame. PROTOCOL.md beside this file is the reference for the messages.
+ *
+ * No thread of its own and no shared state: each td_proto_reader / td_proto_writer belongs
+ * to one thread at a time. Used by the daemon's loop thread and by trainctl. */
+#ifndef TD_PROTO_H
+#define TD_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "td_errno.h"
+
+#define TD_PROTO_VERSION 1
+#define TD_PROTO_MAX_FRAME (1u << 20)  /* bytes of one frame's body, without the prefix */
+#define TD_PROTO_MAX_DEPTH 16          /* nested maps/arrays, the top map counting as 1 */
+#define TD_PROTO_MAX_ITEMS 65536       /* elements of one array, or pairs of one map */
+#define TD_PROTO_MAX_STR (256u * 1024) /* bytes of one string or binary */
+#define TD_PROTO_PREFIX 4              /* bytes of the length prefix */
+
+/* A decoded value. Points into its frame; valid until that frame is freed. */
+typedef struct msgpack_object td_pval;
+
+typedef enum {
+    TD_PV_NIL,
+    TD_PV_BOOL,
+    TD_PV_INT, /* signed or unsigned integer that fits in int64_t */
+    TD_PV_FLOAT,
+    TD_PV_STR,
+    TD_PV_BIN,
+    TD_PV_ARRAY,
+    TD_PV_MAP,
+    TD_PV_OTHER /* ext, or an unsigned integer above INT64_MAX */
+} td_pv_type;
+
+/* One decoded frame: its top value is always a map. Caller frees with td_proto_frame_free(). */
+typedef struct td_proto_frame td_proto_frame;
+
+/* ---- reading ---- */
+
+/* Accumulates bytes from a stream and cuts them into frames. */
+typedef struct td_proto_reader td_proto_reader;
+
+/* Makes a reader; max_frame is the largest body accepted (0 means TD_PROTO_MAX_FRAME).
+ * Caller frees with td_proto_reader_free(). */
+int td_proto_reader_new(td_proto_reader **out, uint32_t max_frame);
+void td_proto_reader_free(td_proto_reader *r);
+
+/* Copies len bytes of stream data into the reader. */
+int td_proto_reader_feed(td_proto_reader *r, const void *data, size_t len);
+
+/* Takes the next complete frame. Returns 1 and sets *out (caller frees) when a frame was
+ * decoded, 0 when more bytes are needed, or a negative code with err set naming what was
+ * wrong ("frame of 2000000 bytes exceeds the limit of 1048576", "map nested deeper than 16",
+ * "array of 4294967295 elements exceeds the limit of 65536", "top-level value is an array,
+ * not a map", "truncated msgpack value", ...). After an error the stream cannot be
+ * resynchronised: the caller replies with an error frame and closes the connection. */
+int td_proto_reader_next(td_proto_reader *r, td_proto_frame **out, td_error_t *err);
+
+/* Decodes one frame body (without prefix) with the same checks. Used by fuzz tests and by
+ * anyone holding a stored message (the daemon keeps submitted job specs as msgpack). */
+int td_proto_decode(const void *body, size_t len, td_proto_frame **out, td_error_t *err);
+
+void td_proto_frame_free(td_proto_frame *f);
+
+/* The frame's top map; never NULL for a decoded frame. */
+const td_pval *td_proto_frame_root(const td_proto_frame *f);
+
+/* The frame's body bytes (what td_proto_decode was given). Borrowed from the frame. */
+const void *td_proto_frame_body(const td_proto_frame *f, size_t *len);
+
+/* ---- accessors (all accept NULL and then answer "absent") ---- */
+
+td_pv_type td_pv_type_of(const td_pval *v);
+/* Value for key in map m, or NULL when m is not a map or the key is absent. */
+const td_pval *td_pv_get(const td_pval *m, const char *key);
+/* Integer value: 0 and *out set when v is TD_PV_INT (or a float with an exact integer
+ * value), else TD_EINVAL. */
+int td_pv_int(const td_pval *v, int64_t *out);
+/* Number value: 0 when v is TD_PV_INT or TD_PV_FLOAT, else TD_EINVAL. */
+int td_pv_double(const td_pval *v, double *out);
+int td_pv_bool(const td_pval *v, int *out);
+/* String: pointer into the frame (NOT NUL-terminated) and its length, or NULL if not a str. */
+const char *td_pv_str(const td_pval *v, size_t *len);
+/* Copies a string into buf (size bytes, NUL-terminated). 0, or TD_EINVAL when v is not a
+ * string, or TD_E2BIG when it does not fit. */
+int td_pv_strcpy(const td_pval *v, char *buf, size_t size);
+/* Array and map sizes and elements. Size 0 for a value of another type. */
+size_t td_pv_len(const td_pval *v);
+const td_pval *td_pv_at(const td_pval *arr, size_t i);
+const td_pval *td_pv_key_at(const td_pval *map, size_t i);
+const td_pval *td_pv_val_at(const td_pval *map, size_t i);
+
+/* ---- writing ---- */
+
+/* Builds one frame: the prefix is reserved on init and filled by td_pw_finish. Writer calls
+ * never fail individually; an allocation failure is remembered and reported by finish. */
+typedef struct td_pw {
+    char *buf;
+    size_t len, cap;
+    int failed;
+} td_pw;
+
+void td_pw_init(td_pw *w);
+void td_pw_reset(td_pw *w); /* empties it for a new frame, keeps the buffer */
+void td_pw_free(td_pw *w);
+
+void td_pw_map(td_pw *w, uint32_t npairs);
+void td_pw_array(td_pw *w, uint32_t n);
+void td_pw_str(td_pw *w, const char *s); /* NULL writes nil */
+void td_pw_strn(td_pw *w, const char *s, size_t len);
+void td_pw_bin(td_pw *w, const void *p, size_t len);
+void td_pw_int(td_pw *w, int64_t v);
+void td_pw_double(td_pw *w, double v);
+void td_pw_bool(td_pw *w, int v);
+void td_pw_nil(td_pw *w);
+/* Copies an already-encoded msgpack value (e.g. a stored job spec) verbatim. */
+void td_pw_raw(td_pw *w, const void *p, size_t len);
+/* Writes a decoded value back out (deep copy). */
+void td_pw_val(td_pw *w, const td_pval *v);
+
+/* Fills the length prefix. On success *frame/*len (prefix included) point at w->buf, which
+ * the writer still owns. TD_ENOMEM after an allocation failure, TD_E2BIG when the body
+ * exceeds TD_PROTO_MAX_FRAME. */
+int td_pw_finish(td_pw *w, const char **frame, size_t *len);
+
+/* The encoded body bytes so far, without the prefix (for storing a value as msgpack). */
+const void *td_pw_body(const td_pw *w, size_t *len);
+
+/* Builds a whole error frame: {type:"error", id, code, name, message}. */
+void td_proto_write_error(td_pw *w, int64_t id, int code, const char *message);
+
+/* Writes a decoded value as JSON text (UTF-8 strings escaped; bin as base64-less hex string;
+ * non-finite floats as null). Returns a malloc'd NUL-terminated string the caller frees, or
+ * NULL on allocation failure. Used to keep a readable copy of job specs in SQLite. */
+char *td_pv_to_json(const td_pval *v);
+
+#endif
