@@ -13,12 +13,12 @@
 
 #include "td_errno.h"
 
-#define TD_PROTO_VERSION 1
-#define TD_PROTO_MAX_FRAME (1u << 20)  /* bytes of one frame's body, without the prefix */
-#define TD_PROTO_MAX_DEPTH 16          /* nested maps/arrays, the top map counting as 1 */
-#define TD_PROTO_MAX_ITEMS 65536       /* elements of one array, or pairs of one map */
-#define TD_PROTO_MAX_STR (256u * 1024) /* bytes of one string or binary */
-#define TD_PROTO_PREFIX 4              /* bytes of the length prefix */
+#define TD_PROTO_VERSION   1
+#define TD_PROTO_MAX_FRAME (1u << 20)    /* bytes of one frame's body, without the prefix */
+#define TD_PROTO_MAX_DEPTH 16            /* nested maps/arrays, the top map counting as 1 */
+#define TD_PROTO_MAX_ITEMS 65536         /* elements of one array, or pairs of one map */
+#define TD_PROTO_MAX_STR   (256u * 1024) /* bytes of one string or binary */
+#define TD_PROTO_PREFIX    4             /* bytes of the length prefix */
 
 /* A decoded value. Points into its frame; valid until that frame is freed. */
 typedef struct msgpack_object td_pval;
@@ -48,19 +48,28 @@ typedef struct td_proto_reader td_proto_reader;
 int td_proto_reader_new(td_proto_reader **out, uint32_t max_frame);
 void td_proto_reader_free(td_proto_reader *r);
 
-/* Copies len bytes of stream data into the reader. */
+/* Copies len bytes of stream data into the reader. Each frame's length prefix is checked
+ * against max_frame as soon as its 4 bytes are in, before any of its body is kept; from an
+ * oversized prefix on, the reader keeps nothing and td_proto_reader_next reports the error
+ * once the frames before it are taken. The buffer holds only frames fed and not yet taken,
+ * so a caller that takes every frame after each feed holds at most one partial frame
+ * (prefix + max_frame bytes) plus its read size. Returns 0, or TD_ENOMEM. */
 int td_proto_reader_feed(td_proto_reader *r, const void *data, size_t len);
 
 /* Takes the next complete frame. Returns 1 and sets *out (caller frees) when a frame was
- * decoded, 0 when more bytes are needed, or a negative code with err set naming what was
- * wrong ("frame of 2000000 bytes exceeds the limit of 1048576", "map nested deeper than 16",
- * "array of 4294967295 elements exceeds the limit of 65536", "top-level value is an array,
- * not a map", "truncated msgpack value", ...). After an error the stream cannot be
- * resynchronised: the caller replies with an error frame and closes the connection. */
+ * decoded, 0 when more bytes are needed, or a negative code (TD_E2BIG for a limit, TD_EPROTO
+ * for bad msgpack, TD_ENOMEM) with err set naming what was wrong and where ("frame of 2000000
+ * bytes exceeds the limit of 1048576 bytes", "map nested deeper than 16 levels, at byte 40",
+ * "array of 4294967295 elements exceeds the limit of 65536, at byte 5", "top-level value is
+ * an array, not a map", "truncated msgpack value at byte 17", ...; PROTOCOL.md "Limits" has
+ * every form). After an error the stream cannot be resynchronised: every later call returns
+ * the same error; the caller replies with an error frame and closes the connection. */
 int td_proto_reader_next(td_proto_reader *r, td_proto_frame **out, td_error_t *err);
 
-/* Decodes one frame body (without prefix) with the same checks. Used by fuzz tests and by
- * anyone holding a stored message (the daemon keeps submitted job specs as msgpack). */
+/* Decodes one frame body (without prefix) with the same checks, against TD_PROTO_MAX_FRAME.
+ * Returns 0 and sets *out (caller frees), or a negative code with err set and *out NULL.
+ * Used by fuzz tests and by anyone holding a stored message (the daemon keeps submitted job
+ * specs as msgpack). */
 int td_proto_decode(const void *body, size_t len, td_proto_frame **out, td_error_t *err);
 
 void td_proto_frame_free(td_proto_frame *f);
@@ -73,8 +82,10 @@ const void *td_proto_frame_body(const td_proto_frame *f, size_t *len);
 
 /* ---- accessors (all accept NULL and then answer "absent") ---- */
 
+/* The value's type; TD_PV_NIL for NULL (an absent field reads as nil). */
 td_pv_type td_pv_type_of(const td_pval *v);
-/* Value for key in map m, or NULL when m is not a map or the key is absent. */
+/* Value for key in map m, or NULL when m is not a map or the key is absent. Keys are compared
+ * bytewise; when a map repeats a key, the first one counts. */
 const td_pval *td_pv_get(const td_pval *m, const char *key);
 /* Integer value: 0 and *out set when v is TD_PV_INT (or a float with an exact integer
  * value), else TD_EINVAL. */
@@ -85,7 +96,8 @@ int td_pv_bool(const td_pval *v, int *out);
 /* String: pointer into the frame (NOT NUL-terminated) and its length, or NULL if not a str. */
 const char *td_pv_str(const td_pval *v, size_t *len);
 /* Copies a string into buf (size bytes, NUL-terminated). 0, or TD_EINVAL when v is not a
- * string, or TD_E2BIG when it does not fit. */
+ * string or contains a NUL byte (it would not survive as a C string), or TD_E2BIG when it
+ * does not fit; on error buf (when size > 0) holds "". */
 int td_pv_strcpy(const td_pval *v, char *buf, size_t size);
 /* Array and map sizes and elements. Size 0 for a value of another type. */
 size_t td_pv_len(const td_pval *v);
@@ -100,7 +112,7 @@ const td_pval *td_pv_val_at(const td_pval *map, size_t i);
 typedef struct td_pw {
     char *buf;
     size_t len, cap;
-    int failed;
+    int failed; /* 0, or the negative code td_pw_finish will return */
 } td_pw;
 
 void td_pw_init(td_pw *w);
@@ -118,23 +130,33 @@ void td_pw_bool(td_pw *w, int v);
 void td_pw_nil(td_pw *w);
 /* Copies an already-encoded msgpack value (e.g. a stored job spec) verbatim. */
 void td_pw_raw(td_pw *w, const void *p, size_t len);
-/* Writes a decoded value back out (deep copy). */
+/* Writes a decoded value back out (deep copy). A hand-built tree deeper than 64 levels
+ * fails the frame with TD_E2BIG (a decoded one is at most TD_PROTO_MAX_DEPTH deep). */
 void td_pw_val(td_pw *w, const td_pval *v);
 
-/* Fills the length prefix. On success *frame/*len (prefix included) point at w->buf, which
- * the writer still owns. TD_ENOMEM after an allocation failure, TD_E2BIG when the body
- * exceeds TD_PROTO_MAX_FRAME. */
+/* Fills the length prefix. On success *frame and *len (prefix included) describe w->buf, which
+ * the writer still owns: borrowed until the next call on w (a write, reset or free may move
+ * or reuse it). Calling it again without writing in between gives the same frame. TD_ENOMEM
+ * after an allocation failure, TD_E2BIG when the body exceeds TD_PROTO_MAX_FRAME or a string
+ * or binary was longer than 4 GiB; then *frame is NULL and *len 0. */
 int td_pw_finish(td_pw *w, const char **frame, size_t *len);
 
-/* The encoded body bytes so far, without the prefix (for storing a value as msgpack). */
+/* The encoded body bytes so far, without the prefix (for storing a value as msgpack).
+ * Borrowed from w like td_pw_finish's frame; NULL (and *len 0) after a failed write. */
 const void *td_pw_body(const td_pw *w, size_t *len);
 
-/* Builds a whole error frame: {type:"error", id, code, name, message}. */
+/* Builds a whole error frame: empties w (td_pw_reset), writes {type:"error", id, code,
+ * name: td_errname(code), message} and fills the prefix. Get the bytes with td_pw_finish,
+ * which then only returns them. A NULL or empty message becomes td_strerror(code); one over
+ * 4096 bytes is cut there, at a UTF-8 character boundary. */
 void td_proto_write_error(td_pw *w, int64_t id, int code, const char *message);
 
-/* Writes a decoded value as JSON text (UTF-8 strings escaped; bin as base64-less hex string;
- * non-finite floats as null). Returns a malloc'd NUL-terminated string the caller frees, or
- * NULL on allocation failure. Used to keep a readable copy of job specs in SQLite. */
+/* Writes a decoded value as JSON text: strings with quote, backslash and control characters
+ * escaped (controls as \u00XX), valid UTF-8 as is and each invalid byte as \ufffd; floats as
+ * "%.17g" with ".0" added to whole values, non-finite ones as null; bin and ext data as
+ * strings of lowercase hex; a map key that is not a string as a string of its JSON text; NULL
+ * as null. Returns a malloc'd NUL-terminated string the caller frees, or NULL on allocation
+ * failure. Used to keep a readable copy of job specs in SQLite. */
 char *td_pv_to_json(const td_pval *v);
 
 #endif
