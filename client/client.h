@@ -1,0 +1,170 @@
+/* trainctl's internal interface: the exit statuses, the parsed command line, the connection
+ * to traind (conn.c), job files and JSON (jobjson.c), metric rows (rows.c), human output
+ * (output.c) and the verbs (verbs.c, watch.c).
+ *
+ * trainctl is a program, not a library, so its functions return what the process will exit
+ * with: 0, or a sysexits(3) status after the function has already said why on stderr. That
+ * keeps each failure's message next to the place that knows it, and main() has nothing left
+ * to translate. Single-threaded; every function is called from main's thread. */
+#ifndef TC_CLIENT_H
+#define TC_CLIENT_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <jansson.h>
+
+#include "proto.h"
+
+/* Exit statuses (sysexits.h numbers, written out so the contract is visible in one place). */
+enum {
+    TC_OK = 0,
+    TC_FAILED = 1,       /* the job failed or was cancelled (watch), or traind refused */
+    TC_USAGE = 64,       /* EX_USAGE: unknown verb or flag, missing or bad argument */
+    TC_DATAERR = 65,     /* EX_DATAERR: the job file is not a valid job */
+    TC_NOINPUT = 66,     /* EX_NOINPUT: the job file is missing or unreadable */
+    TC_UNAVAILABLE = 69, /* EX_UNAVAILABLE: traind cannot be reached or went away */
+    TC_PROTOCOL = 76,    /* EX_PROTOCOL: traind said something this client cannot read */
+    TC_INTERRUPTED = 130 /* 128 + SIGINT: the user stopped a watch */
+};
+
+#define TC_DEFAULT_SOCKET   "/run/traind/traind.sock"
+#define TC_REPLY_TIMEOUT_MS 60000 /* ms a request waits for a byte of its reply */
+
+/* The command line, as parsed by trainctl.c. Strings are borrowed from argv. */
+typedef struct tc_opts {
+    const char *socket; /* --socket, $TRAIND_SOCKET or TC_DEFAULT_SOCKET */
+    const char *file;   /* submit: the job file ("-" for stdin) */
+    const char **sets;  /* submit: each --set KEY=VALUE, in order */
+    size_t nsets;       /* entries in sets */
+    int64_t job;        /* the JOB argument; -1 when the verb takes none */
+    const char *keys;   /* --keys as given ("a,b"), or NULL */
+    int64_t since;      /* --since, or -1 */
+    int json, csv, summary;
+} tc_opts;
+
+/* Nonzero while watch.c has a progress line without its newline on stdout; tc_err() ends
+ * that line first so a diagnostic never lands in the middle of it. */
+extern int tc_line_open;
+
+/* Set by watch.c's SIGINT handler; a wait that it interrupts returns TC_INTERRUPTED. */
+extern volatile sig_atomic_t tc_interrupted;
+
+/* Prints "trainctl: <message>" on stderr and returns status. */
+int tc_err(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- conn.c: one connection to traind, blocking ---- */
+
+typedef struct tc_conn tc_conn;
+
+/* Connects to the socket at path and exchanges hello. Caller closes with tc_conn_close(). */
+int tc_conn_open(tc_conn **out, const char *path);
+void tc_conn_close(tc_conn *c);
+
+/* Starts the next request: a map of npairs pairs (type and id included, which this writes).
+ * The caller writes the other npairs - 2 pairs into the returned writer, then calls
+ * tc_conn_send(). The writer is borrowed from the connection. */
+td_pw *tc_conn_request(tc_conn *c, const char *type, uint32_t npairs);
+int tc_conn_send(tc_conn *c);
+
+/* Waits up to timeout_ms (-1: without limit) for the next frame answering the last request.
+ * Returns 0 with *out set (caller frees with td_proto_frame_free()), or 0 with *out NULL when
+ * the time ran out. An error frame from traind is printed and becomes its status: 65 for
+ * EJOB, 76 for EPROTO and EVERSION, else 1. */
+int tc_conn_recv(tc_conn *c, td_proto_frame **out, int timeout_ms);
+
+/* tc_conn_recv() within TC_REPLY_TIMEOUT_MS, requiring the frame's type to be type. */
+int tc_conn_expect(tc_conn *c, const char *type, td_proto_frame **out);
+
+/* Writes `keys` as an array of the non-empty names in the comma-separated list s. */
+void tc_pw_keys(td_pw *w, const char *s);
+
+/* Nonzero when v is a string equal to s. */
+int tc_pv_is(const td_pval *v, const char *s);
+
+/* ---- jobjson.c: job files, --set, JSON <-> msgpack ---- */
+
+/* Reads the job file at path ("-": stdin). 66 when it cannot be opened or read, 65 when it
+ * is not JSON or not an object. On success *out is a new reference the caller decrefs. */
+int tc_job_load(const char *path, json_t **out);
+
+/* Applies one --set KEY=VALUE to job: dotted keys go into nested objects (made as needed);
+ * VALUE is parsed as JSON when it is JSON, else taken as a string. 64 on a bad argument. */
+int tc_job_set(json_t *job, const char *assignment);
+
+/* Writes a JSON value as msgpack: objects as maps, arrays as arrays, integers as int, reals as
+ * float64, strings as str, true/false as bool, null as nil. depth is v's depth in the frame
+ * it will travel in (the frame's top map is 1). 65 when it exceeds the protocol's limits. */
+int tc_json_to_pw(td_pw *w, const json_t *v, int depth);
+
+/* A decoded value as a new JSON value (NULL on allocation failure). Non-finite floats and
+ * values JSON cannot hold become null; binary strings become hex text. */
+json_t *tc_pv_to_json(const td_pval *v);
+
+/* Prints v as JSON on stdout followed by a newline: indented when pretty, else one line. */
+int tc_print_json(const td_pval *v, int pretty);
+/* The same for a JSON value; borrows j. */
+int tc_dump_json(const json_t *j, int pretty);
+
+/* Prints the string as a JSON string literal (quotes and escapes included). */
+void tc_json_str(FILE *f, const char *s, size_t len);
+
+/* ---- rows.c: metric rows ---- */
+
+/* One metric row, pointing into its frame. */
+typedef struct tc_row {
+    const char *key;
+    size_t keylen;
+    int64_t step;
+    double value, time;
+} tc_row;
+
+/* Reads element i of a rows frame's `rows`. 76 (printed) when it is not a well-formed row. */
+int tc_row_at(const td_pval *rows, size_t i, tc_row *out);
+
+/* Prints a row as one line of JSON: {"job","key","step","value","time"}. */
+void tc_row_json(FILE *f, int64_t job, const tc_row *row);
+
+/* Streams a metrics reply into output; see rows.c. */
+typedef struct tc_sink tc_sink;
+int tc_sink_new(tc_sink **out, const tc_opts *o);
+int tc_sink_add(tc_sink *s, const tc_row *row);
+int tc_sink_finish(tc_sink *s);
+void tc_sink_free(tc_sink *s);
+
+/* ---- output.c: text for people ---- */
+
+/* Getters over a JOB map with defaults for absent fields. */
+int64_t tc_job_int(const td_pval *job, const char *key, int64_t dflt);
+double tc_job_double(const td_pval *job, const char *key, double dflt);
+void tc_job_str(const td_pval *job, const char *key, char *buf, size_t size);
+
+/* "1m35s", "2h05m", "3d04h", "12s". */
+void tc_fmt_duration(char *buf, size_t size, double seconds);
+/* A metric value for a person: %.6g, or an integer without a decimal point. */
+void tc_fmt_value(char *buf, size_t size, double v);
+
+void tc_print_status(const td_pval *job);
+void tc_print_jobs(const td_pval *jobs);
+/* The job's error message (or its code's text) into buf; empty when the job has none. */
+void tc_job_error(const td_pval *job, char *buf, size_t size);
+/* Nonzero for the keys of evaluation metrics: test_*, valid_*, val_*. */
+int tc_is_eval_key(const char *key, size_t len);
+/* "key value  key value" for the job's evaluation metrics and train_loss, into buf. */
+void tc_job_results(const td_pval *job, char *buf, size_t size);
+
+/* Finishes stdout: 1 (printed) when it could not be written. */
+int tc_flush_stdout(void);
+
+/* ---- the verbs ---- */
+
+int tc_submit(const tc_opts *o);
+int tc_status(const tc_opts *o);
+int tc_ls(const tc_opts *o);
+int tc_cancel(const tc_opts *o);
+int tc_metrics(const tc_opts *o);
+int tc_watch(const tc_opts *o);
+
+#endif

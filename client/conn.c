@@ -1,0 +1,293 @@
+/* The connection to traind: a blocking Unix stream socket with a frame reader and a frame
+ * writer from proto/. Opening it says hello; each request gets the next id, and each frame
+ * read must answer the last request (or be an error frame with id -1). A CLI waits for one
+ * thing at a time, so blocking I/O with poll() for the timeouts is all it needs. */
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "client.h"
+
+#define TC_READ_CHUNK 65536 /* bytes read from the socket at a time */
+
+struct tc_conn {
+    int fd;
+    const char *path; /* borrowed from the command line, for messages */
+    td_proto_reader *reader;
+    td_pw w;
+    int64_t id;       /* id of the last request */
+    const char *type; /* type of the last request, for messages */
+    char buf[TC_READ_CHUNK];
+};
+
+volatile sig_atomic_t tc_interrupted;
+
+/* Connects fd to the socket at path; -1 with errno set on failure. */
+static int connect_unix(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    size_t len = strlen(path);
+    int fd, saved;
+
+    if (len >= sizeof(sa.sun_path)) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(sa.sun_path, path, len + 1);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    if (connect(fd, (const struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        saved = errno;
+        close(fd);
+        errno = saved;
+        return -1;
+    }
+    return fd;
+}
+
+/* Sends hello and checks that traind speaks our protocol version. */
+static int hello(tc_conn *c)
+{
+    td_pw *w = tc_conn_request(c, "hello", 4);
+    td_proto_frame *f = NULL;
+    int64_t version = -1;
+    int rc;
+
+    td_pw_str(w, "version");
+    td_pw_int(w, TD_PROTO_VERSION);
+    td_pw_str(w, "client");
+    td_pw_str(w, "trainctl " TD_VERSION);
+    if ((rc = tc_conn_send(c)) != TC_OK || (rc = tc_conn_expect(c, "hello", &f)) != TC_OK)
+        goto out;
+    if (td_pv_int(td_pv_get(td_proto_frame_root(f), "version"), &version) != 0 ||
+        version != TD_PROTO_VERSION)
+        rc = tc_err(TC_PROTOCOL, "traind at %s speaks protocol version %lld, not %d", c->path,
+                    (long long)version, TD_PROTO_VERSION);
+out:
+    td_proto_frame_free(f);
+    return rc;
+}
+
+int tc_conn_open(tc_conn **out, const char *path)
+{
+    tc_conn *c = calloc(1, sizeof(*c));
+    int rc;
+
+    *out = NULL;
+    if (c == NULL)
+        return tc_err(TC_FAILED, "out of memory");
+    c->fd = -1;
+    c->path = path;
+    td_pw_init(&c->w);
+    if (td_proto_reader_new(&c->reader, 0) != 0) {
+        rc = tc_err(TC_FAILED, "out of memory");
+        goto fail;
+    }
+    c->fd = connect_unix(path);
+    if (c->fd < 0) {
+        rc = tc_err(TC_UNAVAILABLE, "cannot connect to traind at %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    if ((rc = hello(c)) != TC_OK)
+        goto fail;
+    *out = c;
+    return TC_OK;
+fail:
+    tc_conn_close(c);
+    return rc;
+}
+
+void tc_conn_close(tc_conn *c)
+{
+    if (c == NULL)
+        return;
+    if (c->fd >= 0)
+        close(c->fd);
+    td_proto_reader_free(c->reader);
+    td_pw_free(&c->w);
+    free(c);
+}
+
+td_pw *tc_conn_request(tc_conn *c, const char *type, uint32_t npairs)
+{
+    td_pw_reset(&c->w);
+    c->id++;
+    c->type = type;
+    td_pw_map(&c->w, npairs);
+    td_pw_str(&c->w, "type");
+    td_pw_str(&c->w, type);
+    td_pw_str(&c->w, "id");
+    td_pw_int(&c->w, c->id);
+    return &c->w;
+}
+
+int tc_conn_send(tc_conn *c)
+{
+    const char *p;
+    size_t len;
+    ssize_t n;
+    int rc = td_pw_finish(&c->w, &p, &len);
+
+    if (rc == TD_E2BIG)
+        return tc_err(TC_DATAERR, "the %s request is larger than traind accepts (%u bytes)",
+                      c->type, TD_PROTO_MAX_FRAME);
+    if (rc != 0)
+        return tc_err(TC_FAILED, "out of memory");
+    while (len > 0) {
+        n = send(c->fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR && !tc_interrupted)
+            continue;
+        if (n < 0 && errno == EINTR)
+            return TC_INTERRUPTED;
+        if (n < 0)
+            return tc_err(TC_UNAVAILABLE, "lost the connection to traind at %s: %s", c->path,
+                          strerror(errno));
+        p += n;
+        len -= (size_t)n;
+    }
+    return TC_OK;
+}
+
+/* Waits up to timeout_ms for bytes and feeds them to the reader; *timed_out when none came. */
+static int fill(tc_conn *c, int timeout_ms, int *timed_out)
+{
+    struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+    ssize_t n;
+    int ready;
+
+    *timed_out = 0;
+    do {
+        ready = poll(&pfd, 1, timeout_ms);
+        if (ready < 0 && errno == EINTR && tc_interrupted)
+            return TC_INTERRUPTED;
+    } while (ready < 0 && errno == EINTR);
+    if (ready == 0) {
+        *timed_out = 1;
+        return TC_OK;
+    }
+    n = ready < 0 ? -1 : read(c->fd, c->buf, sizeof(c->buf));
+    if (n < 0 && errno == EINTR)
+        return tc_interrupted ? TC_INTERRUPTED : TC_OK;
+    if (n < 0)
+        return tc_err(TC_UNAVAILABLE, "lost the connection to traind at %s: %s", c->path,
+                      strerror(errno));
+    if (n == 0)
+        return tc_err(TC_UNAVAILABLE, "traind closed the connection");
+    if (td_proto_reader_feed(c->reader, c->buf, (size_t)n) != 0)
+        return tc_err(TC_FAILED, "out of memory");
+    return TC_OK;
+}
+
+/* Prints an error frame's message and turns its code into an exit status. */
+static int remote_error(const td_pval *root)
+{
+    char msg[1024];
+    int64_t code = 0;
+
+    td_pv_int(td_pv_get(root, "code"), &code);
+    if (td_pv_strcpy(td_pv_get(root, "message"), msg, sizeof(msg)) != 0 || msg[0] == '\0')
+        snprintf(msg, sizeof(msg), "%s", td_strerror((int)code));
+    tc_err(TC_FAILED, "%s", msg);
+    if (code == TD_EJOB)
+        return TC_DATAERR;
+    if (code == TD_EPROTO || code == TD_EVERSION)
+        return TC_PROTOCOL;
+    return TC_FAILED;
+}
+
+/* Checks that frame f answers the last request; takes f. */
+static int check_reply(tc_conn *c, td_proto_frame *f, td_proto_frame **out)
+{
+    const td_pval *root = td_proto_frame_root(f);
+    int64_t id = -2;
+    size_t len = 0;
+    int rc = TC_OK;
+
+    td_pv_int(td_pv_get(root, "id"), &id);
+    if (tc_pv_is(td_pv_get(root, "type"), "error"))
+        rc = remote_error(root);
+    else if (td_pv_str(td_pv_get(root, "type"), &len) == NULL)
+        rc = tc_err(TC_PROTOCOL, "traind sent a frame without a type");
+    else if (id != c->id)
+        rc = tc_err(TC_PROTOCOL, "traind answered request %lld while %lld was waiting",
+                    (long long)id, (long long)c->id);
+    if (rc != TC_OK) {
+        td_proto_frame_free(f);
+        return rc;
+    }
+    *out = f;
+    return TC_OK;
+}
+
+int tc_conn_recv(tc_conn *c, td_proto_frame **out, int timeout_ms)
+{
+    td_proto_frame *f = NULL;
+    td_error_t err = {0};
+    int rc, timed_out = 0;
+
+    *out = NULL;
+    for (;;) {
+        rc = td_proto_reader_next(c->reader, &f, &err);
+        if (rc < 0)
+            return tc_err(TC_PROTOCOL, "unreadable frame from traind: %s", err.msg);
+        if (rc == 1)
+            return check_reply(c, f, out);
+        if ((rc = fill(c, timeout_ms, &timed_out)) != TC_OK || timed_out)
+            return rc;
+    }
+}
+
+int tc_conn_expect(tc_conn *c, const char *type, td_proto_frame **out)
+{
+    td_proto_frame *f = NULL;
+    const char *got;
+    size_t len = 0;
+    int rc = tc_conn_recv(c, &f, TC_REPLY_TIMEOUT_MS);
+
+    *out = NULL;
+    if (rc != TC_OK)
+        return rc;
+    if (f == NULL)
+        return tc_err(TC_UNAVAILABLE, "traind did not answer the %s request within %d s", c->type,
+                      TC_REPLY_TIMEOUT_MS / 1000);
+    if (!tc_pv_is(td_pv_get(td_proto_frame_root(f), "type"), type)) {
+        got = td_pv_str(td_pv_get(td_proto_frame_root(f), "type"), &len);
+        rc = tc_err(TC_PROTOCOL, "traind answered %s with '%.*s', not '%s'", c->type, (int)len, got,
+                    type);
+        td_proto_frame_free(f);
+        return rc;
+    }
+    *out = f;
+    return TC_OK;
+}
+
+void tc_pw_keys(td_pw *w, const char *s)
+{
+    const char *p, *end;
+    uint32_t n = 0;
+
+    for (p = s; *p != '\0'; p = *end != '\0' ? end + 1 : end) {
+        end = strchrnul(p, ',');
+        n += end > p;
+    }
+    td_pw_str(w, "keys");
+    td_pw_array(w, n);
+    for (p = s; *p != '\0'; p = *end != '\0' ? end + 1 : end) {
+        end = strchrnul(p, ',');
+        if (end > p)
+            td_pw_strn(w, p, (size_t)(end - p));
+    }
+}
+
+int tc_pv_is(const td_pval *v, const char *s)
+{
+    size_t len = 0;
+    const char *p = td_pv_str(v, &len);
+
+    return p != NULL && len == strlen(s) && memcmp(p, s, len) == 0;
+}

@@ -1,0 +1,344 @@
+/* JSON for trainctl, through jansson: reading a job file, applying --set KEY=VALUE to it,
+ * converting it to msgpack for the submit request, and the way back, from a decoded frame
+ * value to JSON for --json output. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "client.h"
+
+/* 15 significant digits print every decimal a person wrote (3e-4, 1700000000.123) as written,
+ * where jansson's default of 17 would show 0.00029999999999999997. */
+#define TC_JSON_REAL_FLAGS JSON_REAL_PRECISION(15)
+
+/* Opens the job file; "-" is standard input. */
+static int open_job(const char *path, FILE **out)
+{
+    struct stat st;
+    FILE *f;
+
+    if (strcmp(path, "-") == 0) {
+        *out = stdin;
+        return TC_OK;
+    }
+    f = fopen(path, "r");
+    if (f == NULL)
+        return tc_err(TC_NOINPUT, "cannot open %s: %s", path, strerror(errno));
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        return tc_err(TC_NOINPUT, "cannot read %s: %s", path, strerror(EISDIR));
+    }
+    *out = f;
+    return TC_OK;
+}
+
+int tc_job_load(const char *path, json_t **out)
+{
+    const char *name = strcmp(path, "-") == 0 ? "<stdin>" : path;
+    json_error_t je;
+    json_t *j;
+    FILE *f = NULL;
+    int rc;
+
+    *out = NULL;
+    if ((rc = open_job(path, &f)) != TC_OK)
+        return rc;
+    j = json_loadf(f, JSON_REJECT_DUPLICATES, &je);
+    if (j == NULL && ferror(f))
+        rc = tc_err(TC_NOINPUT, "cannot read %s: %s", name, strerror(errno));
+    else if (j == NULL)
+        rc = tc_err(TC_DATAERR, "%s:%d:%d: %s", name, je.line, je.column, je.text);
+    else if (!json_is_object(j))
+        rc = tc_err(TC_DATAERR, "%s: the job must be a JSON object ({...})", name);
+    if (f != stdin)
+        fclose(f);
+    if (rc != TC_OK)
+        json_decref(j);
+    else
+        *out = j;
+    return rc;
+}
+
+/* VALUE of --set: JSON when it parses as JSON, else the text as a string. */
+static json_t *set_value(const char *text)
+{
+    json_t *v = json_loads(text, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, NULL);
+
+    return v != NULL ? v : json_string(text);
+}
+
+/* The object that holds the last part of a dotted key, made as needed. key is modified: each
+ * '.' becomes a NUL, and *last points at the last part. */
+static int set_parent(json_t *job, const char *arg, char *key, json_t **parent, char **last)
+{
+    json_t *obj = job, *child;
+    char *dot;
+
+    while ((dot = strchr(key, '.')) != NULL) {
+        *dot = '\0';
+        if (key[0] == '\0')
+            return tc_err(TC_USAGE, "--set %s: empty key", arg);
+        child = json_object_get(obj, key);
+        if (child == NULL) {
+            child = json_object();
+            if (child == NULL || json_object_set_new(obj, key, child) != 0)
+                return tc_err(TC_FAILED, "out of memory");
+        } else if (!json_is_object(child)) {
+            return tc_err(TC_USAGE, "--set %s: '%s' is not an object in the job", arg, key);
+        }
+        obj = child;
+        key = dot + 1;
+    }
+    if (key[0] == '\0')
+        return tc_err(TC_USAGE, "--set %s: empty key", arg);
+    *parent = obj;
+    *last = key;
+    return TC_OK;
+}
+
+int tc_job_set(json_t *job, const char *assignment)
+{
+    const char *eq = strchr(assignment, '=');
+    char *key = eq != NULL ? strndup(assignment, (size_t)(eq - assignment)) : NULL;
+    json_t *parent = NULL, *value = NULL;
+    char *last = NULL;
+    int rc;
+
+    if (eq == NULL)
+        return tc_err(TC_USAGE, "--set needs KEY=VALUE, not '%s'", assignment);
+    if (key == NULL)
+        return tc_err(TC_FAILED, "out of memory");
+    rc = set_parent(job, assignment, key, &parent, &last);
+    if (rc != TC_OK)
+        goto out;
+    value = set_value(eq + 1);
+    if (value == NULL)
+        rc = tc_err(TC_USAGE, "--set %s: the value is not valid UTF-8", assignment);
+    else if (json_object_set_new(parent, last, value) != 0)
+        rc = tc_err(TC_FAILED, "out of memory");
+out:
+    free(key);
+    return rc;
+}
+
+/* The job's limits are the frame's: a deeper, longer or bigger job would be refused by
+ * traind's reader with a message about frames; this one names the job instead. */
+static int check_size(const json_t *v, int depth)
+{
+    size_t n = json_is_object(v) ? json_object_size(v) : json_is_array(v) ? json_array_size(v) : 0;
+
+    if (depth > TD_PROTO_MAX_DEPTH)
+        return tc_err(TC_DATAERR, "the job nests objects and arrays deeper than traind accepts");
+    if (n > TD_PROTO_MAX_ITEMS)
+        return tc_err(TC_DATAERR, "the job has an object or array of %zu items (the limit is %d)",
+                      n, TD_PROTO_MAX_ITEMS);
+    if (json_is_string(v) && json_string_length(v) > TD_PROTO_MAX_STR)
+        return tc_err(TC_DATAERR, "the job has a string of %zu bytes (the limit is %u)",
+                      json_string_length(v), TD_PROTO_MAX_STR);
+    return TC_OK;
+}
+
+static int object_to_pw(td_pw *w, json_t *v, int depth)
+{
+    const char *key;
+    json_t *val;
+    int rc;
+
+    td_pw_map(w, (uint32_t)json_object_size(v));
+    json_object_foreach(v, key, val)
+    {
+        td_pw_str(w, key);
+        if ((rc = tc_json_to_pw(w, val, depth + 1)) != TC_OK)
+            return rc;
+    }
+    return TC_OK;
+}
+
+int tc_json_to_pw(td_pw *w, const json_t *v, int depth)
+{
+    size_t i;
+    int rc = check_size(v, depth);
+
+    if (rc != TC_OK)
+        return rc;
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return object_to_pw(w, (json_t *)v, depth);
+    case JSON_ARRAY:
+        td_pw_array(w, (uint32_t)json_array_size(v));
+        for (i = 0; i < json_array_size(v) && rc == TC_OK; i++)
+            rc = tc_json_to_pw(w, json_array_get(v, i), depth + 1);
+        return rc;
+    case JSON_STRING:
+        td_pw_strn(w, json_string_value(v), json_string_length(v));
+        return TC_OK;
+    case JSON_INTEGER:
+        td_pw_int(w, json_integer_value(v));
+        return TC_OK;
+    case JSON_REAL:
+        td_pw_double(w, json_real_value(v));
+        return TC_OK;
+    case JSON_TRUE:
+    case JSON_FALSE:
+        td_pw_bool(w, json_is_true(v));
+        return TC_OK;
+    case JSON_NULL:
+        td_pw_nil(w);
+        return TC_OK;
+    }
+    return TC_OK;
+}
+
+/* A string from the wire; bytes that are not UTF-8 become '?' so jansson accepts it. */
+static json_t *string_to_json(const char *s, size_t len)
+{
+    json_t *j = json_stringn(s, len);
+    char *copy;
+    size_t i;
+
+    if (j != NULL || len == 0)
+        return j;
+    copy = malloc(len);
+    if (copy == NULL)
+        return NULL;
+    for (i = 0; i < len; i++)
+        copy[i] = (unsigned char)s[i] < 0x80 ? s[i] : '?';
+    j = json_stringn(copy, len);
+    free(copy);
+    return j;
+}
+
+static json_t *bin_to_json(const td_pval *v)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t len = 0, i;
+    const unsigned char *p = (const unsigned char *)td_pv_str(v, &len);
+    char *text;
+    json_t *j;
+
+    if (p == NULL)
+        return json_string("");
+    text = malloc(2 * len + 1);
+    if (text == NULL)
+        return NULL;
+    for (i = 0; i < len; i++) {
+        text[2 * i] = hex[p[i] >> 4];
+        text[2 * i + 1] = hex[p[i] & 15];
+    }
+    j = json_stringn(text, 2 * len);
+    free(text);
+    return j;
+}
+
+static json_t *array_to_json(const td_pval *v)
+{
+    json_t *arr = json_array(), *item;
+    size_t i;
+
+    for (i = 0; arr != NULL && i < td_pv_len(v); i++) {
+        item = tc_pv_to_json(td_pv_at(v, i));
+        if (item == NULL || json_array_append_new(arr, item) != 0) {
+            json_decref(arr);
+            arr = NULL;
+        }
+    }
+    return arr;
+}
+
+/* Maps from traind have string keys; a key of another type is left out. */
+static json_t *map_to_json(const td_pval *v)
+{
+    json_t *obj = json_object(), *item;
+    const char *k;
+    size_t i, klen = 0;
+    char *key;
+
+    for (i = 0; obj != NULL && i < td_pv_len(v); i++) {
+        k = td_pv_str(td_pv_key_at(v, i), &klen);
+        if (k == NULL)
+            continue;
+        key = strndup(k, klen);
+        item = key != NULL ? tc_pv_to_json(td_pv_val_at(v, i)) : NULL;
+        if (item == NULL || json_object_set_new(obj, key, item) != 0) {
+            json_decref(obj);
+            obj = NULL;
+        }
+        free(key);
+    }
+    return obj;
+}
+
+json_t *tc_pv_to_json(const td_pval *v)
+{
+    int64_t i = 0;
+    double d = 0;
+    int b = 0;
+    size_t len = 0;
+    const char *s;
+
+    switch (td_pv_type_of(v)) {
+    case TD_PV_BOOL:
+        td_pv_bool(v, &b);
+        return json_boolean(b);
+    case TD_PV_INT:
+        td_pv_int(v, &i);
+        return json_integer(i);
+    case TD_PV_FLOAT:
+        td_pv_double(v, &d);
+        return isfinite(d) ? json_real(d) : json_null();
+    case TD_PV_STR:
+        s = td_pv_str(v, &len);
+        return string_to_json(s, len);
+    case TD_PV_BIN:
+        return bin_to_json(v);
+    case TD_PV_ARRAY:
+        return array_to_json(v);
+    case TD_PV_MAP:
+        return map_to_json(v);
+    default:
+        return json_null();
+    }
+}
+
+int tc_dump_json(const json_t *j, int pretty)
+{
+    size_t flags = TC_JSON_REAL_FLAGS | (pretty ? JSON_INDENT(2) : JSON_COMPACT);
+
+    if (json_dumpf(j, stdout, flags) != 0 || fputc('\n', stdout) == EOF)
+        return tc_err(TC_FAILED, "cannot write to standard output: %s", strerror(errno));
+    return TC_OK;
+}
+
+int tc_print_json(const td_pval *v, int pretty)
+{
+    json_t *j = tc_pv_to_json(v);
+    int rc;
+
+    if (j == NULL)
+        return tc_err(TC_FAILED, "out of memory");
+    rc = tc_dump_json(j, pretty);
+    json_decref(j);
+    return rc;
+}
+
+void tc_json_str(FILE *f, const char *s, size_t len)
+{
+    size_t i;
+    unsigned char ch;
+
+    fputc('"', f);
+    for (i = 0; i < len; i++) {
+        ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch == '\n')
+            fputs("\\n", f);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}

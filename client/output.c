@@ -1,0 +1,363 @@
+/* Text for people: the fields of a JOB map (see PROTOCOL.md), the `status` summary, the `ls`
+ * table, durations, times and metric values. Everything here writes to stdout, which
+ * main() flushes once at the end. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client.h"
+
+#define TC_LS_NAME_MAX 24 /* characters of a job name shown by ls */
+
+/* One key/value pair of a map, for sorting by key. */
+typedef struct kv {
+    const char *key;
+    size_t len;
+    const td_pval *val;
+} kv;
+
+int64_t tc_job_int(const td_pval *job, const char *key, int64_t dflt)
+{
+    int64_t v;
+
+    return td_pv_int(td_pv_get(job, key), &v) == 0 ? v : dflt;
+}
+
+double tc_job_double(const td_pval *job, const char *key, double dflt)
+{
+    double v;
+
+    return td_pv_double(td_pv_get(job, key), &v) == 0 ? v : dflt;
+}
+
+void tc_job_str(const td_pval *job, const char *key, char *buf, size_t size)
+{
+    size_t len = 0;
+    const char *s = td_pv_str(td_pv_get(job, key), &len);
+
+    if (s == NULL)
+        len = 0;
+    if (len >= size)
+        len = size - 1;
+    memcpy(buf, s != NULL ? s : "", len);
+    buf[len] = '\0';
+}
+
+void tc_fmt_duration(char *buf, size_t size, double seconds)
+{
+    long long s = seconds > 0 && seconds < 1e12 ? (long long)(seconds + 0.5) : 0;
+
+    if (s < 60)
+        snprintf(buf, size, "%llds", s);
+    else if (s < 3600)
+        snprintf(buf, size, "%lldm%02llds", s / 60, s % 60);
+    else if (s < 86400)
+        snprintf(buf, size, "%lldh%02lldm", s / 3600, s / 60 % 60);
+    else
+        snprintf(buf, size, "%lldd%02lldh", s / 86400, s / 3600 % 24);
+}
+
+void tc_fmt_value(char *buf, size_t size, double v)
+{
+    if (v == floor(v) && fabs(v) < 1e15)
+        snprintf(buf, size, "%.0f", v);
+    else
+        snprintf(buf, size, "%.6g", v);
+}
+
+/* Unix time now, in seconds with a fraction, to compare with the job's times. */
+static double now_real(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Local time of a unix time, or "-" for 0 (not yet). */
+static void fmt_time(char *buf, size_t size, double t)
+{
+    time_t secs = (time_t)t;
+    struct tm tm;
+
+    if (t <= 0 || localtime_r(&secs, &tm) == NULL || strftime(buf, size, "%F %T", &tm) == 0)
+        snprintf(buf, size, "-");
+}
+
+static int by_key(const void *a, const void *b)
+{
+    const kv *x = a, *y = b;
+    int c = memcmp(x->key, y->key, x->len < y->len ? x->len : y->len);
+
+    return c != 0 ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+/* The map's string-keyed pairs, sorted by key. Caller frees; NULL (and *n 0) when there are
+ * none or no memory. */
+static kv *sorted_pairs(const td_pval *map, size_t *n)
+{
+    size_t i, len = td_pv_len(map);
+    kv *out = len ? calloc(len, sizeof(*out)) : NULL;
+
+    *n = 0;
+    for (i = 0; out != NULL && i < len; i++) {
+        out[*n].key = td_pv_str(td_pv_key_at(map, i), &out[*n].len);
+        out[*n].val = td_pv_val_at(map, i);
+        *n += out[*n].key != NULL;
+    }
+    if (out != NULL)
+        qsort(out, *n, sizeof(*out), by_key);
+    return out;
+}
+
+void tc_job_error(const td_pval *job, char *buf, size_t size)
+{
+    const td_pval *e = td_pv_get(job, "error");
+    int64_t code = tc_job_int(e, "code", 0);
+
+    buf[0] = '\0';
+    if (td_pv_type_of(e) != TD_PV_MAP)
+        return;
+    tc_job_str(e, "message", buf, size);
+    if (buf[0] == '\0')
+        snprintf(buf, size, "%s", td_strerror((int)code));
+}
+
+int tc_is_eval_key(const char *k, size_t len)
+{
+    return (len > 5 && memcmp(k, "test_", 5) == 0) || (len > 6 && memcmp(k, "valid_", 6) == 0) ||
+           (len > 4 && memcmp(k, "val_", 4) == 0);
+}
+
+/* Appends " key value" to buf (of size bytes, holding *n). */
+static void append_metric(char *buf, size_t size, size_t *n, const kv *p)
+{
+    char val[32];
+    double d = NAN;
+    int k;
+
+    td_pv_double(p->val, &d);
+    tc_fmt_value(val, sizeof(val), d);
+    k = snprintf(buf + *n, size - *n, "%s%.*s %s", *n ? "  " : "", (int)p->len, p->key, val);
+    if (k > 0)
+        *n = *n + (size_t)k < size ? *n + (size_t)k : size - 1;
+}
+
+void tc_job_results(const td_pval *job, char *buf, size_t size)
+{
+    size_t n = 0, i, len = 0;
+    kv *pairs = sorted_pairs(td_pv_get(job, "metrics"), &len);
+
+    buf[0] = '\0';
+    for (i = 0; i < len; i++)
+        if (tc_is_eval_key(pairs[i].key, pairs[i].len))
+            append_metric(buf, size, &n, &pairs[i]);
+    for (i = 0; i < len; i++)
+        if (pairs[i].len == 10 && memcmp(pairs[i].key, "train_loss", 10) == 0)
+            append_metric(buf, size, &n, &pairs[i]);
+    free(pairs);
+}
+
+/* "230/1407 (16%)" (percent) or "230/1407"; the step alone while the total is not known,
+ * which ls shows as "-" before the first step. */
+static void fmt_step(char *buf, size_t size, const td_pval *job, int percent)
+{
+    int64_t step = tc_job_int(job, "step", 0), total = tc_job_int(job, "total_steps", 0);
+
+    if (total > 0 && percent)
+        snprintf(buf, size, "%lld/%lld (%d%%)", (long long)step, (long long)total,
+                 (int)(100 * step / total));
+    else if (total > 0)
+        snprintf(buf, size, "%lld/%lld", (long long)step, (long long)total);
+    else if (step > 0 || percent)
+        snprintf(buf, size, "%lld", (long long)step);
+    else
+        snprintf(buf, size, "-");
+}
+
+/* A time line of `status`: the time and, when dur is known (>= 0), a duration in words. */
+static void print_time(const char *label, double t, double dur, const char *before,
+                       const char *after)
+{
+    char when[64], d[32];
+
+    fmt_time(when, sizeof(when), t);
+    tc_fmt_duration(d, sizeof(d), dur);
+    if (t > 0 && dur >= 0)
+        printf("%-9s%s (%s%s%s)\n", label, when, before, d, after);
+    else
+        printf("%-9s%s\n", label, when);
+}
+
+/* The error, its continuation lines indented under the first. */
+static void print_error(const td_pval *job)
+{
+    char msg[1024], name[32];
+    const char *p, *nl;
+
+    tc_job_error(job, msg, sizeof(msg));
+    if (msg[0] == '\0')
+        return;
+    tc_job_str(td_pv_get(job, "error"), "name", name, sizeof(name));
+    printf("%-9s%s%s", "error", name, name[0] ? ": " : "");
+    for (p = msg; (nl = strchr(p, '\n')) != NULL; p = nl + 1)
+        printf("%.*s\n%9s", (int)(nl - p), p, "");
+    printf("%s\n", p);
+}
+
+static void print_metrics(const td_pval *job)
+{
+    size_t i, n = 0;
+    kv *pairs = sorted_pairs(td_pv_get(job, "metrics"), &n);
+    char val[32];
+    double d;
+
+    if (n > 0)
+        printf("metrics\n");
+    for (i = 0; i < n; i++) {
+        d = NAN;
+        td_pv_double(pairs[i].val, &d);
+        tc_fmt_value(val, sizeof(val), d);
+        printf("  %-22.*s %s\n", (int)pairs[i].len, pairs[i].key, val);
+    }
+    free(pairs);
+}
+
+void tc_print_status(const td_pval *job)
+{
+    char name[256], state[32], step[64], devs[256];
+    double created = tc_job_double(job, "created", 0), started = tc_job_double(job, "started", 0);
+    double ended = tc_job_double(job, "ended", 0), now = now_real();
+
+    tc_job_str(job, "name", name, sizeof(name));
+    tc_job_str(job, "state", state, sizeof(state));
+    tc_job_str(job, "device_list", devs, sizeof(devs));
+    fmt_step(step, sizeof(step), job, 1);
+    printf("job %lld  %s\n", (long long)tc_job_int(job, "id", -1), name);
+    printf("%-9s%s\n", "state", state);
+    printf("%-9s%s\n", "step", step);
+    printf("%-9s%lld%s%s%s\n", "devices", (long long)tc_job_int(job, "devices", 0),
+           devs[0] ? " (" : "", devs, devs[0] ? ")" : "");
+    print_time("created", created, now - created, "", " ago");
+    print_time("started", started, ended > 0 ? -1 : now - started, "running for ", "");
+    print_time("ended", ended, started > 0 ? ended - started : -1, "took ", "");
+    print_error(job);
+    print_metrics(job);
+}
+
+/* ---- ls ---- */
+
+typedef struct ls_fields {
+    char id[24], name[4 * TC_LS_NAME_MAX + 4], state[32], step[48], devs[96], age[24];
+    char metrics[160];
+} ls_fields;
+
+/* Characters (not bytes) of a UTF-8 string, for lining up columns. */
+static int text_width(const char *s)
+{
+    int n = 0;
+
+    for (; *s != '\0'; s++)
+        n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+/* Cuts s to at most max characters, at a character boundary, marking the cut with '~'. */
+static void cut_text(char *s, int max)
+{
+    int n = 0;
+    char *p;
+
+    for (p = s; *p != '\0'; p++) {
+        if (((unsigned char)*p & 0xC0) != 0x80 && ++n == max && text_width(p) > 1) {
+            p[0] = '~';
+            p[1] = '\0';
+            return;
+        }
+    }
+}
+
+static void ls_metrics(const td_pval *job, char *buf, size_t size)
+{
+    static const char *const shown[] = {"train_loss", "test_accuracy", "valid_accuracy"};
+    const td_pval *m = td_pv_get(job, "metrics");
+    size_t i, n = 0;
+    kv p;
+
+    buf[0] = '\0';
+    for (i = 0; i < sizeof(shown) / sizeof(shown[0]); i++) {
+        p.key = shown[i];
+        p.len = strlen(shown[i]);
+        p.val = td_pv_get(m, shown[i]);
+        if (p.val != NULL)
+            append_metric(buf, size, &n, &p);
+    }
+}
+
+static void ls_row(const td_pval *job, ls_fields *f, double now)
+{
+    double created = tc_job_double(job, "created", 0);
+
+    snprintf(f->id, sizeof(f->id), "%lld", (long long)tc_job_int(job, "id", -1));
+    tc_job_str(job, "name", f->name, sizeof(f->name));
+    cut_text(f->name, TC_LS_NAME_MAX);
+    tc_job_str(job, "state", f->state, sizeof(f->state));
+    fmt_step(f->step, sizeof(f->step), job, 0);
+    tc_job_str(job, "device_list", f->devs, sizeof(f->devs));
+    if (f->devs[0] == '\0')
+        snprintf(f->devs, sizeof(f->devs), "%lld", (long long)tc_job_int(job, "devices", 0));
+    if (created > 0)
+        tc_fmt_duration(f->age, sizeof(f->age), now - created);
+    else
+        snprintf(f->age, sizeof(f->age), "-");
+    ls_metrics(job, f->metrics, sizeof(f->metrics));
+}
+
+enum { COL_ID, COL_NAME, COL_STATE, COL_STEP, COL_DEVS, COL_AGE, NCOLS };
+
+static const char *column(const ls_fields *f, int c)
+{
+    const char *cols[NCOLS] = {f->id, f->name, f->state, f->step, f->devs, f->age};
+
+    return cols[c];
+}
+
+static void print_ls_line(const ls_fields *f, const int *width)
+{
+    int c;
+
+    for (c = 0; c < NCOLS; c++)
+        printf("%s%*s  ", column(f, c), width[c] - text_width(column(f, c)), "");
+    printf("%s\n", f->metrics);
+}
+
+void tc_print_jobs(const td_pval *jobs)
+{
+    ls_fields head = {"ID", "NAME", "STATE", "STEP", "DEVICES", "AGE", "METRICS"}, f;
+    double now = now_real();
+    int width[NCOLS], c, w;
+    size_t i;
+
+    for (c = 0; c < NCOLS; c++)
+        width[c] = text_width(column(&head, c));
+    for (i = 0; i < td_pv_len(jobs); i++) {
+        ls_row(td_pv_at(jobs, i), &f, now);
+        for (c = 0; c < NCOLS; c++)
+            if ((w = text_width(column(&f, c))) > width[c])
+                width[c] = w;
+    }
+    print_ls_line(&head, width);
+    for (i = 0; i < td_pv_len(jobs); i++) {
+        ls_row(td_pv_at(jobs, i), &f, now);
+        print_ls_line(&f, width);
+    }
+}
+
+int tc_flush_stdout(void)
+{
+    if (fflush(stdout) != 0 || ferror(stdout))
+        return tc_err(TC_FAILED, "cannot write to standard output: %s", strerror(errno));
+    return TC_OK;
+}

@@ -1,0 +1,625 @@
+/* The daemon's job table, scheduler and device workers. Everything here runs on the loop
+ * thread except worker_main() and what it calls, which run on a device's worker thread and
+ * reach the loop only through td_daemon_post(). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "td_log.h"
+#include "td_panic.h"
+
+static double mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* ---- events: any thread to the loop ---- */
+
+void td_daemon_post(td_daemon *d, td_event *ev)
+{
+    ev->next = NULL;
+    pthread_mutex_lock(&d->ev_mu);
+    if (d->ev_tail != NULL)
+        d->ev_tail->next = ev;
+    else
+        d->ev_head = ev;
+    d->ev_tail = ev;
+    pthread_mutex_unlock(&d->ev_mu);
+    uv_async_send(&d->async);
+}
+
+static td_event *event_new(td_event_kind kind, int64_t job)
+{
+    td_event *ev = calloc(1, sizeof(*ev));
+    if (ev == NULL) {
+        /* Losing an event would leave a job or a watcher hanging: nothing sane remains. */
+        td_log_err("out of memory posting an event for job %lld", (long long)job);
+        abort();
+    }
+    ev->kind = kind;
+    ev->job = job;
+    return ev;
+}
+
+/* The store thread's durable callback. */
+static void on_durable(void *ud, int64_t job, int64_t step)
+{
+    td_event *ev = event_new(TD_EV_DURABLE, job);
+    ev->step = step;
+    td_daemon_post(ud, ev);
+}
+
+/* ---- the device worker (worker thread) ---- */
+
+typedef struct run_ctx {
+    td_worker *w;
+    td_djob *job;
+    td_mq_sink *sink;
+    td_error_t store_err; /* first metric write error, reported at the end */
+} run_ctx;
+
+/* The trainer's metric hook: queue the sample; keep training through a store error but
+ * remember it, so the job cannot end "succeeded" with rows missing. */
+static void hook_metric(void *ud, const char *key, int64_t step, double value)
+{
+    run_ctx *r = ud;
+    td_error_t e;
+
+    if (td_mq_push(r->sink, key, step, value, &e) != 0 && r->store_err.code == 0)
+        r->store_err = e;
+}
+
+/* Formats a worker failure the way DESIGN.md fixes it. */
+static void worker_failure(td_error_t *out, const td_worker *w, const td_error_t *panic)
+{
+    if (panic->code == TD_EDATA)
+        td_error_set(out, TD_EDATA, "dataset error during training step: %s", panic->msg);
+    else
+        td_error_set(out, panic->code, "training worker on device %d failed: %s", w->index,
+                     panic->msg);
+}
+
+static void post_progress(td_daemon *d, int64_t job, int64_t step)
+{
+    td_event *ev = event_new(TD_EV_PROGRESS, job);
+    ev->step = step;
+    td_daemon_post(d, ev);
+}
+
+/* Trains one job to its end. Returns the DONE event to post. */
+static td_event *run_job(td_worker *w, td_djob *job)
+{
+    td_event *done = event_new(TD_EV_DONE, job->id);
+    td_train_config cfg = job->spec.train;
+    run_ctx r = {.w = w, .job = job};
+    td_train_hooks hooks = {.ud = &r, .metric = hook_metric};
+    td_trainer *t = NULL;
+    td_event *ev;
+    double blocked = 0;
+    int rc, finished = 0;
+
+    snprintf(done->state, sizeof(done->state), TD_JOB_FAILED);
+    if (td_mq_sink_open(w->d->mq, job->id, &r.sink) != 0) {
+        td_error_set(&done->err, TD_ENOMEM, "out of memory opening the metric sink");
+        return done;
+    }
+    cfg.threads = w->threads;
+    rc = td_trainer_new(&t, &cfg, &hooks, &done->err);
+    if (rc != 0)
+        goto out;
+    ev = event_new(TD_EV_STARTED, job->id);
+    ev->total_steps = td_trainer_total_steps(t);
+    ev->step = td_trainer_steps_done(t);
+    td_daemon_post(w->d, ev);
+
+    while (!finished) {
+        td_boundary b;
+        if (atomic_load(&job->cancel)) {
+            snprintf(done->state, sizeof(done->state), TD_JOB_CANCELLED);
+            td_error_set(&done->err, TD_ECANCELLED, "cancelled at step %lld",
+                         (long long)td_trainer_steps_done(t));
+            goto out;
+        }
+        if (atomic_load(&job->interrupt)) {
+            snprintf(done->state, sizeof(done->state), TD_JOB_QUEUED);
+            goto out;
+        }
+        if (TD_TRY(&b)) {
+            finished = td_trainer_step(t);
+            td_boundary_leave(&b);
+        } else {
+            worker_failure(&done->err, w, &b.err);
+            goto out;
+        }
+        if (td_mq_sink_blocked_ms(r.sink) != blocked) {
+            blocked = td_mq_sink_blocked_ms(r.sink);
+            hook_metric(&r, "metrics_blocked_ms", td_trainer_steps_done(t), blocked);
+        }
+        post_progress(w->d, job->id, td_trainer_steps_done(t));
+    }
+    snprintf(done->state, sizeof(done->state), TD_JOB_SUCCEEDED);
+out:
+    done->step = t != NULL ? td_trainer_steps_done(t) : 0;
+    td_trainer_free(t);
+    /* The job ends only once every row it produced is durable, and only clean if all were. */
+    if (td_mq_flush(r.sink, &r.store_err) != 0 || r.store_err.code != 0) {
+        if (strcmp(done->state, TD_JOB_SUCCEEDED) == 0) {
+            snprintf(done->state, sizeof(done->state), TD_JOB_FAILED);
+            td_error_set(&done->err, r.store_err.code, "metrics could not be stored: %s",
+                         r.store_err.msg);
+        }
+    }
+    td_mq_sink_close(r.sink);
+    return done;
+}
+
+static void *worker_main(void *arg)
+{
+    td_worker *w = arg;
+    td_djob *job;
+
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        while (w->assigned == NULL && !w->stop)
+            pthread_cond_wait(&w->cv, &w->mu);
+        job = w->assigned;
+        pthread_mutex_unlock(&w->mu);
+        if (job == NULL)
+            break;
+        td_event *done = run_job(w, job);
+        pthread_mutex_lock(&w->mu);
+        w->assigned = NULL;
+        pthread_mutex_unlock(&w->mu);
+        td_daemon_post(w->d, done);
+    }
+    return NULL;
+}
+
+static int workers_start(td_daemon *d, td_error_t *err)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int per = (int)(cores > 0 ? cores : 1) / d->cfg.ncpu_devices;
+
+    for (int i = 0; i < d->cfg.ncpu_devices; i++) {
+        td_worker *w = &d->workers[i];
+        int rc;
+        w->d = d;
+        w->index = i;
+        snprintf(w->name, sizeof(w->name), "cpu:%d", i);
+        w->threads = per > 0 ? per : 1;
+        pthread_mutex_init(&w->mu, NULL);
+        pthread_cond_init(&w->cv, NULL);
+        rc = pthread_create(&w->thread, NULL, worker_main, w);
+        if (rc != 0)
+            return td_error_set(err, -rc, "cannot start worker %s: %s", w->name, strerror(rc));
+        d->nworkers++;
+    }
+    return 0;
+}
+
+static void workers_stop(td_daemon *d)
+{
+    for (int i = 0; i < d->nworkers; i++) {
+        td_worker *w = &d->workers[i];
+        pthread_mutex_lock(&w->mu);
+        w->stop = 1;
+        pthread_cond_signal(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->thread, NULL);
+        pthread_cond_destroy(&w->cv);
+        pthread_mutex_destroy(&w->mu);
+    }
+    d->nworkers = 0;
+}
+
+/* ---- the job table and the scheduler (loop thread) ---- */
+
+td_djob *td_daemon_find(td_daemon *d, int64_t id)
+{
+    for (td_djob *j = d->jobs; j != NULL; j = j->next)
+        if (j->id == id)
+            return j;
+    return NULL;
+}
+
+static void job_unlink(td_daemon *d, td_djob *job)
+{
+    for (td_djob **p = &d->jobs; *p != NULL; p = &(*p)->next)
+        if (*p == job) {
+            *p = job->next;
+            return;
+        }
+}
+
+static void store_state(td_daemon *d, td_djob *job, const char *state, const char *devs,
+                        const td_error_t *e)
+{
+    td_error_t err;
+    int code = e != NULL ? e->code : 0;
+
+    if (td_store_job_set_state(d->store, job->id, state, devs, code,
+                               code != 0 ? e->msg : NULL, &err) != 0)
+        td_log_err("job %lld: cannot record state %s: %s", (long long)job->id, state, err.msg);
+}
+
+/* The next queued job to run: highest priority first, then oldest. */
+static td_djob *next_queued(td_daemon *d)
+{
+    td_djob *best = NULL;
+
+    for (td_djob *j = d->jobs; j != NULL; j = j->next)
+        if (j->worker == NULL && strcmp(j->state, TD_JOB_QUEUED) == 0 &&
+            (best == NULL || j->spec.priority > best->spec.priority))
+            best = j;
+    return best;
+}
+
+/* Gives free devices to queued jobs. */
+static void schedule(td_daemon *d)
+{
+    td_djob *job;
+
+    if (d->stopping)
+        return;
+    while ((job = next_queued(d)) != NULL) {
+        td_worker *w = NULL;
+        for (int i = 0; i < d->nworkers && w == NULL; i++)
+            if (d->workers[i].running == NULL)
+                w = &d->workers[i];
+        if (w == NULL)
+            return;
+        w->running = job;
+        job->worker = w;
+        snprintf(job->state, sizeof(job->state), TD_JOB_RUNNING);
+        store_state(d, job, TD_JOB_RUNNING, w->name, NULL);
+        td_log_notice("job %lld (%s, uid %lld): running on %s", (long long)job->id,
+                      job->spec.name, (long long)job->uid, w->name);
+        pthread_mutex_lock(&w->mu);
+        w->assigned = job;
+        pthread_cond_signal(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        td_server_job_changed(d, job->id, TD_JOB_RUNNING);
+    }
+}
+
+static void write_progress(td_daemon *d, td_djob *job)
+{
+    td_error_t err;
+
+    job->progress_written = mono_ms();
+    if (td_store_job_set_progress(d->store, job->id, job->step, job->total_steps, &err) != 0)
+        td_log_warn("job %lld: cannot record progress: %s", (long long)job->id, err.msg);
+}
+
+static void handle_done(td_daemon *d, td_event *ev)
+{
+    td_djob *job = td_daemon_find(d, ev->job);
+
+    if (job == NULL)
+        return;
+    job->step = ev->step > job->step ? ev->step : job->step;
+    write_progress(d, job);
+    job->worker->running = NULL;
+    job->worker = NULL;
+    if (strcmp(ev->state, TD_JOB_QUEUED) == 0) {
+        /* Interrupted by shutdown: back to the queue, resumed at the next start. */
+        snprintf(job->state, sizeof(job->state), TD_JOB_QUEUED);
+        store_state(d, job, TD_JOB_QUEUED, "", NULL);
+        td_log_notice("job %lld (%s): interrupted at step %lld, requeued", (long long)job->id,
+                      job->spec.name, (long long)job->step);
+        return;
+    }
+    store_state(d, job, ev->state, NULL, &ev->err);
+    if (ev->err.code != 0 && strcmp(ev->state, TD_JOB_CANCELLED) != 0)
+        td_log_warn("job %lld (%s, uid %lld): %s at step %lld: %s", (long long)job->id,
+                    job->spec.name, (long long)job->uid, ev->state, (long long)job->step,
+                    ev->err.msg);
+    else
+        td_log_notice("job %lld (%s, uid %lld): %s at step %lld", (long long)job->id,
+                      job->spec.name, (long long)job->uid, ev->state, (long long)job->step);
+    job_unlink(d, job);
+    free(job);
+    td_server_job_changed(d, ev->job, ev->state);
+}
+
+static void handle_event(td_daemon *d, td_event *ev)
+{
+    td_djob *job = td_daemon_find(d, ev->job);
+
+    switch (ev->kind) {
+    case TD_EV_STARTED:
+        if (job != NULL) {
+            job->total_steps = ev->total_steps;
+            job->step = ev->step;
+            write_progress(d, job);
+            td_server_job_changed(d, job->id, job->state);
+        }
+        break;
+    case TD_EV_PROGRESS:
+        if (job != NULL) {
+            job->step = ev->step;
+            if (mono_ms() - job->progress_written >= TD_PROGRESS_WRITE_MS)
+                write_progress(d, job);
+        }
+        break;
+    case TD_EV_DURABLE:
+        if (job != NULL && ev->step > job->durable_step)
+            job->durable_step = ev->step;
+        td_server_job_changed(d, ev->job, NULL);
+        break;
+    case TD_EV_DONE:
+        handle_done(d, ev);
+        break;
+    }
+}
+
+static int running_jobs(td_daemon *d)
+{
+    int n = 0;
+    for (int i = 0; i < d->nworkers; i++)
+        n += d->workers[i].running != NULL;
+    return n;
+}
+
+static void finish_shutdown(td_daemon *d);
+
+static void on_async(uv_async_t *h)
+{
+    td_daemon *d = h->data;
+    td_event *ev;
+
+    pthread_mutex_lock(&d->ev_mu);
+    ev = d->ev_head;
+    d->ev_head = d->ev_tail = NULL;
+    pthread_mutex_unlock(&d->ev_mu);
+    while (ev != NULL) {
+        td_event *next = ev->next;
+        handle_event(d, ev);
+        free(ev);
+        ev = next;
+    }
+    if (d->stopping) {
+        if (d->stopping == 1 && running_jobs(d) == 0)
+            finish_shutdown(d);
+        return;
+    }
+    schedule(d);
+}
+
+/* Brings a queued job from the store back into memory at start. */
+static int load_job(td_daemon *d, const td_job_row *row)
+{
+    td_proto_frame *f = NULL;
+    td_error_t err;
+    td_djob *job = calloc(1, sizeof(*job));
+    int rc;
+
+    if (job == NULL)
+        return TD_ENOMEM;
+    rc = td_proto_decode(row->spec, row->spec_len, &f, &err);
+    if (rc == 0)
+        rc = td_jobspec_parse(td_proto_frame_root(f), &job->spec, &err);
+    td_proto_frame_free(f);
+    if (rc != 0) {
+        /* The spec was valid when submitted; a dataset may have gone since. */
+        td_log_warn("job %lld: cannot be resumed: %s", (long long)row->id, err.msg);
+        td_store_job_set_state(d->store, row->id, TD_JOB_FAILED, NULL, rc, err.msg, NULL);
+        free(job);
+        return 0;
+    }
+    job->id = row->id;
+    job->uid = row->uid;
+    job->step = row->step;
+    snprintf(job->state, sizeof(job->state), TD_JOB_QUEUED);
+    job->next = NULL;
+    td_djob **p = &d->jobs;
+    while (*p != NULL)
+        p = &(*p)->next;
+    *p = job;
+    return 0;
+}
+
+static int load_queue(td_daemon *d, td_error_t *err)
+{
+    td_job_row *rows = NULL;
+    size_t n = 0;
+    int requeued = 0, rc;
+
+    rc = td_store_jobs_requeue_running(d->store, &requeued, err);
+    if (rc != 0)
+        return rc;
+    if (requeued > 0)
+        td_log_notice("%d job(s) were running when the daemon stopped: requeued", requeued);
+    rc = td_store_job_list(d->store, 1, &rows, &n, err);
+    for (size_t i = 0; i < n; i++) {
+        if (rc == 0 && strcmp(rows[i].state, TD_JOB_QUEUED) == 0)
+            rc = load_job(d, &rows[i]);
+        td_job_row_clear(&rows[i]);
+    }
+    free(rows);
+    return rc;
+}
+
+int td_daemon_init(td_daemon *d, uv_loop_t *loop, const td_config *cfg, td_error_t *err)
+{
+    int rc;
+
+    memset(d, 0, sizeof(*d));
+    d->cfg = *cfg;
+    d->loop = loop;
+    pthread_mutex_init(&d->ev_mu, NULL);
+    rc = td_store_open(&d->store, cfg->db_path, err);
+    if (rc != 0)
+        return rc;
+    rc = load_queue(d, err);
+    if (rc != 0)
+        goto fail_queue;
+    rc = td_mq_start(&d->mq, cfg->db_path, 0, on_durable, d, err);
+    if (rc != 0)
+        goto fail_queue;
+    rc = uv_async_init(loop, &d->async, on_async);
+    if (rc != 0) {
+        td_error_set(err, rc, "uv_async_init: %s", uv_strerror(rc));
+        goto fail_async;
+    }
+    d->async.data = d;
+    rc = workers_start(d, err);
+    if (rc != 0)
+        goto fail_workers;
+    /* Jobs loaded from the store run as soon as the loop turns. */
+    uv_async_send(&d->async);
+    return 0;
+
+fail_workers:
+    workers_stop(d);
+    uv_close((uv_handle_t *)&d->async, NULL);
+fail_async:
+    td_mq_stop(d->mq);
+fail_queue:
+    td_store_close(d->store);
+    return rc;
+}
+
+int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t *id,
+                     td_error_t *err)
+{
+    td_djob *job = calloc(1, sizeof(*job));
+    const void *body;
+    size_t len;
+    char *json = NULL;
+    td_pw w;
+    int rc;
+
+    if (job == NULL)
+        return td_error_set(err, TD_ENOMEM, "out of memory");
+    td_pw_init(&w);
+    rc = td_jobspec_parse(jobval, &job->spec, err);
+    if (rc != 0)
+        goto out;
+    if (job->spec.devices > d->nworkers) {
+        rc = td_error_set(err, TD_EJOB,
+                          "devices: the job asks for %d devices but this daemon has %d",
+                          job->spec.devices, d->nworkers);
+        goto out;
+    }
+    if (job->spec.devices > 1) {
+        rc = td_error_set(err, TD_EJOB,
+                          "devices: data-parallel training on several devices is not "
+                          "available yet; ask for 1");
+        goto out;
+    }
+    td_pw_val(&w, jobval);
+    body = td_pw_body(&w, &len);
+    json = td_pv_to_json(jobval);
+    if (w.failed || json == NULL) {
+        rc = td_error_set(err, TD_ENOMEM, "out of memory");
+        goto out;
+    }
+    rc = td_store_job_insert(d->store, job->spec.name, job->spec.devices, job->spec.priority, uid,
+                             body, len, json, &job->id, err);
+    if (rc != 0)
+        goto out;
+    job->uid = uid;
+    snprintf(job->state, sizeof(job->state), TD_JOB_QUEUED);
+    td_djob **p = &d->jobs;
+    while (*p != NULL)
+        p = &(*p)->next;
+    *p = job;
+    *id = job->id;
+    td_log_notice("job %lld (%s, uid %lld): queued, %d device(s)", (long long)job->id,
+                  job->spec.name, (long long)uid, job->spec.devices);
+    job = NULL;
+    schedule(d);
+out:
+    free(json);
+    td_pw_free(&w);
+    free(job);
+    return rc;
+}
+
+int td_daemon_cancel(td_daemon *d, int64_t id, char *state_out, td_error_t *err)
+{
+    td_djob *job = td_daemon_find(d, id);
+    td_error_t why;
+    td_job_row row = {0};
+    int rc;
+
+    if (job == NULL) {
+        rc = td_store_job_get(d->store, id, &row, err);
+        if (rc == 0)
+            rc = td_error_set(err, TD_ESTATE, "job %lld has already ended (%s)", (long long)id,
+                              row.state);
+        td_job_row_clear(&row);
+        return rc;
+    }
+    if (job->worker != NULL) {
+        atomic_store(&job->cancel, 1);
+        snprintf(state_out, TD_STORE_MAX_STATE, "%s", TD_JOB_RUNNING);
+        td_log_notice("job %lld (%s): cancel requested", (long long)id, job->spec.name);
+        return 0;
+    }
+    td_error_set(&why, TD_ECANCELLED, "cancelled while queued");
+    store_state(d, job, TD_JOB_CANCELLED, NULL, &why);
+    td_log_notice("job %lld (%s): cancelled while queued", (long long)id, job->spec.name);
+    job_unlink(d, job);
+    free(job);
+    snprintf(state_out, TD_STORE_MAX_STATE, "%s", TD_JOB_CANCELLED);
+    td_server_job_changed(d, id, TD_JOB_CANCELLED);
+    return 0;
+}
+
+static void free_jobs(td_daemon *d)
+{
+    while (d->jobs != NULL) {
+        td_djob *next = d->jobs->next;
+        free(d->jobs);
+        d->jobs = next;
+    }
+}
+
+static void finish_shutdown(td_daemon *d)
+{
+    td_event *ev;
+
+    d->stopping = 2;
+    td_server_close(d);
+    workers_stop(d);
+    td_mq_stop(d->mq);
+    d->mq = NULL;
+    /* Durable notices the store thread posted last have nobody left to tell. */
+    pthread_mutex_lock(&d->ev_mu);
+    ev = d->ev_head;
+    d->ev_head = d->ev_tail = NULL;
+    pthread_mutex_unlock(&d->ev_mu);
+    while (ev != NULL) {
+        td_event *next = ev->next;
+        free(ev);
+        ev = next;
+    }
+    free_jobs(d);
+    td_store_close(d->store);
+    d->store = NULL;
+    uv_close((uv_handle_t *)&d->async, NULL);
+    td_log_notice("stopped");
+}
+
+/* Stops taking requests, interrupts running jobs (they go back to the queue) and closes
+ * everything once the workers have answered. */
+void td_daemon_shutdown(td_daemon *d)
+{
+    if (d->stopping)
+        return;
+    d->stopping = 1;
+    td_log_notice("stopping: %d running job(s) will be requeued", running_jobs(d));
+    for (td_djob *j = d->jobs; j != NULL; j = j->next)
+        if (j->worker != NULL)
+            atomic_store(&j->interrupt, 1);
+    uv_async_send(&d->async);
+}

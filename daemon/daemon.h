@@ -1,0 +1,118 @@
+/* traind's inside: the shared state of the loop thread, the device workers and the store
+ * thread, and the functions the daemon's files call across each other. Not a public API.
+ *
+ * Threads (DESIGN.md): the loop thread owns every libuv handle, the job table and the loop's
+ * store connection; a worker thread per device trains one job at a time; the store thread
+ * (metricq.c) writes metric batches. Workers and the store thread reach the loop only through
+ * td_daemon_post(), a mutex-protected list drained by one uv_async_t. */
+#ifndef TD_DAEMON_H
+#define TD_DAEMON_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "jobspec.h"
+#include "metricq.h"
+#include "proto.h"
+#include "store.h"
+
+#define TD_MAX_DEVICES 64            /* devices one daemon drives */
+#define TD_MAX_CONNS 1024            /* connections open at once; more are closed at accept */
+#define TD_CONN_HIGH_WATER (256 << 10) /* bytes queued to a client before its streams pause */
+#define TD_CONN_LOW_WATER (64 << 10)   /* bytes queued below which paused streams resume */
+#define TD_STREAM_PAGE 512           /* metric rows per rows frame */
+#define TD_PROGRESS_WRITE_MS 1000    /* how often a running job's step is written to the store */
+
+typedef struct td_daemon td_daemon;
+typedef struct td_worker td_worker;
+typedef struct td_conn td_conn;
+
+/* A job the daemon holds in memory: queued or running. Ended jobs live only in the store. */
+typedef struct td_djob {
+    int64_t id;
+    td_jobspec spec;
+    int64_t uid;
+    char state[TD_STORE_MAX_STATE];
+    int64_t step, total_steps;
+    int64_t durable_step; /* highest step the store thread has written */
+    double progress_written; /* monotonic ms when step was last written to the store */
+    atomic_int cancel;    /* set by the loop: stop at the next step boundary */
+    atomic_int interrupt; /* set by the loop at shutdown: stop and go back to the queue */
+    td_worker *worker;    /* while running */
+    struct td_djob *next;
+} td_djob;
+
+/* A device and the thread that trains on it. */
+struct td_worker {
+    td_daemon *d;
+    int index;
+    char name[16]; /* "cpu:0" */
+    int threads;   /* BLAS threads for jobs on this device */
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    td_djob *assigned; /* guarded by mu; set by the loop, cleared by the worker */
+    int stop;          /* guarded by mu */
+    td_djob *running;  /* loop thread's view */
+};
+
+/* What workers and the store thread tell the loop. */
+typedef enum {
+    TD_EV_STARTED,  /* job began training: total_steps known */
+    TD_EV_PROGRESS, /* job finished a step */
+    TD_EV_DURABLE,  /* the store holds job's rows up to step */
+    TD_EV_DONE,     /* job ended (state, error); its metrics are flushed */
+} td_event_kind;
+
+typedef struct td_event {
+    td_event_kind kind;
+    int64_t job;
+    int64_t step, total_steps;
+    char state[TD_STORE_MAX_STATE];
+    td_error_t err;
+    struct td_event *next;
+} td_event;
+
+typedef struct td_config {
+    char socket_path[108];
+    char state_dir[512];
+    char db_path[600];
+    int ncpu_devices;
+} td_config;
+
+struct td_daemon {
+    td_config cfg;
+    uv_loop_t *loop;
+    uv_pipe_t server;
+    uv_async_t async;
+    uv_signal_t sigint, sigterm;
+    td_store *store;
+    td_mq *mq;
+    td_worker workers[TD_MAX_DEVICES];
+    int nworkers;
+    td_djob *jobs; /* queued and running, submission order */
+    td_conn *conns;
+    int nconns;
+    pthread_mutex_t ev_mu;
+    td_event *ev_head, *ev_tail;
+    int stopping;
+    int exit_code;
+};
+
+/* daemon.c: jobs, scheduler, workers, events. */
+int td_daemon_init(td_daemon *d, uv_loop_t *loop, const td_config *cfg, td_error_t *err);
+void td_daemon_post(td_daemon *d, td_event *ev); /* any thread; takes ev */
+int td_daemon_submit(td_daemon *d, const td_pval *job, int64_t uid, int64_t *id, td_error_t *err);
+int td_daemon_cancel(td_daemon *d, int64_t id, char *state_out, td_error_t *err);
+td_djob *td_daemon_find(td_daemon *d, int64_t id);
+void td_daemon_shutdown(td_daemon *d);
+
+/* server.c: the control socket, connections, requests, streams. */
+int td_server_listen(td_daemon *d, td_error_t *err);
+void td_server_close(td_daemon *d);
+/* Feeds every stream of job with newly durable rows, or its end when the job has ended. */
+void td_server_job_changed(td_daemon *d, int64_t job, const char *state);
+
+#endif

@@ -1,0 +1,24 @@
+/* Job validation: turns a submitted job (the job file's object, as a decoded msgpack map)
+ * into a td_jobspec, or refuses it with a message naming the field and why
+ * ("model.layers[1]: must be a positive integer"). Unknown keys are refused too, so a typo
+ * never silently falls back to a default. Pure: no I/O except checking that dataset files
+ * exist and can be read. Called on the loop thread (submit, and at start for queued jobs). */
+#ifndef TD_JOBSPEC_H
+#define TD_JOBSPEC_H
+
+#include "proto.h"
+#include "train.h"
+
+#define TD_JOB_MAX_DEVICES 64 /* devices one job may ask for */
+
+typedef struct td_jobspec {
+    char name[128];
+    int devices;  /* devices requested; default 1 */
+    int priority; /* higher runs first; default 0 */
+    td_train_config train;
+} td_jobspec;
+
+/* Fills *out from job. Returns 0, or TD_EJOB with err naming the field. */
+int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err);
+
+#endif

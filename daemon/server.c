@@ -1,0 +1,808 @@
+/* The control socket: accepts connections, cuts frames, answers requests, and feeds metric
+ * streams (watch, metrics) from the store. Loop thread only.
+ *
+ * A stream never holds rows in memory beyond one page: it reads a page from the store when
+ * its connection's output is below TD_CONN_HIGH_WATER, and otherwise waits for the client to
+ * drain it. A stalled client therefore costs at most the high-water mark, and catches up
+ * from the store when it reads again. While a job runs, a watch delivers only rows of steps
+ * before the newest durable step, so a step whose rows span two store batches is never
+ * split across the cursor (rows come in (step, key) order). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "td_log.h"
+
+typedef struct td_stream {
+    td_conn *c;
+    int64_t req_id, job;
+    int watch;
+    td_metric_cursor cur;
+    char **keys;
+    size_t nkeys;
+    struct td_stream *next;
+} td_stream;
+
+struct td_conn {
+    uv_pipe_t pipe; /* first: the handle's memory is the connection's */
+    td_daemon *d;
+    td_proto_reader *reader;
+    td_pw w;
+    size_t pending; /* bytes handed to uv_write and not yet written */
+    int hello;
+    int closing;
+    int64_t uid, pid;
+    td_stream *streams;
+    td_conn *next;
+};
+
+typedef struct wreq {
+    uv_write_t req;
+    td_conn *c;
+    size_t len;
+    char data[];
+} wreq;
+
+static void conn_close(td_conn *c);
+static void stream_pump(td_stream *st);
+
+/* ---- output ---- */
+
+static void on_write(uv_write_t *req, int status)
+{
+    wreq *r = (wreq *)req;
+    td_conn *c = r->c;
+
+    c->pending -= r->len;
+    free(r);
+    if (status == UV_ECANCELED || c->closing)
+        return;
+    if (status < 0) {
+        td_log_info("client pid %lld: write failed: %s", (long long)c->pid, uv_strerror(status));
+        conn_close(c);
+        return;
+    }
+    if (c->pending < TD_CONN_LOW_WATER) {
+        td_stream *st = c->streams;
+        while (st != NULL && !c->closing) {
+            td_stream *next = st->next;
+            stream_pump(st);
+            st = next;
+        }
+    }
+}
+
+/* Sends the frame built in c->w. */
+static void conn_send(td_conn *c)
+{
+    const char *frame;
+    size_t len;
+    wreq *r;
+    uv_buf_t buf;
+    int rc;
+
+    if (c->closing)
+        return;
+    rc = td_pw_finish(&c->w, &frame, &len);
+    if (rc != 0) {
+        td_log_err("client pid %lld: cannot build a reply: %s", (long long)c->pid,
+                   td_strerror(rc));
+        conn_close(c);
+        return;
+    }
+    r = malloc(sizeof(*r) + len);
+    if (r == NULL) {
+        conn_close(c);
+        return;
+    }
+    r->c = c;
+    r->len = len;
+    memcpy(r->data, frame, len);
+    buf = uv_buf_init(r->data, (unsigned)len);
+    c->pending += len;
+    rc = uv_write(&r->req, (uv_stream_t *)&c->pipe, &buf, 1, on_write);
+    if (rc != 0) {
+        c->pending -= len;
+        free(r);
+        conn_close(c);
+    }
+}
+
+static void send_error(td_conn *c, int64_t id, int code, const char *msg)
+{
+    td_pw_reset(&c->w);
+    td_proto_write_error(&c->w, id, code, msg);
+    conn_send(c);
+}
+
+/* ---- job maps ---- */
+
+typedef struct last_vals {
+    char (*keys)[TD_STORE_MAX_KEY];
+    double *vals;
+    size_t n, cap;
+} last_vals;
+
+static int collect_last(void *ud, const td_metric_summary *row)
+{
+    last_vals *lv = ud;
+
+    if (lv->n == lv->cap) {
+        size_t cap = lv->cap ? lv->cap * 2 : 16;
+        void *k = realloc(lv->keys, cap * sizeof(*lv->keys));
+        if (k == NULL)
+            return 1;
+        lv->keys = k;
+        void *v = realloc(lv->vals, cap * sizeof(*lv->vals));
+        if (v == NULL)
+            return 1;
+        lv->vals = v;
+        lv->cap = cap;
+    }
+    snprintf(lv->keys[lv->n], TD_STORE_MAX_KEY, "%s", row->key);
+    lv->vals[lv->n++] = row->last;
+    return 0;
+}
+
+/* Writes the JOB map of PROTOCOL.md for row, with live figures for a job in memory. */
+static void write_job(td_daemon *d, td_pw *w, td_job_row *row, int with_spec)
+{
+    td_djob *live = td_daemon_find(d, row->id);
+    last_vals lv = {0};
+    td_error_t err;
+
+    if (td_store_metrics_summary(d->store, row->id, collect_last, &lv, &err) != 0)
+        td_log_warn("job %lld: cannot read metric summary: %s", (long long)row->id, err.msg);
+    td_pw_map(w, with_spec ? 13 : 12);
+    td_pw_str(w, "id");
+    td_pw_int(w, row->id);
+    td_pw_str(w, "name");
+    td_pw_str(w, row->name);
+    td_pw_str(w, "state");
+    td_pw_str(w, live != NULL ? live->state : row->state);
+    td_pw_str(w, "step");
+    td_pw_int(w, live != NULL ? live->step : row->step);
+    td_pw_str(w, "total_steps");
+    td_pw_int(w, live != NULL && live->total_steps ? live->total_steps : row->total_steps);
+    td_pw_str(w, "devices");
+    td_pw_int(w, row->devices);
+    td_pw_str(w, "device_list");
+    td_pw_str(w, live != NULL && live->worker != NULL ? live->worker->name : row->device_list);
+    td_pw_str(w, "created");
+    td_pw_double(w, row->created);
+    td_pw_str(w, "started");
+    td_pw_double(w, row->started);
+    td_pw_str(w, "ended");
+    td_pw_double(w, row->ended);
+    td_pw_str(w, "error");
+    if (row->err_code == 0) {
+        td_pw_nil(w);
+    } else {
+        td_pw_map(w, 3);
+        td_pw_str(w, "code");
+        td_pw_int(w, row->err_code);
+        td_pw_str(w, "name");
+        td_pw_str(w, td_errname(row->err_code));
+        td_pw_str(w, "message");
+        td_pw_str(w, row->err_msg != NULL ? row->err_msg : td_strerror(row->err_code));
+    }
+    td_pw_str(w, "metrics");
+    td_pw_map(w, (uint32_t)lv.n);
+    for (size_t i = 0; i < lv.n; i++) {
+        td_pw_str(w, lv.keys[i]);
+        td_pw_double(w, lv.vals[i]);
+    }
+    if (with_spec) {
+        td_pw_str(w, "spec");
+        if (row->spec != NULL)
+            td_pw_raw(w, row->spec, row->spec_len);
+        else
+            td_pw_nil(w);
+    }
+    free(lv.keys);
+    free(lv.vals);
+}
+
+/* ---- streams ---- */
+
+typedef struct page_row {
+    char key[TD_STORE_MAX_KEY];
+    int key_id;
+    int64_t step;
+    double value, time;
+} page_row;
+
+typedef struct page_ctx {
+    page_row rows[TD_STREAM_PAGE];
+    size_t n;
+    int64_t bound; /* rows at or past this step wait */
+    int held;      /* a row was held back by bound */
+} page_ctx;
+
+static page_ctx page; /* loop thread only */
+
+static int collect_row(void *ud, const td_metric_row *row)
+{
+    page_ctx *p = ud;
+    page_row *r;
+
+    if (row->step >= p->bound) {
+        p->held = 1;
+        return 1;
+    }
+    r = &p->rows[p->n++];
+    snprintf(r->key, sizeof(r->key), "%s", row->key);
+    r->key_id = row->key_id;
+    r->step = row->step;
+    r->value = row->value;
+    r->time = row->time;
+    return 0;
+}
+
+static void stream_free(td_stream *st)
+{
+    td_conn *c = st->c;
+
+    for (td_stream **p = &c->streams; *p != NULL; p = &(*p)->next)
+        if (*p == st) {
+            *p = st->next;
+            break;
+        }
+    for (size_t i = 0; i < st->nkeys; i++)
+        free(st->keys[i]);
+    free(st->keys);
+    free(st);
+}
+
+/* Ends a stream: metrics streams with a bare end frame, watches with the job's final map. */
+static void stream_end(td_stream *st)
+{
+    td_conn *c = st->c;
+    td_daemon *d = c->d;
+    td_job_row row = {0};
+    td_error_t err;
+
+    td_pw_reset(&c->w);
+    if (st->watch && td_store_job_get(d->store, st->job, &row, &err) == 0) {
+        td_pw_map(&c->w, 4);
+        td_pw_str(&c->w, "type");
+        td_pw_str(&c->w, "end");
+        td_pw_str(&c->w, "id");
+        td_pw_int(&c->w, st->req_id);
+        td_pw_str(&c->w, "job_id");
+        td_pw_int(&c->w, st->job);
+        td_pw_str(&c->w, "job");
+        write_job(d, &c->w, &row, 0);
+    } else {
+        td_pw_map(&c->w, 3);
+        td_pw_str(&c->w, "type");
+        td_pw_str(&c->w, "end");
+        td_pw_str(&c->w, "id");
+        td_pw_int(&c->w, st->req_id);
+        td_pw_str(&c->w, "job_id");
+        td_pw_int(&c->w, st->job);
+    }
+    td_job_row_clear(&row);
+    conn_send(c);
+    stream_free(st);
+}
+
+/* Sends pages of stored rows while the client keeps up; ends the stream when it is done. */
+static void stream_pump(td_stream *st)
+{
+    td_conn *c = st->c;
+    td_daemon *d = c->d;
+    td_djob *live = td_daemon_find(d, st->job);
+    int ended = live == NULL;
+
+    while (!c->closing && c->pending < TD_CONN_HIGH_WATER) {
+        td_metric_cursor before = st->cur;
+        td_error_t err;
+        size_t ndone = 0;
+
+        page.n = 0;
+        page.held = 0;
+        page.bound = st->watch && !ended ? live->durable_step : INT64_MAX;
+        if (td_store_metrics_page(d->store, st->job, &st->cur, (const char *const *)st->keys,
+                                  st->nkeys, TD_STREAM_PAGE, collect_row, &page, &ndone,
+                                  &err) != 0) {
+            send_error(c, st->req_id, err.code, err.msg);
+            stream_free(st);
+            return;
+        }
+        if (page.held) {
+            /* The held row was counted as delivered: rewind to the last row kept. */
+            st->cur = before;
+            if (page.n > 0) {
+                st->cur.step = page.rows[page.n - 1].step;
+                st->cur.key_id = page.rows[page.n - 1].key_id;
+            }
+        }
+        if (page.n > 0) {
+            td_pw_reset(&c->w);
+            td_pw_map(&c->w, 4);
+            td_pw_str(&c->w, "type");
+            td_pw_str(&c->w, "rows");
+            td_pw_str(&c->w, "id");
+            td_pw_int(&c->w, st->req_id);
+            td_pw_str(&c->w, "job_id");
+            td_pw_int(&c->w, st->job);
+            td_pw_str(&c->w, "rows");
+            td_pw_array(&c->w, (uint32_t)page.n);
+            for (size_t i = 0; i < page.n; i++) {
+                td_pw_array(&c->w, 4);
+                td_pw_str(&c->w, page.rows[i].key);
+                td_pw_int(&c->w, page.rows[i].step);
+                td_pw_double(&c->w, page.rows[i].value);
+                td_pw_double(&c->w, page.rows[i].time);
+            }
+            conn_send(c);
+        }
+        if (page.n == TD_STREAM_PAGE)
+            continue;
+        /* Caught up with what the store holds. */
+        if (!st->watch || ended)
+            stream_end(st);
+        return;
+    }
+}
+
+static void send_state(td_stream *st, const td_djob *job)
+{
+    td_conn *c = st->c;
+
+    td_pw_reset(&c->w);
+    td_pw_map(&c->w, 6);
+    td_pw_str(&c->w, "type");
+    td_pw_str(&c->w, "state");
+    td_pw_str(&c->w, "id");
+    td_pw_int(&c->w, st->req_id);
+    td_pw_str(&c->w, "job_id");
+    td_pw_int(&c->w, st->job);
+    td_pw_str(&c->w, "state");
+    td_pw_str(&c->w, job->state);
+    td_pw_str(&c->w, "step");
+    td_pw_int(&c->w, job->step);
+    td_pw_str(&c->w, "total_steps");
+    td_pw_int(&c->w, job->total_steps);
+    conn_send(c);
+}
+
+void td_server_job_changed(td_daemon *d, int64_t job, const char *state)
+{
+    td_djob *live = td_daemon_find(d, job);
+
+    for (td_conn *c = d->conns; c != NULL; c = c->next) {
+        td_stream *st = c->streams;
+        while (st != NULL && !c->closing) {
+            td_stream *next = st->next;
+            if (st->job == job) {
+                if (st->watch && state != NULL && live != NULL)
+                    send_state(st, live);
+                stream_pump(st);
+            }
+            st = next;
+        }
+    }
+}
+
+/* ---- requests ---- */
+
+static int get_job_id(td_conn *c, const td_pval *root, int64_t id, int64_t *job)
+{
+    if (td_pv_int(td_pv_get(root, "job_id"), job) != 0 || *job < 1) {
+        send_error(c, id, TD_EPROTO, "job_id: must be a positive integer");
+        return -1;
+    }
+    return 0;
+}
+
+static void req_hello(td_conn *c, const td_pval *root, int64_t id)
+{
+    int64_t version = 0;
+
+    if (td_pv_int(td_pv_get(root, "version"), &version) != 0 || version != TD_PROTO_VERSION) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "protocol version %lld is not spoken here; traind speaks %d",
+                 (long long)version, TD_PROTO_VERSION);
+        send_error(c, id, TD_EVERSION, msg);
+        conn_close(c);
+        return;
+    }
+    c->hello = 1;
+    td_pw_reset(&c->w);
+    td_pw_map(&c->w, 4);
+    td_pw_str(&c->w, "type");
+    td_pw_str(&c->w, "hello");
+    td_pw_str(&c->w, "id");
+    td_pw_int(&c->w, id);
+    td_pw_str(&c->w, "version");
+    td_pw_int(&c->w, TD_PROTO_VERSION);
+    td_pw_str(&c->w, "server");
+    td_pw_str(&c->w, "traind " TD_VERSION);
+    conn_send(c);
+}
+
+static void req_submit(td_conn *c, const td_pval *root, int64_t id)
+{
+    td_error_t err = {0};
+    int64_t job = 0;
+
+    if (td_daemon_submit(c->d, td_pv_get(root, "job"), c->uid, &job, &err) != 0) {
+        td_log_info("client pid %lld uid %lld: job refused: %s", (long long)c->pid,
+                    (long long)c->uid, err.msg);
+        send_error(c, id, err.code, err.msg);
+        return;
+    }
+    td_pw_reset(&c->w);
+    td_pw_map(&c->w, 3);
+    td_pw_str(&c->w, "type");
+    td_pw_str(&c->w, "submitted");
+    td_pw_str(&c->w, "id");
+    td_pw_int(&c->w, id);
+    td_pw_str(&c->w, "job_id");
+    td_pw_int(&c->w, job);
+    conn_send(c);
+}
+
+static void req_status(td_conn *c, const td_pval *root, int64_t id)
+{
+    td_job_row row = {0};
+    td_error_t err;
+    int64_t job;
+
+    if (get_job_id(c, root, id, &job) != 0)
+        return;
+    if (td_store_job_get(c->d->store, job, &row, &err) != 0) {
+        send_error(c, id, err.code, err.msg);
+        return;
+    }
+    td_pw_reset(&c->w);
+    td_pw_map(&c->w, 3);
+    td_pw_str(&c->w, "type");
+    td_pw_str(&c->w, "job");
+    td_pw_str(&c->w, "id");
+    td_pw_int(&c->w, id);
+    td_pw_str(&c->w, "job");
+    write_job(c->d, &c->w, &row, 1);
+    td_job_row_clear(&row);
+    conn_send(c);
+}
+
+static void req_list(td_conn *c, int64_t id)
+{
+    td_job_row *rows = NULL;
+    size_t n = 0;
+    td_error_t err;
+
+    if (td_store_job_list(c->d->store, 0, &rows, &n, &err) != 0) {
+        send_error(c, id, err.code, err.msg);
+        return;
+    }
+    td_pw_reset(&c->w);
+    td_pw_map(&c->w, 3);
+    td_pw_str(&c->w, "type");
+    td_pw_str(&c->w, "jobs");
+    td_pw_str(&c->w, "id");
+    td_pw_int(&c->w, id);
+    td_pw_str(&c->w, "jobs");
+    td_pw_array(&c->w, (uint32_t)n);
+    for (size_t i = 0; i < n; i++) {
+        write_job(c->d, &c->w, &rows[i], 0);
+        td_job_row_clear(&rows[i]);
+    }
+    free(rows);
+    conn_send(c);
+}
+
+static void req_cancel(td_conn *c, const td_pval *root, int64_t id)
+{
+    char state[TD_STORE_MAX_STATE];
+    td_error_t err;
+    int64_t job;
+
+    if (get_job_id(c, root, id, &job) != 0)
+        return;
+    if (td_daemon_cancel(c->d, job, state, &err) != 0) {
+        send_error(c, id, err.code, err.msg);
+        return;
+    }
+    td_pw_reset(&c->w);
+    td_pw_map(&c->w, 4);
+    td_pw_str(&c->w, "type");
+    td_pw_str(&c->w, "cancelled");
+    td_pw_str(&c->w, "id");
+    td_pw_int(&c->w, id);
+    td_pw_str(&c->w, "job_id");
+    td_pw_int(&c->w, job);
+    td_pw_str(&c->w, "state");
+    td_pw_str(&c->w, state);
+    conn_send(c);
+}
+
+/* metrics and watch: both start a stream; watch follows the job until it ends. */
+static void req_stream(td_conn *c, const td_pval *root, int64_t id, int watch)
+{
+    const td_pval *keys = td_pv_get(root, "keys");
+    td_stream *st;
+    td_job_row row = {0};
+    td_error_t err;
+    int64_t job, since = 0;
+
+    if (get_job_id(c, root, id, &job) != 0)
+        return;
+    if (td_pv_get(root, "since") != NULL &&
+        (td_pv_int(td_pv_get(root, "since"), &since) != 0 || since < 0)) {
+        send_error(c, id, TD_EPROTO, "since: must be an integer >= 0");
+        return;
+    }
+    if (keys != NULL && td_pv_type_of(keys) != TD_PV_ARRAY) {
+        send_error(c, id, TD_EPROTO, "keys: must be a list of metric names");
+        return;
+    }
+    if (td_store_job_get(c->d->store, job, &row, &err) != 0) {
+        send_error(c, id, err.code, err.msg);
+        return;
+    }
+    td_job_row_clear(&row);
+    st = calloc(1, sizeof(*st));
+    if (st == NULL || (td_pv_len(keys) > 0 &&
+                       (st->keys = calloc(td_pv_len(keys), sizeof(char *))) == NULL)) {
+        free(st);
+        send_error(c, id, TD_ENOMEM, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < td_pv_len(keys); i++) {
+        char key[TD_STORE_MAX_KEY];
+        if (td_pv_strcpy(td_pv_at(keys, i), key, sizeof(key)) != 0 ||
+            (st->keys[st->nkeys++] = strdup(key)) == NULL) {
+            st->c = c;
+            st->next = c->streams;
+            c->streams = st;
+            stream_free(st);
+            send_error(c, id, TD_EPROTO, "keys: each must be a metric name under 64 bytes");
+            return;
+        }
+    }
+    st->c = c;
+    st->req_id = id;
+    st->job = job;
+    st->watch = watch;
+    td_metric_cursor_init(&st->cur, since);
+    st->next = c->streams;
+    c->streams = st;
+    if (watch && td_daemon_find(c->d, job) != NULL)
+        send_state(st, td_daemon_find(c->d, job));
+    stream_pump(st);
+}
+
+static void handle_frame(td_conn *c, const td_proto_frame *f)
+{
+    const td_pval *root = td_proto_frame_root(f);
+    char type[32];
+    int64_t id;
+
+    if (td_pv_int(td_pv_get(root, "id"), &id) != 0 || id < 0) {
+        send_error(c, -1, TD_EPROTO, "id: every request needs an integer id >= 0");
+        return;
+    }
+    if (td_pv_strcpy(td_pv_get(root, "type"), type, sizeof(type)) != 0) {
+        send_error(c, id, TD_EPROTO, "type: every request needs a type string");
+        return;
+    }
+    if (!c->hello && strcmp(type, "hello") != 0) {
+        send_error(c, id, TD_EPROTO, "the first request must be hello");
+        conn_close(c);
+        return;
+    }
+    if (strcmp(type, "hello") == 0)
+        req_hello(c, root, id);
+    else if (strcmp(type, "submit") == 0)
+        req_submit(c, root, id);
+    else if (strcmp(type, "status") == 0)
+        req_status(c, root, id);
+    else if (strcmp(type, "list") == 0)
+        req_list(c, id);
+    else if (strcmp(type, "cancel") == 0)
+        req_cancel(c, root, id);
+    else if (strcmp(type, "metrics") == 0)
+        req_stream(c, root, id, 0);
+    else if (strcmp(type, "watch") == 0)
+        req_stream(c, root, id, 1);
+    else {
+        char msg[96];
+        snprintf(msg, sizeof(msg), "type: unknown request \"%s\"", type);
+        send_error(c, id, TD_EPROTO, msg);
+    }
+}
+
+/* ---- connections ---- */
+
+static void on_conn_closed(uv_handle_t *h)
+{
+    td_conn *c = (td_conn *)h;
+    td_daemon *d = c->d;
+
+    for (td_conn **p = &d->conns; *p != NULL; p = &(*p)->next)
+        if (*p == c) {
+            *p = c->next;
+            break;
+        }
+    d->nconns--;
+    td_proto_reader_free(c->reader);
+    td_pw_free(&c->w);
+    free(c);
+}
+
+/* Closes a connection; its memory goes in the close callback, never here. */
+static void conn_close(td_conn *c)
+{
+    if (c->closing)
+        return;
+    c->closing = 1;
+    while (c->streams != NULL)
+        stream_free(c->streams);
+    uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
+}
+
+static char readbuf[64 << 10]; /* loop thread only */
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    *buf = uv_buf_init(readbuf, sizeof(readbuf));
+}
+
+/* A printable sample of bad bytes for the log. */
+static void sample_bytes(char *out, size_t size, const char *p, size_t n)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n && i < 16 && o + 4 < size; i++)
+        o += (size_t)snprintf(out + o, size - o, "%02x", (unsigned char)p[i]);
+    out[o] = '\0';
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    td_conn *c = (td_conn *)s;
+    td_proto_frame *f;
+    td_error_t err;
+    int rc;
+
+    if (nread < 0) {
+        if (nread != UV_EOF)
+            td_log_info("client pid %lld: read: %s", (long long)c->pid,
+                        uv_strerror((int)nread));
+        conn_close(c);
+        return;
+    }
+    if (td_proto_reader_feed(c->reader, buf->base, (size_t)nread) != 0) {
+        conn_close(c);
+        return;
+    }
+    while (!c->closing && (rc = td_proto_reader_next(c->reader, &f, &err)) == 1) {
+        handle_frame(c, f);
+        td_proto_frame_free(f);
+    }
+    if (!c->closing && rc < 0) {
+        char sample[40];
+        sample_bytes(sample, sizeof(sample), buf->base, (size_t)nread);
+        td_log_warn("client pid %lld uid %lld: bad frame (%s), closing; bytes %s...",
+                    (long long)c->pid, (long long)c->uid, err.msg, sample);
+        send_error(c, -1, rc, err.msg);
+        conn_close(c);
+    }
+}
+
+static void peer_creds(td_conn *c)
+{
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    uv_os_fd_t fd;
+
+    c->uid = -1;
+    c->pid = -1;
+    if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
+        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+        c->uid = cred.uid;
+        c->pid = cred.pid;
+    }
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    td_daemon *d = server->data;
+    td_conn *c;
+
+    if (status < 0) {
+        td_log_warn("accept: %s", uv_strerror(status));
+        return;
+    }
+    c = calloc(1, sizeof(*c));
+    if (c == NULL || uv_pipe_init(d->loop, &c->pipe, 0) != 0) {
+        free(c);
+        return;
+    }
+    c->d = d;
+    td_pw_init(&c->w);
+    c->next = d->conns;
+    d->conns = c;
+    d->nconns++;
+    if (uv_accept(server, (uv_stream_t *)&c->pipe) != 0 ||
+        td_proto_reader_new(&c->reader, 0) != 0) {
+        conn_close(c);
+        return;
+    }
+    peer_creds(c);
+    if (d->nconns > TD_MAX_CONNS) {
+        td_log_warn("client pid %lld: refused, %d connections open", (long long)c->pid,
+                    TD_MAX_CONNS);
+        send_error(c, -1, TD_E2BIG, "too many connections");
+        conn_close(c);
+        return;
+    }
+    uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+}
+
+/* Removes a stale socket file left by a daemon that died, but never a live one. */
+static int clear_stale_socket(const char *path, td_error_t *err)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct stat stt;
+    int fd, live;
+
+    if (lstat(path, &stt) != 0)
+        return 0;
+    if (!S_ISSOCK(stt.st_mode))
+        return td_error_set(err, TD_EINVAL, "%s exists and is not a socket", path);
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fd < 0)
+        return td_error_set(err, -errno, "socket: %s", strerror(errno));
+    live = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    close(fd);
+    if (live)
+        return td_error_set(err, TD_EINVAL, "another traind is listening on %s", path);
+    unlink(path);
+    return 0;
+}
+
+int td_server_listen(td_daemon *d, td_error_t *err)
+{
+    const char *path = d->cfg.socket_path;
+    int rc;
+
+    rc = clear_stale_socket(path, err);
+    if (rc != 0)
+        return rc;
+    rc = uv_pipe_init(d->loop, &d->server, 0);
+    if (rc != 0)
+        return td_error_set(err, rc, "uv_pipe_init: %s", uv_strerror(rc));
+    d->server.data = d;
+    rc = uv_pipe_bind(&d->server, path);
+    if (rc == 0 && chmod(path, 0660) != 0)
+        rc = -errno;
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&d->server, 128, on_connection);
+    if (rc != 0) {
+        td_error_set(err, rc, "cannot listen on %s: %s", path, uv_strerror(rc));
+        uv_close((uv_handle_t *)&d->server, NULL);
+        return rc;
+    }
+    return 0;
+}
+
+void td_server_close(td_daemon *d)
+{
+    for (td_conn *c = d->conns; c != NULL; c = c->next)
+        conn_close(c);
+    if (!uv_is_closing((uv_handle_t *)&d->server)) {
+        uv_close((uv_handle_t *)&d->server, NULL);
+        unlink(d->cfg.socket_path);
+    }
+}
