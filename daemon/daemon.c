@@ -3,6 +3,7 @@
  * reach the loop only through td_daemon_post(). */
 #include <errno.h>
 #include <math.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,9 +132,11 @@ static td_event *run_job(td_worker *w, td_djob *job)
             snprintf(done->state, sizeof(done->state), TD_JOB_QUEUED);
             goto out;
         }
+        atomic_store(&w->heartbeat_ms, (long long)mono_ms());
         if (TD_TRY(&b)) {
             finished = td_trainer_step(t);
             td_boundary_leave(&b);
+            atomic_store(&w->heartbeat_ms, (long long)mono_ms());
         } else {
             worker_failure(&done->err, w, &b.err);
             goto out;
@@ -238,24 +241,58 @@ static void job_unlink(td_daemon *d, td_djob *job)
         }
 }
 
+/* Records a job's new state, and a line in its log saying so. */
 static void store_state(td_daemon *d, td_djob *job, const char *state, const char *devs,
                         const td_error_t *e)
 {
     td_error_t err;
+    char line[1200];
     int code = e != NULL ? e->code : 0;
 
     if (td_store_job_set_state(d->store, job->id, state, devs, code,
                                code != 0 ? e->msg : NULL, &err) != 0)
         td_log_err("job %lld: cannot record state %s: %s", (long long)job->id, state, err.msg);
+    if (code != 0)
+        snprintf(line, sizeof(line), "%s at step %lld: %s", state, (long long)job->step, e->msg);
+    else if (devs != NULL && devs[0] != '\0')
+        snprintf(line, sizeof(line), "%s on %s", state, devs);
+    else
+        snprintf(line, sizeof(line), "%s at step %lld", state, (long long)job->step);
+    td_daemon_log(d, job->id, code != 0 && code != TD_ECANCELLED ? TD_LOG_ERR : TD_LOG_NOTICE,
+                  line);
+}
+
+void td_daemon_log(td_daemon *d, int64_t job, int level, const char *line)
+{
+    td_error_t err;
+
+    if (td_store_log(d->store, job, level, line, &err) != 0)
+        td_log_warn("job %lld: cannot write its log: %s", (long long)job, err.msg);
+}
+
+/* Devices held by uid's running jobs. */
+static int devices_held(td_daemon *d, int64_t uid)
+{
+    int n = 0;
+    for (td_djob *j = d->jobs; j != NULL; j = j->next)
+        if (j->uid == uid && j->worker != NULL)
+            n += j->spec.devices;
+    return n;
 }
 
 /* The next queued job to run: highest priority first, then oldest. */
+static int devices_held(td_daemon *d, int64_t uid);
+
+/* The next queued job to run: highest priority first, then oldest, skipping jobs whose user
+ * already holds max_devices_per_user devices. */
 static td_djob *next_queued(td_daemon *d)
 {
+    int limit = d->cfg.max_devices_per_user;
     td_djob *best = NULL;
 
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
         if (j->worker == NULL && strcmp(j->state, TD_JOB_QUEUED) == 0 &&
+            (limit == 0 || devices_held(d, j->uid) + j->spec.devices <= limit) &&
             (best == NULL || j->spec.priority > best->spec.priority))
             best = j;
     return best;
@@ -487,6 +524,15 @@ fail_queue:
     return rc;
 }
 
+/* Jobs of uid waiting in the queue. */
+static int queued_by(td_daemon *d, int64_t uid)
+{
+    int n = 0;
+    for (td_djob *j = d->jobs; j != NULL; j = j->next)
+        n += j->uid == uid && j->worker == NULL;
+    return n;
+}
+
 int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t *id,
                      td_error_t *err)
 {
@@ -507,6 +553,18 @@ int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t *
         rc = td_error_set(err, TD_EJOB,
                           "devices: the job asks for %d devices but this daemon has %d",
                           job->spec.devices, d->nworkers);
+        goto out;
+    }
+    if (d->cfg.max_devices_per_user > 0 && job->spec.devices > d->cfg.max_devices_per_user) {
+        rc = td_error_set(err, TD_EPERM,
+                          "devices: the job asks for %d devices but each user may hold %d",
+                          job->spec.devices, d->cfg.max_devices_per_user);
+        goto out;
+    }
+    if (d->cfg.max_queued_per_user > 0 && queued_by(d, uid) >= d->cfg.max_queued_per_user) {
+        rc = td_error_set(err, TD_EPERM,
+                          "permission denied: uid %lld already has %d queued jobs, the limit",
+                          (long long)uid, d->cfg.max_queued_per_user);
         goto out;
     }
     if (job->spec.devices > 1) {
@@ -535,6 +593,7 @@ int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t *
     *id = job->id;
     td_log_notice("job %lld (%s, uid %lld): queued, %d device(s)", (long long)job->id,
                   job->spec.name, (long long)uid, job->spec.devices);
+    td_daemon_log(d, job->id, TD_LOG_NOTICE, "queued");
     job = NULL;
     schedule(d);
 out:
@@ -544,15 +603,35 @@ out:
     return rc;
 }
 
-int td_daemon_cancel(td_daemon *d, int64_t id, char *state_out, td_error_t *err)
+/* Refuses a change to a job by anyone but its owner or root. */
+static int check_owner(int64_t job, int64_t owner, int64_t uid, td_error_t *err)
+{
+    struct passwd pw, *found = NULL;
+    char buf[1024], name[64];
+
+    if (uid == 0 || uid == owner)
+        return 0;
+    if (getpwuid_r((uid_t)owner, &pw, buf, sizeof(buf), &found) == 0 && found != NULL)
+        snprintf(name, sizeof(name), "%s", pw.pw_name);
+    else
+        snprintf(name, sizeof(name), "uid %lld", (long long)owner);
+    return td_error_set(err, TD_EPERM, "permission denied: job %lld belongs to %s",
+                        (long long)job, name);
+}
+
+int td_daemon_cancel(td_daemon *d, int64_t id, int64_t uid, char *state_out, td_error_t *err)
 {
     td_djob *job = td_daemon_find(d, id);
     td_error_t why;
     td_job_row row = {0};
     int rc;
 
+    if (job != NULL && (rc = check_owner(id, job->uid, uid, err)) != 0)
+        return rc;
     if (job == NULL) {
         rc = td_store_job_get(d->store, id, &row, err);
+        if (rc == 0)
+            rc = check_owner(id, row.uid, uid, err);
         if (rc == 0)
             rc = td_error_set(err, TD_ESTATE, "job %lld has already ended (%s)", (long long)id,
                               row.state);
@@ -562,7 +641,9 @@ int td_daemon_cancel(td_daemon *d, int64_t id, char *state_out, td_error_t *err)
     if (job->worker != NULL) {
         atomic_store(&job->cancel, 1);
         snprintf(state_out, TD_STORE_MAX_STATE, "%s", TD_JOB_RUNNING);
-        td_log_notice("job %lld (%s): cancel requested", (long long)id, job->spec.name);
+        td_log_notice("job %lld (%s): cancel requested by uid %lld", (long long)id,
+                      job->spec.name, (long long)uid);
+        td_daemon_log(d, id, TD_LOG_NOTICE, "cancel requested");
         return 0;
     }
     td_error_set(&why, TD_ECANCELLED, "cancelled while queued");

@@ -56,6 +56,7 @@ struct td_worker {
     td_djob *assigned; /* guarded by mu; set by the loop, cleared by the worker */
     int stop;          /* guarded by mu */
     td_djob *running;  /* loop thread's view */
+    atomic_llong heartbeat_ms; /* CLOCK_MONOTONIC ms at the last step start or end */
 };
 
 /* What workers and the store thread tell the loop. */
@@ -80,6 +81,8 @@ typedef struct td_config {
     char state_dir[512];
     char db_path[600];
     int ncpu_devices;
+    int max_queued_per_user;  /* queued jobs one uid may have; 0 = unlimited */
+    int max_devices_per_user; /* devices one uid's running jobs may hold; 0 = unlimited */
 } td_config;
 
 struct td_daemon {
@@ -105,7 +108,10 @@ struct td_daemon {
 int td_daemon_init(td_daemon *d, uv_loop_t *loop, const td_config *cfg, td_error_t *err);
 void td_daemon_post(td_daemon *d, td_event *ev); /* any thread; takes ev */
 int td_daemon_submit(td_daemon *d, const td_pval *job, int64_t uid, int64_t *id, td_error_t *err);
-int td_daemon_cancel(td_daemon *d, int64_t id, char *state_out, td_error_t *err);
+/* Cancels job id on behalf of uid (its owner or root; else TD_EPERM). */
+int td_daemon_cancel(td_daemon *d, int64_t id, int64_t uid, char *state_out, td_error_t *err);
+/* Appends a line to a job's log in the store (lifecycle events, warnings). */
+void td_daemon_log(td_daemon *d, int64_t job, int level, const char *line);
 td_djob *td_daemon_find(td_daemon *d, int64_t id);
 void td_daemon_shutdown(td_daemon *d);
 

@@ -509,7 +509,7 @@ static void req_cancel(td_conn *c, const td_pval *root, int64_t id)
 
     if (get_job_id(c, root, id, &job) != 0)
         return;
-    if (td_daemon_cancel(c->d, job, state, &err) != 0) {
+    if (td_daemon_cancel(c->d, job, c->uid, state, &err) != 0) {
         send_error(c, id, err.code, err.msg);
         return;
     }
@@ -523,6 +523,127 @@ static void req_cancel(td_conn *c, const td_pval *root, int64_t id)
     td_pw_int(&c->w, job);
     td_pw_str(&c->w, "state");
     td_pw_str(&c->w, state);
+    conn_send(c);
+}
+
+static void req_info(td_conn *c, int64_t id)
+{
+    td_daemon *d = c->d;
+    struct stat st;
+    uint32_t nq = 0;
+
+    for (td_djob *j = d->jobs; j != NULL; j = j->next)
+        nq += j->worker == NULL;
+    td_pw_reset(&c->w);
+    td_pw_map(&c->w, 7);
+    td_pw_str(&c->w, "type");
+    td_pw_str(&c->w, "info");
+    td_pw_str(&c->w, "id");
+    td_pw_int(&c->w, id);
+    td_pw_str(&c->w, "version");
+    td_pw_str(&c->w, TD_VERSION);
+    td_pw_str(&c->w, "protocol");
+    td_pw_int(&c->w, TD_PROTO_VERSION);
+    td_pw_str(&c->w, "store");
+    td_pw_map(&c->w, 2);
+    td_pw_str(&c->w, "path");
+    td_pw_str(&c->w, d->cfg.db_path);
+    td_pw_str(&c->w, "size_bytes");
+    td_pw_int(&c->w, stat(d->cfg.db_path, &st) == 0 ? (int64_t)st.st_size : 0);
+    td_pw_str(&c->w, "devices");
+    td_pw_array(&c->w, (uint32_t)d->nworkers);
+    for (int i = 0; i < d->nworkers; i++) {
+        const td_djob *job = d->workers[i].running;
+        td_pw_map(&c->w, 3);
+        td_pw_str(&c->w, "name");
+        td_pw_str(&c->w, d->workers[i].name);
+        td_pw_str(&c->w, "job_id");
+        if (job != NULL)
+            td_pw_int(&c->w, job->id);
+        else
+            td_pw_nil(&c->w);
+        td_pw_str(&c->w, "job_name");
+        td_pw_str(&c->w, job != NULL ? job->spec.name : NULL);
+    }
+    /* In the order the scheduler takes them: priority, then submission. */
+    td_pw_str(&c->w, "queued");
+    td_pw_array(&c->w, nq);
+    for (int64_t prio = INT32_MAX;;) {
+        int64_t next = INT64_MIN;
+        for (td_djob *j = d->jobs; j != NULL; j = j->next) {
+            if (j->worker != NULL)
+                continue;
+            if (j->spec.priority == prio)
+                td_pw_int(&c->w, j->id);
+            else if (j->spec.priority < prio && j->spec.priority > next)
+                next = j->spec.priority;
+        }
+        if (next == INT64_MIN)
+            break;
+        prio = next;
+    }
+    conn_send(c);
+}
+
+typedef struct log_lines {
+    td_pw *w;
+    int64_t last_id;
+} log_lines;
+
+static int write_log_line(void *ud, const td_job_log_row *row)
+{
+    log_lines *l = ud;
+    td_pw_array(l->w, 3);
+    td_pw_double(l->w, row->time);
+    td_pw_int(l->w, row->level);
+    td_pw_str(l->w, row->msg);
+    return 0;
+}
+
+static int skip_log_line(void *ud, const td_job_log_row *row)
+{
+    ((log_lines *)ud)->last_id = row->id;
+    return 0;
+}
+
+#define TD_LOG_LINES_MAX 10000 /* lines one logs reply carries: the newest */
+
+static void req_logs(td_conn *c, const td_pval *root, int64_t id)
+{
+    td_store *s = c->d->store;
+    td_job_row row = {0};
+    td_error_t err;
+    log_lines l = {.w = &c->w};
+    size_t ndone = 0, count = 0;
+    int64_t job;
+
+    if (get_job_id(c, root, id, &job) != 0)
+        return;
+    if (td_store_job_get(s, job, &row, &err) != 0) {
+        send_error(c, id, err.code, err.msg);
+        return;
+    }
+    td_job_row_clear(&row);
+    /* Count first, so that the array header can be written before the lines, and skip the
+     * oldest lines past the limit. */
+    if (td_store_log_read(s, job, 0, SIZE_MAX, skip_log_line, &l, &count, &err) != 0) {
+        send_error(c, id, err.code, err.msg);
+        return;
+    }
+    l.last_id = 0;
+    if (count > TD_LOG_LINES_MAX)
+        td_store_log_read(s, job, 0, count - TD_LOG_LINES_MAX, skip_log_line, &l, &ndone, &err);
+    td_pw_reset(&c->w);
+    td_pw_map(&c->w, 4);
+    td_pw_str(&c->w, "type");
+    td_pw_str(&c->w, "logs");
+    td_pw_str(&c->w, "id");
+    td_pw_int(&c->w, id);
+    td_pw_str(&c->w, "job_id");
+    td_pw_int(&c->w, job);
+    td_pw_str(&c->w, "lines");
+    td_pw_array(&c->w, (uint32_t)(count < TD_LOG_LINES_MAX ? count : TD_LOG_LINES_MAX));
+    td_store_log_read(s, job, l.last_id, TD_LOG_LINES_MAX, write_log_line, &l, &ndone, &err);
     conn_send(c);
 }
 
@@ -613,6 +734,10 @@ static void handle_frame(td_conn *c, const td_proto_frame *f)
         req_cancel(c, root, id);
     else if (strcmp(type, "metrics") == 0)
         req_stream(c, root, id, 0);
+    else if (strcmp(type, "info") == 0)
+        req_info(c, id);
+    else if (strcmp(type, "logs") == 0)
+        req_logs(c, root, id);
     else if (strcmp(type, "watch") == 0)
         req_stream(c, root, id, 1);
     else {
