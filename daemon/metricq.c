@@ -110,17 +110,65 @@ static void notify_durable(td_mq *q, const mq_event *b, size_t n)
         q->cb(q->ud, jobs[j], steps[j]);
 }
 
+/* Accounts for samples [from, to) of the batch: done, and rc's error for their sinks. */
+static void account(td_mq *q, size_t from, size_t to, int rc, const td_error_t *e,
+                    uint64_t batch_no)
+{
+    for (size_t i = from; i < to; i++) {
+        td_mq_sink *s = q->batch[i].sink;
+        if (rc != 0 && s->err_batch != batch_no) {
+            sink_add_error(s, e);
+            s->err_batch = batch_no;
+        }
+        s->done++;
+    }
+}
+
+/* A batch that failed is written again one sink at a time, so that one job's bad sample
+ * (or its deleted row) does not cost other jobs theirs. Groups samples by sink in place,
+ * keeping each sink's order. Called without q->mu; returns with q->mu held. */
+static void write_per_sink(td_mq *q, size_t n, uint64_t batch_no)
+{
+    size_t start = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        /* Stable partition: move the samples of batch[start]'s sink to the front. */
+        td_mq_sink *s = q->batch[start].sink;
+        size_t k = start;
+        for (size_t j = start; j < n; j++)
+            if (q->batch[j].sink == s) {
+                mq_event ev = q->batch[j];
+                memmove(&q->batch[k + 1], &q->batch[k], (j - k) * sizeof(*q->batch));
+                q->batch[k++] = ev;
+            }
+        for (size_t j = start; j < k; j++)
+            q->rows[j - start] = q->batch[j].m;
+        td_error_t e = {0};
+        int rc = td_store_metrics_write(q->store, q->rows, k - start, &e);
+        if (rc == 0 && q->cb != NULL)
+            notify_durable(q, q->batch + start, k - start);
+        pthread_mutex_lock(&q->mu);
+        account(q, start, k, rc, &e, batch_no);
+        pthread_mutex_unlock(&q->mu);
+        start = k;
+        if (start == n)
+            break;
+    }
+    pthread_mutex_lock(&q->mu);
+}
+
 /* Writes one batch and accounts for it. Called with q->mu held; drops it while writing. */
 static void write_batch(td_mq *q)
 {
     size_t n = q->count < TD_MQ_BATCH ? q->count : TD_MQ_BATCH;
     td_error_t e = {0};
     uint64_t batch_no;
-    int rc;
+    int rc, one_sink = 1;
 
     for (size_t i = 0; i < n; i++) {
         q->batch[i] = q->ring[(q->head + i) % q->cap];
         q->rows[i] = q->batch[i].m;
+        one_sink &= q->batch[i].sink == q->batch[0].sink;
     }
     q->head = (q->head + n) % q->cap;
     q->count -= n;
@@ -129,17 +177,13 @@ static void write_batch(td_mq *q)
     pthread_mutex_unlock(&q->mu);
 
     rc = td_store_metrics_write(q->store, q->rows, n, &e);
-    if (rc == 0 && q->cb != NULL)
-        notify_durable(q, q->batch, n);
-
-    pthread_mutex_lock(&q->mu);
-    for (size_t i = 0; i < n; i++) {
-        td_mq_sink *s = q->batch[i].sink;
-        if (rc != 0 && s->err_batch != batch_no) {
-            sink_add_error(s, &e);
-            s->err_batch = batch_no;
-        }
-        s->done++;
+    if (rc != 0 && !one_sink) {
+        write_per_sink(q, n, batch_no);
+    } else {
+        if (rc == 0 && q->cb != NULL)
+            notify_durable(q, q->batch, n);
+        pthread_mutex_lock(&q->mu);
+        account(q, 0, n, rc, &e, batch_no);
     }
     pthread_cond_broadcast(&q->progress);
 }
