@@ -17,8 +17,8 @@
 
 #include "td_errno.h"
 
-#define TD_MAX_LAYERS 16  /* sizes in an MLP, input and output included */
-#define TD_PATH_MAX 1024  /* bytes of a path in a job, NUL included */
+#define TD_MAX_LAYERS 16   /* sizes in an MLP, input and output included */
+#define TD_PATH_MAX   1024 /* bytes of a path in a job, NUL included */
 
 typedef enum { TD_MODEL_MLP = 1 } td_model_kind;
 typedef enum { TD_DATA_IDX = 1 } td_data_kind;
@@ -51,12 +51,17 @@ typedef struct td_train_config {
     float momentum;     /* sgd; default 0.9 */
     td_sched_kind schedule;
 
-    int batch_size;    /* samples per step; default 128 */
-    int epochs;        /* passes over the train split; default 1 */
-    int64_t max_steps; /* -1: epochs decide; otherwise stop after this many steps */
-    int64_t eval_every; /* steps between evaluations of the test split; 0: at each epoch end */
-    uint64_t seed;     /* initialisation and shuffling; default 1 */
-    int threads;       /* BLAS threads for this trainer; 0: the library's default */
+    int batch_size;     /* samples per step; default 128. An epoch is ceil(samples / batch_size)
+                         * steps: its last batch holds the remainder (PyTorch's drop_last=False) */
+    int epochs;         /* passes over the train split; default 1 */
+    int64_t max_steps;  /* -1: epochs decide; otherwise exactly this many steps, in place of
+                         * epochs: fewer, or more (the data cycles on, reshuffled each epoch),
+                         * or 0 (none) */
+    int64_t eval_every; /* steps between evaluations of the test split; 0: at each epoch end.
+                         * Either way the last step evaluates too */
+    uint64_t seed;      /* initialisation and shuffling; default 1 */
+    int threads;        /* BLAS threads for this trainer; 0: the library's default. OpenBLAS
+                         * keeps one pool per process, so the last trainer built sets it */
 } td_train_config;
 
 /* Fills cfg with the defaults above (model, data and paths left empty). */
@@ -76,7 +81,9 @@ typedef struct td_trainer td_trainer;
 /* Builds a trainer: reads the dataset, checks it against the model (layers[0] must equal the
  * image size, the last layer must cover every label), initialises parameters from the seed.
  * Errors are returned, never panicked: TD_EDATA naming the file and what was wrong,
- * TD_ESHAPE for a model that does not fit its data, TD_ENOMEM. Copies cfg and hooks.
+ * TD_ESHAPE for a model that does not fit its data (naming the layer), TD_ENOMEM, and
+ * TD_EINVAL for a config that job validation should have refused. Copies cfg and hooks
+ * (hooks may be NULL: no metrics).
  * Caller frees with td_trainer_free(). */
 int td_trainer_new(td_trainer **out, const td_train_config *cfg, const td_train_hooks *hooks,
                    td_error_t *err);
@@ -88,8 +95,14 @@ int64_t td_trainer_total_steps(const td_trainer *t);
 int64_t td_trainer_steps_done(const td_trainer *t);
 
 /* Takes one optimizer step, then evaluates when one is due. Returns 0 when steps remain and
- * 1 when the job has taken its last step. Must run under a panic boundary: a non-finite loss
- * panics with TD_ENAN ("loss is NaN at step 41"), a data problem with TD_EDATA. */
+ * 1 when the job has taken its last step (and 1, doing nothing, when called after that). Must
+ * run under a panic boundary: a non-finite loss panics with TD_ENAN ("loss is NaN at step 41",
+ * "loss is Inf at step 41") before any update, so the step does not count; an exhausted
+ * activation arena panics with TD_ENOMEM. (The data is read and checked whole by
+ * td_trainer_new(), so a step meets no TD_EDATA today; a streaming dataset may.)
+ * Metrics of step S, in order: epoch (first step of an epoch), train_loss, lr, step_ms (batch,
+ * forward, backward and update; not the evaluation), samples_per_s, then test_loss and
+ * test_accuracy when it evaluates (the whole test split, in batches, no tape). */
 int td_trainer_step(td_trainer *t);
 
 void td_trainer_free(td_trainer *t);

@@ -1,0 +1,471 @@
+/* Unit tests of kernels/ (the CPU backend table): every backward kernel against central finite
+ * differences of its forward, matmul against a naive reference, softmax cross-entropy and
+ * both optimizers against values worked out by hand from PyTorch's formulas, and the CUDA
+ * probe where the build has CUDA. Each numerical check states its tolerance and why. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels.h"
+#include "td_errno.h"
+
+/* Finite differences: central, step FD_EPS, of an objective L = sum_i r_i * out_i accumulated
+ * in double (r random), compared with the backward kernel given dout = r.
+ *
+ * Tolerance: |analytic - numeric| <= FD_REL * max(|analytic|, |numeric|) + FD_ABS. The forward
+ * runs in float32, so each output that a perturbation moves carries a rounding error of about
+ * 6e-8 * |out| (|out| <= ~4 here); a handful of such outputs over 2*FD_EPS = 2e-3 puts up to
+ * ~5e-4 of noise into a numeric gradient. Outputs the perturbation does not move are
+ * recomputed bit-identically and cancel exactly in double. Gradients here are O(0.1..1), so
+ * 1e-2 relative is a real check (a wrong index or a missing term is off by O(1)), and the
+ * 1e-3 absolute floor covers gradients that are near zero. */
+#define FD_EPS 1e-3f
+#define FD_REL 1e-2
+#define FD_ABS 1e-3
+
+static const td_kernels *K;
+
+static uint64_t rng_state = 0x853c49e6748fea9bull;
+
+/* Uniform in [lo, hi): a tiny LCG is plenty for test data, and keeps runs reproducible. */
+static float urand(float lo, float hi)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * (float)(rng_state >> 40) / 16777216.0f;
+}
+
+static float *rand_buf(size_t n, float lo, float hi)
+{
+    float *p = malloc(n * sizeof(float));
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = urand(lo, hi);
+    return p;
+}
+
+static float *zero_buf(size_t n)
+{
+    float *p = calloc(n, sizeof(float));
+    assert_non_null(p);
+    return p;
+}
+
+static void assert_close(double analytic, double numeric, double rel, double abs_tol,
+                         const char *what, size_t i)
+{
+    double diff = fabs(analytic - numeric);
+    double scale = fmax(fabs(analytic), fabs(numeric));
+
+    if (diff > rel * scale + abs_tol)
+        fail_msg("%s[%zu]: analytic %.7g vs numeric %.7g (diff %.3g)", what, i, analytic, numeric,
+                 diff);
+}
+
+static double dot(const float *r, const float *out, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)r[i] * out[i];
+    return s;
+}
+
+/* ---- matmul ------------------------------------------------------------------------------- */
+
+typedef struct mm_case {
+    float *inp, *weight, *bias, *out, *r;
+    int N, C, OC;
+} mm_case;
+
+static double mm_objective(mm_case *m)
+{
+    K->matmul_forward(m->out, m->inp, m->weight, m->bias, m->N, m->C, m->OC);
+    return dot(m->r, m->out, (size_t)m->N * m->OC);
+}
+
+/* Central difference of the objective with respect to x[i]. */
+static double mm_numeric(mm_case *m, float *x, size_t i)
+{
+    float keep = x[i];
+    double lp, lm;
+
+    x[i] = keep + FD_EPS;
+    lp = mm_objective(m);
+    x[i] = keep - FD_EPS;
+    lm = mm_objective(m);
+    x[i] = keep;
+    return (lp - lm) / (2.0 * (double)FD_EPS);
+}
+
+/* out = inp . W^T + b against a triple loop accumulated in double. Tolerance 1e-5 absolute:
+ * with |inp|, |W|, |b| <= 1 and C = 37 terms, sgemm's float32 sums are off by at most about
+ * C * 6e-8 * C = 8e-5 in the worst case and ~1e-6 typically. */
+static void test_matmul_forward_vs_naive(void **state)
+{
+    int N = 9, C = 37, OC = 11;
+    float *inp = rand_buf((size_t)N * C, -1, 1), *w = rand_buf((size_t)OC * C, -1, 1);
+    float *b = rand_buf(OC, -1, 1), *out = zero_buf((size_t)N * OC);
+
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        K->matmul_forward(out, inp, w, with_bias ? b : NULL, N, C, OC);
+        for (int i = 0; i < N; i++)
+            for (int o = 0; o < OC; o++) {
+                double ref = with_bias ? b[o] : 0.0;
+                for (int c = 0; c < C; c++)
+                    ref += (double)inp[i * C + c] * w[o * C + c];
+                assert_close(out[i * OC + o], ref, 0.0, 1e-5, "out", (size_t)(i * OC + o));
+            }
+    }
+    free(inp);
+    free(w);
+    free(b);
+    free(out);
+}
+
+/* dinp, dweight, dbias against finite differences, every element, on a small random shape. */
+static void test_matmul_backward_fd(void **state)
+{
+    mm_case m = {.N = 5, .C = 7, .OC = 4};
+    size_t ni = (size_t)m.N * m.C, nw = (size_t)m.OC * m.C, no = (size_t)m.N * m.OC;
+    float *dinp = zero_buf(ni), *dw = zero_buf(nw), *db = zero_buf(m.OC);
+
+    m.inp = rand_buf(ni, -1, 1);
+    m.weight = rand_buf(nw, -1, 1);
+    m.bias = rand_buf(m.OC, -1, 1);
+    m.out = zero_buf(no);
+    m.r = rand_buf(no, -1, 1);
+    K->matmul_backward(dinp, dw, db, m.r, m.inp, m.weight, m.N, m.C, m.OC);
+    for (size_t i = 0; i < ni; i++)
+        assert_close(dinp[i], mm_numeric(&m, m.inp, i), FD_REL, FD_ABS, "dinp", i);
+    for (size_t i = 0; i < nw; i++)
+        assert_close(dw[i], mm_numeric(&m, m.weight, i), FD_REL, FD_ABS, "dweight", i);
+    for (size_t i = 0; i < (size_t)m.OC; i++)
+        assert_close(db[i], mm_numeric(&m, m.bias, i), FD_REL, FD_ABS, "dbias", i);
+
+    free(dinp);
+    free(dw);
+    free(db);
+    free(m.inp);
+    free(m.weight);
+    free(m.bias);
+    free(m.out);
+    free(m.r);
+}
+
+/* Backward kernels add into their outputs (a tensor read twice collects both gradients), NULL
+ * outputs are skipped, and the bias gradient is right past the 256-row chunks cpu.c sums in.
+ * Exact products of small integers keep this check at float32 rounding (1e-4 on sums ~300). */
+static void test_matmul_backward_accumulates(void **state)
+{
+    int N = 300, C = 3, OC = 2;
+    float *dout = malloc((size_t)N * OC * sizeof(float));
+    float *inp = malloc((size_t)N * C * sizeof(float));
+    float w[6] = {1, 2, 3, 4, 5, 6};
+    float db[2] = {10, 20}, dw[6] = {0};
+    float *dinp = malloc((size_t)N * C * sizeof(float));
+
+    for (int i = 0; i < N; i++) {
+        dout[i * OC] = 1.0f;
+        dout[i * OC + 1] = (float)(i % 3);
+        for (int c = 0; c < C; c++) {
+            inp[i * C + c] = 1.0f;
+            dinp[i * C + c] = 100.0f;
+        }
+    }
+    K->matmul_backward(dinp, NULL, db, dout, inp, w, N, C, OC);
+    assert_float_equal(db[0], 10.0f + 300.0f, 1e-4);
+    assert_float_equal(db[1], 20.0f + 300.0f, 1e-4); /* 100 rows each of 0, 1, 2 */
+    /* row 4: dout = (1, 1): dinp += (1*1 + 1*4, 1*2 + 1*5, 1*3 + 1*6) */
+    assert_float_equal(dinp[4 * C + 0], 105.0f, 1e-4);
+    assert_float_equal(dinp[4 * C + 1], 107.0f, 1e-4);
+    assert_float_equal(dinp[4 * C + 2], 109.0f, 1e-4);
+    K->matmul_backward(NULL, dw, NULL, dout, inp, w, N, C, OC);
+    assert_float_equal(dw[0], 300.0f, 1e-4);
+    assert_float_equal(dw[3], 300.0f, 1e-4);
+    free(dout);
+    free(inp);
+    free(dinp);
+}
+
+/* ---- bias add ---------------------------------------------------------------------------- */
+
+static void test_bias_fd(void **state)
+{
+    int N = 6, C = 5;
+    size_t n = (size_t)N * C;
+    float *inp = rand_buf(n, -1, 1), *b = rand_buf(C, -1, 1), *out = zero_buf(n);
+    float *r = rand_buf(n, -1, 1), *dinp = zero_buf(n), *db = zero_buf(C);
+    float *xs[2] = {inp, b}, *grads[2] = {dinp, db};
+    size_t sizes[2] = {n, (size_t)C};
+
+    K->bias_forward(out, inp, b, N, C);
+    assert_float_equal(out[2 * C + 3], inp[2 * C + 3] + b[3], 1e-7);
+    K->bias_backward(dinp, db, r, N, C);
+    for (int t = 0; t < 2; t++)
+        for (size_t i = 0; i < sizes[t]; i++) {
+            float keep = xs[t][i];
+            double lp, lm;
+            xs[t][i] = keep + FD_EPS;
+            K->bias_forward(out, inp, b, N, C);
+            lp = dot(r, out, n);
+            xs[t][i] = keep - FD_EPS;
+            K->bias_forward(out, inp, b, N, C);
+            lm = dot(r, out, n);
+            xs[t][i] = keep;
+            assert_close(grads[t][i], (lp - lm) / (2.0 * FD_EPS), FD_REL, FD_ABS,
+                         t == 0 ? "dinp" : "dbias", i);
+        }
+    free(inp);
+    free(b);
+    free(out);
+    free(r);
+    free(dinp);
+    free(db);
+}
+
+/* ---- ReLU ------------------------------------------------------------------------------- */
+
+/* Inputs are kept at least 0.05 away from the kink at 0, so a step of FD_EPS never crosses it
+ * and the finite difference is of a linear piece. */
+static void test_relu_fd(void **state)
+{
+    size_t n = 40;
+    float *inp = rand_buf(n, -1, 1), *out = zero_buf(n), *r = rand_buf(n, -1, 1);
+    float *dinp = zero_buf(n);
+
+    for (size_t i = 0; i < n; i++)
+        if (fabsf(inp[i]) < 0.05f)
+            inp[i] = inp[i] < 0 ? -0.5f : 0.5f;
+    K->relu_forward(out, inp, n);
+    K->relu_backward(dinp, r, out, n);
+    for (size_t i = 0; i < n; i++) {
+        float keep = inp[i];
+        double lp, lm;
+        assert_true(out[i] == (inp[i] > 0 ? inp[i] : 0.0f));
+        inp[i] = keep + FD_EPS;
+        K->relu_forward(out, inp, n);
+        lp = dot(r, out, n);
+        inp[i] = keep - FD_EPS;
+        K->relu_forward(out, inp, n);
+        lm = dot(r, out, n);
+        inp[i] = keep;
+        assert_close(dinp[i], (lp - lm) / (2.0 * FD_EPS), FD_REL, FD_ABS, "dinp", i);
+    }
+    free(inp);
+    free(out);
+    free(r);
+    free(dinp);
+}
+
+/* ReLU passes NaN through (as PyTorch does), so a NaN is not hidden from the loss check. */
+static void test_relu_nan_passes(void **state)
+{
+    float in[3] = {NAN, -1.0f, 2.0f}, out[3];
+
+    K->relu_forward(out, in, 3);
+    assert_true(isnan(out[0]));
+    assert_true(out[1] == 0.0f);
+    assert_true(out[2] == 2.0f);
+}
+
+/* ---- softmax cross-entropy -------------------------------------------------------------- */
+
+/* logits (1,2,3) target 2 and (1,1,1) target 0: losses log(1+e+e^2) - 2 = 0.40760596 and
+ * log 3 = 1.09861229, mean 0.75310913; probs by hand. Tolerance 1e-6: float32 rounding of
+ * values near 1. The backward is (probs - onehot) * dloss / N. */
+static void test_softmax_xent_by_hand(void **state)
+{
+    float logits[6] = {1, 2, 3, 1, 1, 1}, probs[6], loss = 0.0f;
+    int targets[2] = {2, 0};
+    float dlogits[6] = {0}, dloss = 2.0f;
+    const float p0[3] = {0.09003057f, 0.24472847f, 0.66524096f};
+
+    K->softmax_xent_forward(&loss, probs, logits, targets, 2, 3);
+    assert_float_equal(loss, 0.75310913f, 1e-6);
+    for (int j = 0; j < 3; j++) {
+        assert_float_equal(probs[j], p0[j], 1e-6);
+        assert_float_equal(probs[3 + j], 1.0f / 3.0f, 1e-6);
+    }
+    K->softmax_xent_backward(dlogits, &dloss, probs, targets, 2, 3);
+    /* dloss/N = 1 */
+    assert_float_equal(dlogits[0], p0[0], 1e-6);
+    assert_float_equal(dlogits[2], p0[2] - 1.0f, 1e-6);
+    assert_float_equal(dlogits[3], 1.0f / 3.0f - 1.0f, 1e-6);
+    assert_float_equal(dlogits[5], 1.0f / 3.0f, 1e-6);
+}
+
+/* Huge logits neither overflow nor lose the loss: (1000, 0, -1000) with target 1 has loss
+ * exactly 1000 (a naive exp overflows; a naive -log(prob) gives -log(0) = inf). */
+static void test_softmax_xent_stable(void **state)
+{
+    float logits[3] = {1000, 0, -1000}, probs[3], loss = 0.0f;
+    int target = 1;
+
+    K->softmax_xent_forward(&loss, probs, logits, &target, 1, 3);
+    assert_true(isfinite(loss));
+    assert_float_equal(loss, 1000.0f, 1e-3);
+    assert_float_equal(probs[0], 1.0f, 1e-7);
+    assert_float_equal(probs[1], 0.0f, 1e-7);
+}
+
+/* dlogits against finite differences of dloss * loss. The loss is one float rounded from a
+ * double sum, so the numeric gradient's noise is ~1 ulp of ~1.5 over 2e-3, about 1e-4. */
+static void test_softmax_xent_fd(void **state)
+{
+    int N = 4, V = 5;
+    size_t n = (size_t)N * V;
+    float *logits = rand_buf(n, -2, 2), *probs = zero_buf(n), *dlogits = zero_buf(n);
+    int targets[4] = {0, 3, 4, 3};
+    float dloss = 0.7f, loss = 0.0f;
+
+    K->softmax_xent_forward(&loss, probs, logits, targets, N, V);
+    K->softmax_xent_backward(dlogits, &dloss, probs, targets, N, V);
+    for (size_t i = 0; i < n; i++) {
+        float keep = logits[i];
+        double lp, lm;
+        logits[i] = keep + FD_EPS;
+        K->softmax_xent_forward(&loss, probs, logits, targets, N, V);
+        lp = (double)dloss * loss;
+        logits[i] = keep - FD_EPS;
+        K->softmax_xent_forward(&loss, probs, logits, targets, N, V);
+        lm = (double)dloss * loss;
+        logits[i] = keep;
+        assert_close(dlogits[i], (lp - lm) / (2.0 * FD_EPS), FD_REL, FD_ABS, "dlogits", i);
+    }
+    free(logits);
+    free(probs);
+    free(dlogits);
+}
+
+static void test_argmax_correct(void **state)
+{
+    /* rows: argmax 2 (target 2: right), a tie between 0 and 1 goes to 0 (target 1: wrong),
+     * argmax 0 (target 0: right) */
+    float logits[9] = {0, 1, 2, 5, 5, 1, 3, -1, -2};
+    int targets[3] = {2, 1, 0};
+    int64_t correct = -1;
+
+    K->argmax_correct(&correct, logits, targets, 3, 3);
+    assert_int_equal(correct, 2);
+}
+
+/* ---- optimizers ----------------------------------------------------------------------------- */
+
+/* Two AdamW steps (lr 0.01, betas 0.9/0.999, eps 1e-8, weight decay 0.1) against
+ * torch.optim.AdamW's formula evaluated in double by hand:
+ *   p *= 1 - lr*wd; m += (1-b1)(g-m); v = b2 v + (1-b2) g^2;
+ *   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
+ * e.g. step 1 of p=0.5, g=0.1: p = 0.4995 - 0.1*0.01/(0.1+1e-8) = 0.489500001. Tolerance
+ * 1e-6 relative for p and m: a few float32 roundings. v gets 2e-5: the job's betas are
+ * float32, and 0.999f is 0.99900001287, so 1 - beta2 is 1.3e-5 (relatively) short of the
+ * 0.001 the hand values use; that moves an update by ~6e-6 of itself, far below p's
+ * tolerance. Element 2 has a zero gradient (only
+ * the decay moves it), element 3 a large one (the update is ~lr whatever the gradient's size). */
+static void test_adamw_two_steps(void **state)
+{
+    float p[4] = {0.5f, -1.0f, 2.0f, 0.25f};
+    float m[4] = {0}, v[4] = {0};
+    const float g1[4] = {0.1f, -0.2f, 0.0f, 3.0f}, g2[4] = {-0.05f, 0.3f, 0.01f, 3.0f};
+    const double p1[4] = {0.489500001, -0.989, 1.998, 0.23975};
+    const double m1[4] = {0.01, -0.02, 0.0, 0.3}, v1[4] = {1e-05, 4e-05, 0.0, 0.009};
+    const double p2[4] = {0.486347131, -0.990488019, 1.98856064, 0.22951025};
+    const double m2[4] = {0.004, 0.012, 0.001, 0.57},
+                 v2[4] = {1.249e-05, 0.00012996, 1e-07, 0.017991};
+
+    K->adamw_update(p, m, v, g1, 4, 0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 1);
+    for (int i = 0; i < 4; i++) {
+        assert_close(p[i], p1[i], 1e-6, 1e-9, "p after step 1", (size_t)i);
+        assert_close(m[i], m1[i], 1e-6, 1e-9, "m after step 1", (size_t)i);
+        assert_close(v[i], v1[i], 2e-5, 1e-12, "v after step 1", (size_t)i);
+    }
+    K->adamw_update(p, m, v, g2, 4, 0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, 2);
+    for (int i = 0; i < 4; i++) {
+        assert_close(p[i], p2[i], 1e-6, 1e-9, "p after step 2", (size_t)i);
+        assert_close(m[i], m2[i], 1e-6, 1e-9, "m after step 2", (size_t)i);
+        assert_close(v[i], v2[i], 2e-5, 1e-12, "v after step 2", (size_t)i);
+    }
+}
+
+/* torch.optim.SGD (momentum 0.9, dampening 0, weight decay 0.01 added to the gradient), lr
+ * 0.1, the same gradient twice, by hand:
+ *   step 1: g = (0.5, 0.25) + 0.01 (1, -2) = (0.51, 0.23); buf = g; p = (0.949, -2.023)
+ *   step 2: g = (0.50949, 0.22977); buf = 0.9 (0.51, 0.23) + g = (0.96849, 0.43677);
+ *           p = (0.852151, -2.0666770)
+ * Tolerance 1e-6 relative, float32 rounding. Without momentum there is no buffer at all. */
+static void test_sgd_momentum(void **state)
+{
+    float p[2] = {1.0f, -2.0f}, buf[2] = {0, 0};
+    const float g[2] = {0.5f, 0.25f};
+    float q[2] = {1.0f, -2.0f};
+
+    K->sgd_update(p, buf, g, 2, 0.1f, 0.9f, 0.01f);
+    assert_close(p[0], 0.949, 1e-6, 0, "p", 0);
+    assert_close(p[1], -2.023, 1e-6, 0, "p", 1);
+    assert_close(buf[0], 0.51, 1e-6, 0, "buf", 0);
+    K->sgd_update(p, buf, g, 2, 0.1f, 0.9f, 0.01f);
+    assert_close(buf[0], 0.96849, 1e-6, 0, "buf", 0);
+    assert_close(buf[1], 0.43677, 1e-6, 0, "buf", 1);
+    assert_close(p[0], 0.852151, 1e-6, 0, "p", 0);
+    assert_close(p[1], -2.066677, 1e-6, 0, "p", 1);
+
+    K->sgd_update(q, NULL, g, 2, 0.1f, 0.0f, 0.0f);
+    assert_close(q[0], 0.95, 1e-6, 0, "plain sgd", 0);
+    assert_close(q[1], -2.025, 1e-6, 0, "plain sgd", 1);
+}
+
+static void test_zero_and_name(void **state)
+{
+    float p[5] = {1, 2, 3, 4, 5};
+
+    K->zero(p, 4);
+    assert_true(p[0] == 0.0f && p[3] == 0.0f && p[4] == 5.0f);
+    assert_string_equal(K->name, "cpu");
+}
+
+/* The CUDA probe: on a box without a GPU or driver it reports 0 devices, not an error; with
+ * one, at least 1. Any other outcome must be TD_ECUDA with the count cleared. */
+static void test_cuda_probe(void **state)
+{
+#ifdef TD_HAVE_CUDA
+    int n = -1;
+    int rc = td_cuda_device_count(&n);
+
+    if (rc == 0)
+        assert_true(n >= 0);
+    else {
+        assert_int_equal(rc, TD_ECUDA);
+        assert_int_equal(n, 0);
+    }
+    print_message("cuda devices: %d (rc %d)\n", n, rc);
+#else
+    skip();
+#endif
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul_forward_vs_naive),
+        cmocka_unit_test(test_matmul_backward_fd),
+        cmocka_unit_test(test_matmul_backward_accumulates),
+        cmocka_unit_test(test_bias_fd),
+        cmocka_unit_test(test_relu_fd),
+        cmocka_unit_test(test_relu_nan_passes),
+        cmocka_unit_test(test_softmax_xent_by_hand),
+        cmocka_unit_test(test_softmax_xent_stable),
+        cmocka_unit_test(test_softmax_xent_fd),
+        cmocka_unit_test(test_argmax_correct),
+        cmocka_unit_test(test_adamw_two_steps),
+        cmocka_unit_test(test_sgd_momentum),
+        cmocka_unit_test(test_zero_and_name),
+        cmocka_unit_test(test_cuda_probe),
+    };
+
+    K = td_kernels_cpu();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,316 @@
+/* The engine's machinery (engine.h): the activation arena, the flat parameter buffers, the
+ * tape, the ops that record on it and td_backward() that replays it. Ops compute through the
+ * backend table in their td_ctx and never call a kernel directly. Used by the one thread that
+ * owns the trainer; ops may panic, so they run under the worker's boundary. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "td_panic.h"
+
+/* ---- the activation arena ------------------------------------------------------------- */
+
+size_t td_arena_round(size_t bytes)
+{
+    return (bytes + TD_ARENA_ALIGN - 1) & ~(size_t)(TD_ARENA_ALIGN - 1);
+}
+
+/* Acquires cap bytes (rounded up to the alignment), aligned. */
+int td_arena_init(td_arena *a, size_t cap)
+{
+    memset(a, 0, sizeof(*a));
+    cap = td_arena_round(cap > 0 ? cap : 1);
+    a->base = aligned_alloc(TD_ARENA_ALIGN, cap);
+    if (a->base == NULL)
+        return TD_ENOMEM;
+    a->cap = cap;
+    return 0;
+}
+
+void td_arena_free(td_arena *a)
+{
+    if (a == NULL)
+        return;
+    free(a->base);
+    memset(a, 0, sizeof(*a));
+}
+
+void td_arena_reset(td_arena *a)
+{
+    a->used = 0;
+}
+
+/* A slice of the arena; running out is a bug in the size estimate or a model bigger than
+ * planned, either way fatal to the step. */
+void *td_arena_alloc(td_arena *a, size_t bytes)
+{
+    size_t need = td_arena_round(bytes);
+    void *p;
+
+    if (need > a->cap - a->used)
+        td_panic(TD_ENOMEM, "activation arena exhausted: %zu bytes wanted, %zu of %zu in use", need,
+                 a->used, a->cap);
+    p = a->base + a->used;
+    a->used += need;
+    if (a->used > a->peak)
+        a->peak = a->used;
+    return p;
+}
+
+/* ---- the flat parameter buffers ------------------------------------------------------ */
+
+/* Records t's shape and its offset in the buffers-to-be; its data arrives in td_params_alloc. */
+int td_params_declare(td_params *p, td_tensor *t, int ndim, const int *shape)
+{
+    size_t n = 1;
+
+    if (p->count >= TD_PARAMS_MAX || ndim < 1 || ndim > TD_TENSOR_MAX_DIMS)
+        return TD_E2BIG;
+    memset(t, 0, sizeof(*t));
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        n *= (size_t)shape[i];
+    }
+    t->ndim = ndim;
+    t->n = n;
+    p->tensors[p->count] = t;
+    p->offset[p->count] = p->n;
+    p->count++;
+    p->n += (n + TD_PARAMS_ALIGN - 1) / TD_PARAMS_ALIGN * TD_PARAMS_ALIGN;
+    return 0;
+}
+
+/* n floats, zeroed, on a cache line. */
+static float *alloc_floats(size_t n)
+{
+    size_t bytes = td_arena_round(n * sizeof(float));
+    float *f = aligned_alloc(TD_ARENA_ALIGN, bytes > 0 ? bytes : TD_ARENA_ALIGN);
+
+    if (f != NULL)
+        memset(f, 0, bytes);
+    return f;
+}
+
+/* Acquires data and grad (and m, v as asked), then points each declared tensor into them. */
+int td_params_alloc(td_params *p, int n_moments)
+{
+    p->data = alloc_floats(p->n);
+    p->grad = alloc_floats(p->n);
+    if (p->data == NULL || p->grad == NULL)
+        goto fail;
+    if (n_moments >= 1 && (p->m = alloc_floats(p->n)) == NULL)
+        goto fail;
+    if (n_moments >= 2 && (p->v = alloc_floats(p->n)) == NULL)
+        goto fail;
+    for (int i = 0; i < p->count; i++) {
+        p->tensors[i]->data = p->data + p->offset[i];
+        p->tensors[i]->grad = p->grad + p->offset[i];
+    }
+    return 0;
+
+fail:
+    td_params_free(p);
+    return TD_ENOMEM;
+}
+
+void td_params_free(td_params *p)
+{
+    if (p == NULL)
+        return;
+    free(p->data);
+    free(p->grad);
+    free(p->m);
+    free(p->v);
+    p->data = p->grad = p->m = p->v = NULL;
+    for (int i = 0; i < p->count; i++)
+        p->tensors[i]->data = p->tensors[i]->grad = NULL;
+}
+
+/* ---- the tape --------------------------------------------------------------------------- */
+
+int td_tape_init(td_tape *t, int cap)
+{
+    memset(t, 0, sizeof(*t));
+    t->entries = calloc((size_t)(cap > 0 ? cap : 1), sizeof(*t->entries));
+    if (t->entries == NULL)
+        return TD_ENOMEM;
+    t->cap = cap;
+    return 0;
+}
+
+void td_tape_free(td_tape *t)
+{
+    if (t == NULL)
+        return;
+    free(t->entries);
+    memset(t, 0, sizeof(*t));
+}
+
+void td_tape_reset(td_tape *t)
+{
+    t->len = 0;
+}
+
+/* Appends one op's backward closure; a full tape means the model recorded more ops than it
+ * said it would (td_mlp_tape_len), fatal to the step. */
+static void tape_push(td_tape *t, td_op_id op, td_tensor *out, td_tensor *in0, td_tensor *in1,
+                      td_tensor *in2, td_tensor *saved, const int *targets)
+{
+    td_tape_entry *e;
+
+    if (t->len >= t->cap)
+        td_panic(TD_ENOMEM, "tape full: %d ops recorded", t->len);
+    e = &t->entries[t->len++];
+    e->op = op;
+    e->out = out;
+    e->in[0] = in0;
+    e->in[1] = in1;
+    e->in[2] = in2;
+    e->saved = saved;
+    e->targets = targets;
+}
+
+/* ---- ops: forward -------------------------------------------------------------------- */
+
+/* A tensor header and its data (and gradient) are separate slices, so each starts aligned. */
+size_t td_tensor_bytes(size_t n, int with_grad)
+{
+    size_t data = td_arena_round(n * sizeof(float));
+    return td_arena_round(sizeof(td_tensor)) + data + (with_grad ? data : 0);
+}
+
+td_tensor *td_tensor_new(td_ctx *c, int ndim, const int *shape, int with_grad)
+{
+    td_tensor *t;
+    size_t n = 1;
+
+    if (ndim < 1 || ndim > TD_TENSOR_MAX_DIMS)
+        td_panic(TD_ESHAPE, "tensor with %d dimensions (1 to %d supported)", ndim,
+                 TD_TENSOR_MAX_DIMS);
+    t = td_arena_alloc(c->arena, sizeof(td_tensor));
+    memset(t, 0, sizeof(*t));
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        n *= (size_t)shape[i];
+    }
+    t->ndim = ndim;
+    t->n = n;
+    t->data = td_arena_alloc(c->arena, n * sizeof(float));
+    if (with_grad) {
+        t->grad = td_arena_alloc(c->arena, n * sizeof(float));
+        c->k->zero(t->grad, n);
+    }
+    return t;
+}
+
+/* Whether an op's output needs a gradient: only while recording, and only when one of its
+ * inputs has one. */
+static int wants_grad(const td_ctx *c, const td_tensor *a, const td_tensor *b, const td_tensor *d)
+{
+    if (c->tape == NULL)
+        return 0;
+    return (a != NULL && a->grad != NULL) || (b != NULL && b->grad != NULL) ||
+           (d != NULL && d->grad != NULL);
+}
+
+/* Rows of a tensor seen as (rows, last dimension). */
+static int rows_of(const td_tensor *t)
+{
+    return (int)(t->n / (size_t)t->shape[t->ndim - 1]);
+}
+
+td_tensor *td_linear(td_ctx *c, td_tensor *inp, td_tensor *w, td_tensor *b)
+{
+    int C = inp->shape[inp->ndim - 1];
+    int OC = w->shape[0];
+    int N = rows_of(inp);
+    int shape[TD_TENSOR_MAX_DIMS];
+    td_tensor *out;
+
+    if (w->ndim != 2 || w->shape[1] != C)
+        td_panic(TD_ESHAPE, "linear: input has %d features, weight is (%d,%d)", C, w->shape[0],
+                 w->ndim == 2 ? w->shape[1] : -1);
+    if (b != NULL && (int)b->n != OC)
+        td_panic(TD_ESHAPE, "linear: bias has %zu elements, weight has %d outputs", b->n, OC);
+    memcpy(shape, inp->shape, sizeof(shape));
+    shape[inp->ndim - 1] = OC;
+    out = td_tensor_new(c, inp->ndim, shape, wants_grad(c, inp, w, b));
+    c->k->matmul_forward(out->data, inp->data, w->data, b != NULL ? b->data : NULL, N, C, OC);
+    if (out->grad != NULL)
+        tape_push(c->tape, TD_OP_LINEAR, out, inp, w, b, NULL, NULL);
+    return out;
+}
+
+td_tensor *td_relu(td_ctx *c, td_tensor *inp)
+{
+    td_tensor *out = td_tensor_new(c, inp->ndim, inp->shape, wants_grad(c, inp, NULL, NULL));
+
+    c->k->relu_forward(out->data, inp->data, inp->n);
+    if (out->grad != NULL)
+        tape_push(c->tape, TD_OP_RELU, out, inp, NULL, NULL, NULL, NULL);
+    return out;
+}
+
+td_tensor *td_softmax_xent(td_ctx *c, td_tensor *logits, const int *targets)
+{
+    int V = logits->shape[logits->ndim - 1];
+    int N = rows_of(logits);
+    td_tensor *probs = td_tensor_new(c, logits->ndim, logits->shape, 0);
+    td_tensor *loss = td_tensor_new(c, 1, (int[]){1}, wants_grad(c, logits, NULL, NULL));
+
+    c->k->softmax_xent_forward(loss->data, probs->data, logits->data, targets, N, V);
+    if (loss->grad != NULL)
+        tape_push(c->tape, TD_OP_SOFTMAX_XENT, loss, logits, NULL, NULL, probs, targets);
+    return loss;
+}
+
+/* ---- ops: backward, one per op id --------------------------------------------------------- */
+
+static float *grad_of(const td_tensor *t)
+{
+    return t != NULL ? t->grad : NULL;
+}
+
+static void linear_backward(const td_kernels *k, const td_tape_entry *e)
+{
+    const td_tensor *inp = e->in[0], *w = e->in[1];
+    int C = inp->shape[inp->ndim - 1];
+
+    k->matmul_backward(grad_of(inp), grad_of(w), grad_of(e->in[2]), e->out->grad, inp->data,
+                       w->data, rows_of(inp), C, w->shape[0]);
+}
+
+static void relu_backward(const td_kernels *k, const td_tape_entry *e)
+{
+    if (e->in[0]->grad != NULL)
+        k->relu_backward(e->in[0]->grad, e->out->grad, e->out->data, e->out->n);
+}
+
+static void softmax_xent_backward(const td_kernels *k, const td_tape_entry *e)
+{
+    const td_tensor *logits = e->in[0];
+
+    if (logits->grad != NULL)
+        k->softmax_xent_backward(logits->grad, e->out->grad, e->saved->data, e->targets,
+                                 rows_of(logits), logits->shape[logits->ndim - 1]);
+}
+
+typedef void (*backward_fn)(const td_kernels *k, const td_tape_entry *e);
+
+static const backward_fn backward_of[TD_OP_COUNT] = {
+    [TD_OP_LINEAR] = linear_backward,
+    [TD_OP_RELU] = relu_backward,
+    [TD_OP_SOFTMAX_XENT] = softmax_xent_backward,
+};
+
+void td_backward(td_ctx *c, td_tensor *loss)
+{
+    if (c->tape == NULL || loss->grad == NULL)
+        td_panic(TD_ESTATE, "backward without a recorded forward");
+    loss->grad[0] = 1.0f;
+    for (int i = c->tape->len - 1; i >= 0; i--) {
+        const td_tape_entry *e = &c->tape->entries[i];
+        backward_of[e->op](c->k, e);
+    }
+    td_tape_reset(c->tape);
+}

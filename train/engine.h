@@ -1,0 +1,235 @@
+/* The engine's machinery, internal to train/ (the daemon sees only train.h; tests and benches
+ * may include this): tensors; the flat parameter, gradient and moment buffers (td_params);
+ * the per-step activation arena; the tape on which ops record their backward; the ops; the
+ * MLP; the optimizers and LR schedule; the IDX reader; the PRNG. A model writes only its
+ * forward from the ops below, and td_backward() replays the tape.
+ *
+ * Memory: td_params and the arena and tape are acquired once, when a trainer is built; in
+ * the step loop the ops take everything from the arena, which td_arena_reset() empties. An
+ * op that finds the arena or the tape full panics (TD_ENOMEM), so ops must run under a panic
+ * boundary (common/td_panic.h), as td_trainer_step() does.
+ *
+ * Threads: all of it is used by one thread at a time, the one that owns the trainer. */
+#ifndef TD_ENGINE_H
+#define TD_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels.h"
+#include "td_errno.h"
+#include "train.h"
+
+/* ---- tensors ---------------------------------------------------------------------------- */
+
+#define TD_TENSOR_MAX_DIMS 4
+
+/* A view of floats that something else owns: td_params for parameters, the arena for
+ * activations. The last dimension is the fastest-moving one (row-major). */
+typedef struct td_tensor {
+    float *data;
+    float *grad; /* same shape as data; NULL when no gradient flows into this tensor */
+    size_t n;    /* elements: the product of shape */
+    int ndim;
+    int shape[TD_TENSOR_MAX_DIMS];
+} td_tensor;
+
+/* ---- the activation arena ------------------------------------------------------------- */
+
+#define TD_ARENA_ALIGN 64 /* bytes: a cache line, enough for any SIMD load */
+
+/* A bump allocator: td_arena_alloc() hands out aligned slices, td_arena_reset() takes them
+ * all back at once. peak remembers the most ever in use, so tests can hold the trainer's
+ * size estimate to what a step really takes. */
+typedef struct td_arena {
+    char *base;
+    size_t cap;  /* bytes */
+    size_t used; /* bytes */
+    size_t peak; /* bytes */
+} td_arena;
+
+/* Acquires cap bytes. 0 or TD_ENOMEM. Release with td_arena_free(). */
+int td_arena_init(td_arena *a, size_t cap);
+void td_arena_free(td_arena *a); /* accepts a zeroed or freed arena */
+void td_arena_reset(td_arena *a);
+
+/* bytes rounded up to TD_ARENA_ALIGN: what td_arena_alloc(bytes) takes from the arena. */
+size_t td_arena_round(size_t bytes);
+
+/* An aligned slice of bytes, not cleared. Panics with TD_ENOMEM when the arena is full. */
+void *td_arena_alloc(td_arena *a, size_t bytes);
+
+/* ---- the flat parameter buffers ------------------------------------------------------ */
+
+#define TD_PARAMS_MAX   64 /* parameter tensors in one model */
+#define TD_PARAMS_ALIGN 16 /* floats: every tensor starts on a 64-byte line */
+
+/* One model replica's parameters, gradients and optimizer moments, each ONE buffer with the
+ * same layout, so a checkpoint is one write and an all-reduce one call. A model declares its
+ * tensors (td_params_declare), then td_params_alloc() acquires the buffers and points every
+ * declared tensor's data and grad into them. Padding between tensors stays zero. */
+typedef struct td_params {
+    float *data; /* parameters, n floats */
+    float *grad; /* gradients, n floats */
+    float *m;    /* first moment (AdamW) or momentum buffer (SGD); NULL if unused */
+    float *v;    /* second moment (AdamW); NULL if unused */
+    size_t n;    /* floats in each buffer, padding included */
+    int count;
+    td_tensor *tensors[TD_PARAMS_MAX];
+    size_t offset[TD_PARAMS_MAX]; /* floats from the start of each buffer */
+} td_params;
+
+/* Adds t (shape given, data not yet) to the layout. TD_E2BIG past TD_PARAMS_MAX tensors. */
+int td_params_declare(td_params *p, td_tensor *t, int ndim, const int *shape);
+
+/* Acquires the buffers, zeroed, with n_moments (0, 1: m, 2: m and v) moment buffers, and
+ * points the declared tensors into them. 0 or TD_ENOMEM. Release with td_params_free(). */
+int td_params_alloc(td_params *p, int n_moments);
+void td_params_free(td_params *p); /* accepts a zeroed or freed td_params */
+
+/* ---- the tape --------------------------------------------------------------------------- */
+
+typedef enum {
+    TD_OP_LINEAR = 1,   /* out = in[0] . in[1]^T + in[2] */
+    TD_OP_RELU,         /* out = max(in[0], 0) */
+    TD_OP_SOFTMAX_XENT, /* out = mean cross-entropy of softmax(in[0]); saved = probs */
+    TD_OP_COUNT
+} td_op_id;
+
+/* One op's backward closure: which op, and the tensors its backward reads and writes. */
+typedef struct td_tape_entry {
+    td_op_id op;
+    td_tensor *out;
+    td_tensor *in[3];
+    td_tensor *saved;   /* what the forward kept for the backward, or NULL */
+    const int *targets; /* softmax_xent: the (N) class of each row */
+} td_tape_entry;
+
+/* The ops of one forward pass, in order. One per trainer (per worker), so no lock. */
+typedef struct td_tape {
+    td_tape_entry *entries;
+    int len;
+    int cap; /* entries */
+} td_tape;
+
+/* Acquires room for cap entries. 0 or TD_ENOMEM. Release with td_tape_free(). */
+int td_tape_init(td_tape *t, int cap);
+void td_tape_free(td_tape *t); /* accepts a zeroed or freed tape */
+void td_tape_reset(td_tape *t);
+
+/* ---- ops ---------------------------------------------------------------------------------- */
+
+/* Where ops run: the backend, the arena their outputs come from, and the tape they record on.
+ * With tape NULL (evaluation) nothing is recorded and no gradient buffers are allocated. */
+typedef struct td_ctx {
+    const td_kernels *k;
+    td_arena *arena;
+    td_tape *tape;
+} td_ctx;
+
+/* Arena bytes one td_tensor_new() of n elements takes, with or without its gradient. Models
+ * add these up to size the arena before the first step (td_mlp_arena_bytes). */
+size_t td_tensor_bytes(size_t n, int with_grad);
+
+/* A tensor from the arena, data not cleared; with_grad: a zeroed gradient too. */
+td_tensor *td_tensor_new(td_ctx *c, int ndim, const int *shape, int with_grad);
+
+/* out = inp . w^T + b. inp is (..., C), w is (OC, C), b is (OC); out is (..., OC). */
+td_tensor *td_linear(td_ctx *c, td_tensor *inp, td_tensor *w, td_tensor *b);
+
+/* out = max(inp, 0), same shape. */
+td_tensor *td_relu(td_ctx *c, td_tensor *inp);
+
+/* Mean softmax cross-entropy of logits (..., V) against targets (one per row, in [0,V));
+ * out is a one-element tensor. targets is borrowed until the tape is reset. */
+td_tensor *td_softmax_xent(td_ctx *c, td_tensor *logits, const int *targets);
+
+/* Seeds loss's gradient with 1 and replays the tape in reverse, each op accumulating into
+ * its inputs' gradients (parameters' land in td_params.grad). Then empties the tape. */
+void td_backward(td_ctx *c, td_tensor *loss);
+
+/* ---- the MLP -------------------------------------------------------------------------- */
+
+/* Linear layers with ReLU between them; the last Linear gives the logits. */
+typedef struct td_mlp {
+    int n_sizes;                /* >= 2 */
+    int sizes[TD_MAX_LAYERS];   /* input features, hidden sizes, classes */
+    td_tensor w[TD_MAX_LAYERS]; /* w[l] is (sizes[l+1], sizes[l]) */
+    td_tensor b[TD_MAX_LAYERS]; /* b[l] is (sizes[l+1]) */
+} td_mlp;
+
+/* Declares the MLP's tensors in p (then call td_params_alloc). TD_EINVAL for bad sizes. */
+int td_mlp_declare(td_mlp *m, td_params *p, const int *sizes, int n_sizes);
+
+/* PyTorch's nn.Linear initialisation, deterministic from seed: every weight and bias of layer
+ * l drawn from U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = sizes[l]. */
+void td_mlp_init(td_mlp *m, uint64_t seed);
+
+/* The forward pass: x is (N, sizes[0]); logits (when not NULL) receives the (N, classes)
+ * logits; returns the mean cross-entropy against targets (N). */
+td_tensor *td_mlp_forward(td_ctx *c, td_mlp *m, td_tensor *x, const int *targets,
+                          td_tensor **logits);
+
+/* Arena bytes one td_mlp_forward of a batch of N takes (train: with gradients), and tape
+ * entries it records. */
+size_t td_mlp_arena_bytes(const td_mlp *m, int N, int train);
+int td_mlp_tape_len(const td_mlp *m);
+
+/* ---- optimizers and LR schedules ------------------------------------------------------- */
+
+/* Moment buffers an optimizer needs in td_params (td_params_alloc's n_moments). */
+int td_optim_moments(const td_train_config *cfg);
+
+/* One update of every parameter from its gradient, step t (1-based) at learning rate lr. */
+void td_optim_step(const td_kernels *k, td_params *p, const td_train_config *cfg, float lr,
+                   int64_t t);
+
+/* The learning rate of step t (1-based). */
+float td_schedule_lr(const td_train_config *cfg, int64_t t);
+
+/* ---- datasets ---------------------------------------------------------------------------- */
+
+#define TD_IDX_MAGIC_IMAGES 0x00000803u  /* unsigned bytes, 3 dimensions */
+#define TD_IDX_MAGIC_LABELS 0x00000801u  /* unsigned bytes, 1 dimension */
+#define TD_IDX_MAX_ITEMS    (1 << 28)    /* images in one file */
+#define TD_IDX_MAX_PIXELS   (1 << 20)    /* pixels in one image */
+#define TD_IDX_MAX_BYTES    (1ull << 34) /* bytes of pixels in one file: 16 GiB */
+
+/* An IDX image file and its labels, in memory as they are on disk: uint8 pixels and labels. */
+typedef struct td_idx {
+    uint8_t *images; /* (n, rows*cols) */
+    uint8_t *labels; /* (n) */
+    int n;
+    int rows, cols;
+    int classes; /* the largest label + 1 */
+} td_idx;
+
+/* Reads split's two files, gzipped or not (told by the 1f 8b magic). TD_EDATA with a message
+ * naming the file and what was wrong; TD_ENOMEM. Release with td_idx_free(). */
+int td_idx_load(td_idx *d, const td_idx_split *split, td_error_t *err);
+void td_idx_free(td_idx *d); /* accepts a zeroed or freed td_idx */
+
+/* ---- random numbers ---------------------------------------------------------------------- */
+
+/* xoshiro256** (Blackman and Vigna), seeded through splitmix64: small, fast, and the same
+ * stream on every machine. */
+typedef struct td_rng {
+    uint64_t s[4];
+} td_rng;
+
+/* Seeds from (seed, stream): different streams of one seed are independent sequences. */
+void td_rng_seed(td_rng *r, uint64_t seed, uint64_t stream);
+uint64_t td_rng_next(td_rng *r);
+float td_rng_uniform(td_rng *r);              /* in [0, 1), 24 random bits */
+uint32_t td_rng_below(td_rng *r, uint32_t n); /* in [0, n), unbiased; n > 0 */
+
+/* ---- a trainer's insides, for tests and benches ---------------------------------------- */
+
+const td_arena *td_trainer_arena(const td_trainer *t);
+td_params *td_trainer_params(td_trainer *t);
+
+/* Arena bytes a training step takes by the trainer's own estimate (what sized the arena,
+ * before the evaluation batch is considered). */
+size_t td_trainer_step_bytes(const td_trainer *t);
+
+#endif
