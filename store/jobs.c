@@ -12,7 +12,7 @@
 /* The columns of td_job_row, in the order row_read expects them. */
 #define JOB_COLUMNS                                                                       \
     "id, name, state, step, total_steps, devices, device_list, priority, uid, err_code, " \
-    "err_msg, created, started, ended"
+    "err_msg, created, started, ended, err_devices"
 
 void td_job_row_clear(td_job_row *row)
 {
@@ -21,6 +21,9 @@ void td_job_row_clear(td_job_row *row)
     free(row->err_msg);
     free(row->spec);
     free(row->spec_json);
+    free(row->err_devices);
+    row->err_devices = NULL;
+    row->err_devices_len = 0;
     row->err_msg = NULL;
     row->spec = NULL;
     row->spec_len = 0;
@@ -83,9 +86,11 @@ static int row_read(sqlite3_stmt *st, td_job_row *row, td_error_t *err)
     row->ended = sqlite3_column_double(st, 13);
     ret = bytes_dup(st, 10, 1, (void **)&row->err_msg, &len);
     if (ret == 0)
-        ret = bytes_dup(st, 14, 0, &row->spec, &row->spec_len);
+        ret = bytes_dup(st, 14, 0, &row->err_devices, &row->err_devices_len);
     if (ret == 0)
-        ret = bytes_dup(st, 15, 1, (void **)&row->spec_json, &len);
+        ret = bytes_dup(st, 15, 0, &row->spec, &row->spec_len);
+    if (ret == 0)
+        ret = bytes_dup(st, 16, 1, (void **)&row->spec_json, &len);
     if (ret < 0) {
         td_job_row_clear(row);
         td_error_set(err, ret, "store: out of memory reading job %lld", (long long)row->id);
@@ -311,7 +316,7 @@ static int state_stmt(td_store *s, int64_t id, const char *state, const char *de
          * keeps the first start, as history. */
         ret = td__store_stmt(s, TD__ST_JOB_QUEUED,
                              "UPDATE jobs SET state = ?2, device_list = '', ended = 0, "
-                             "err_code = 0, err_msg = NULL WHERE id = ?1",
+                             "err_code = 0, err_msg = NULL, err_devices = NULL WHERE id = ?1",
                              &st, err);
     }
     if (ret == 0) {
@@ -340,6 +345,30 @@ int td_store_job_set_state(td_store *s, int64_t id, const char *state, const cha
         ret = td_error_set(err, TD_ENOTFOUND, "store: no job %lld", (long long)id);
     if (st != NULL)
         sqlite3_clear_bindings(st);
+out:
+    return ret;
+}
+
+int td_store_job_set_error_devices(td_store *s, int64_t id, const void *blob, size_t len,
+                                   td_error_t *err)
+{
+    sqlite3_stmt *st = NULL;
+    int changes = 0;
+    int ret;
+
+    ret = td__store_stmt(s, TD__ST_JOB_ERR_DEVICES,
+                         "UPDATE jobs SET err_devices = ?2 WHERE id = ?1", &st, err);
+    if (ret < 0)
+        goto out;
+    sqlite3_bind_int64(st, 1, id);
+    if (blob != NULL)
+        sqlite3_bind_blob(st, 2, blob, (int)len, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, 2);
+    ret = write_one(s, st, "recording a job's device errors", &changes, err);
+    if (ret == 0 && changes == 0)
+        ret = td_error_set(err, TD_ENOTFOUND, "store: no job %lld", (long long)id);
+    sqlite3_clear_bindings(st);
 out:
     return ret;
 }

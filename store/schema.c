@@ -74,6 +74,9 @@ static const char *const migrations[] = {
     "  message TEXT NOT NULL"
     ");"
     "CREATE INDEX job_logs_by_job ON job_logs(job, id);",
+    /* 2: a failed data-parallel job names each failed device: a msgpack array of
+     * {device, code, message} maps, as the protocol sends it. */
+    "ALTER TABLE jobs ADD COLUMN err_devices BLOB;",
 };
 
 _Static_assert(sizeof(migrations) / sizeof(migrations[0]) == TD_STORE_SCHEMA_VERSION,

@@ -14,7 +14,7 @@
 
 #include "td_errno.h"
 
-#define TD_STORE_SCHEMA_VERSION 1
+#define TD_STORE_SCHEMA_VERSION 2
 #define TD_STORE_MAX_KEY        64    /* bytes of a metric name, NUL included */
 #define TD_STORE_MAX_NAME       128   /* bytes of a job name, NUL included */
 #define TD_STORE_MAX_STATE      16    /* bytes of a state word, NUL included */
@@ -53,6 +53,8 @@ typedef struct td_job_row {
     void *spec;                     /* malloc'd msgpack map of the job as submitted */
     size_t spec_len;
     char *spec_json; /* malloc'd JSON rendering of spec */
+    void *err_devices; /* malloc'd msgpack array of {device, code, message}; NULL if none */
+    size_t err_devices_len;
 } td_job_row;
 
 /* Frees the malloc'd members of row (not row itself) and zeroes them. Accepts NULL. */
@@ -80,6 +82,11 @@ int td_store_job_list(td_store *s, int with_spec, td_job_row **rows, size_t *n, 
  * such job. */
 int td_store_job_set_state(td_store *s, int64_t id, const char *state, const char *device_list,
                            int err_code, const char *err_msg, td_error_t *err);
+
+/* Records the per-device errors of a failed job (msgpack bytes, copied; NULL clears).
+ * TD_ENOTFOUND for no such job. */
+int td_store_job_set_error_devices(td_store *s, int64_t id, const void *blob, size_t len,
+                                   td_error_t *err);
 
 /* Records progress. TD_ENOTFOUND for no such job. */
 int td_store_job_set_progress(td_store *s, int64_t id, int64_t step, int64_t total_steps,

@@ -218,6 +218,37 @@ static void test_reopen_keeps_data_and_version(void **state)
     assert_int_equal(raw_pragma_int(f->path, "PRAGMA user_version"), TD_STORE_SCHEMA_VERSION);
 }
 
+/* A version-1 database (before err_devices) is migrated on open, keeping its jobs; the new
+ * column then round-trips. */
+static void test_migrates_v1_and_keeps_jobs(void **state)
+{
+    fixture *f = *state;
+    td_error_t err = {0};
+    td_job_row row = {0};
+    int64_t id = new_job(f->s, "old");
+
+    assert_int_equal(td__store_exec(f->s,
+                                    "ALTER TABLE jobs DROP COLUMN err_devices; "
+                                    "PRAGMA user_version = 1",
+                                    &err),
+                     0);
+    td_store_close(f->s);
+    f->s = NULL;
+    assert_int_equal(raw_pragma_int(f->path, "PRAGMA user_version"), 1);
+    assert_int_equal(td_store_open(&f->s, f->path, &err), 0);
+    assert_int_equal(raw_pragma_int(f->path, "PRAGMA user_version"), TD_STORE_SCHEMA_VERSION);
+    assert_int_equal(td_store_job_get(f->s, id, &row, &err), 0);
+    assert_string_equal(row.name, "old");
+    assert_null(row.err_devices);
+    td_job_row_clear(&row);
+    assert_int_equal(td_store_job_set_error_devices(f->s, id, "\x91\x80", 2, &err), 0);
+    assert_int_equal(td_store_job_get(f->s, id, &row, &err), 0);
+    assert_int_equal(row.err_devices_len, 2);
+    assert_memory_equal(row.err_devices, "\x91\x80", 2);
+    td_job_row_clear(&row);
+    assert_int_equal(td_store_job_set_error_devices(f->s, 999, NULL, 0, &err), TD_ENOTFOUND);
+}
+
 static void test_wal_mode(void **state)
 {
     fixture *f = *state;
@@ -947,6 +978,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         T(test_reopen_keeps_data_and_version),
+        T(test_migrates_v1_and_keeps_jobs),
         T(test_wal_mode),
         T(test_newer_version_refused),
         T(test_open_bad_path),
