@@ -1,0 +1,599 @@
+/* Token data for language models (data.h): reads text files and llm.c token shards into one
+ * stream of uint16 tokens per td_data, splits it into train and valid, and fills (B, T) batches
+ * of inputs and targets, in llm.c's order or shuffled by rows. Owns the text tokens, the shard
+ * mappings and the shuffle's permutation; called from td_trainer_new() (open) and the step
+ * loop (fill, advance), so it returns errors and never panics. */
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "data.h"
+#include "engine.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "llm.c shards are little-endian and are mapped as they are: a big-endian port must swap"
+#endif
+
+#define MAX_BATCH_TOKENS (1 << 30)             /* B*T: one int buffer of inputs, 4 GiB */
+#define SHUFFLE_STREAM   0x6461746100000000ull /* "data" << 32, plus the epoch */
+
+/* One file's tokens, at [start, start + n) of the td_data's stream. */
+typedef struct seg {
+    const uint16_t *tok;
+    int64_t n;
+    int64_t start;
+    char *path;
+    void *map; /* a shard's mapping (NULL for text and empty shards) */
+    size_t map_len;
+} seg;
+
+/* A split: the tokens [lo, lo + n) of the stream. */
+typedef struct split {
+    int64_t lo, n;
+} split;
+
+struct td_data {
+    td_data_spec spec; /* train and valid pointers cleared: borrowed only by open */
+    seg *segs;
+    int n_segs;
+    uint16_t *text; /* all text files' tokens, one array (NULL for shards) */
+    int64_t total;  /* tokens in the stream */
+    split train, valid;
+    int64_t batches, valid_batches, rows;
+    uint32_t *perm; /* rows entries when shuffling */
+    int64_t perm_epoch;
+    td_data_cursor cur;
+    td_data_info info;
+};
+
+/* ---- reading files ----------------------------------------------------------------------- */
+
+/* Files already read, by (device, inode): open addressing, a power-of-two table. */
+typedef struct seen_set {
+    struct {
+        dev_t dev;
+        ino_t ino;
+        int used;
+    } * slot;
+    size_t cap;
+} seen_set;
+
+static int seen_init(seen_set *s)
+{
+    s->cap = 2u * TD_DATA_MAX_FILES;
+    s->slot = calloc(s->cap, sizeof(*s->slot));
+    return s->slot == NULL ? TD_ENOMEM : 0;
+}
+
+/* Adds (dev, ino); returns 1 when it was there already. */
+static int seen_add(seen_set *s, dev_t dev, ino_t ino)
+{
+    size_t i = ((uint64_t)ino * 0x9e3779b97f4a7c15ull ^ (uint64_t)dev) & (s->cap - 1);
+
+    while (s->slot[i].used) {
+        if (s->slot[i].dev == dev && s->slot[i].ino == ino)
+            return 1;
+        i = (i + 1) & (s->cap - 1);
+    }
+    s->slot[i].used = 1;
+    s->slot[i].dev = dev;
+    s->slot[i].ino = ino;
+    return 0;
+}
+
+/* What td_data_open() carries while it reads. */
+typedef struct loader {
+    td_data *d;
+    seen_set seen;
+    size_t text_cap; /* tokens d->text has room for */
+    int files_in_split;
+} loader;
+
+static int add_seg(td_data *d, const char *path, int64_t n, seg **out, td_error_t *err)
+{
+    seg *s;
+
+    if (d->n_segs >= TD_DATA_MAX_FILES)
+        return td_error_set(err, TD_E2BIG, "%s: more than %d files", path, TD_DATA_MAX_FILES);
+    if (d->n_segs % 64 == 0) {
+        seg *grown = realloc(d->segs, (size_t)(d->n_segs + 64) * sizeof(*grown));
+        if (grown == NULL)
+            return td_error_set(err, TD_ENOMEM, "%s: no memory for the file list", path);
+        d->segs = grown;
+    }
+    s = &d->segs[d->n_segs];
+    memset(s, 0, sizeof(*s));
+    s->path = strdup(path);
+    if (s->path == NULL)
+        return td_error_set(err, TD_ENOMEM, "%s: no memory for the file list", path);
+    s->n = n;
+    s->start = d->total;
+    d->n_segs++;
+    d->total += n;
+    *out = s;
+    return 0;
+}
+
+/* Reads all of fd (size bytes by fstat) into buf. */
+static int read_all(int fd, unsigned char *buf, size_t size, const char *path, td_error_t *err)
+{
+    size_t got = 0;
+
+    while (got < size) {
+        ssize_t r = read(fd, buf + got, size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return td_error_set(err, TD_EDATA, "%s: read error: %s", path, strerror(errno));
+        if (r == 0)
+            return td_error_set(err, TD_EDATA, "%s: file shrank while read: %zu of %zu bytes", path,
+                                got, size);
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* A text file: its bytes, widened to uint16, appended to d->text. A file holding a NUL byte
+ * is binary: skipped when a glob found it, refused when it was named. */
+static int load_text(loader *L, int fd, const struct stat *st, const char *path, int globbed,
+                     td_error_t *err)
+{
+    td_data *d = L->d;
+    size_t size = (size_t)st->st_size;
+    unsigned char *buf;
+    const unsigned char *nul;
+    seg *s;
+    int rc;
+
+    if ((uint64_t)d->total + size > TD_DATA_MAX_TEXT_BYTES)
+        return td_error_set(err, TD_E2BIG, "%s: more than %llu bytes of text in all", path,
+                            (unsigned long long)TD_DATA_MAX_TEXT_BYTES);
+    buf = malloc(size > 0 ? size : 1);
+    if (buf == NULL)
+        return td_error_set(err, TD_ENOMEM, "%s: no memory for %zu bytes", path, size);
+    rc = read_all(fd, buf, size, path, err);
+    if (rc != 0)
+        goto out;
+    nul = memchr(buf, 0, size);
+    if (nul != NULL && globbed) {
+        d->info.skipped_binary++;
+        goto out;
+    }
+    if (nul != NULL) {
+        rc = td_error_set(err, TD_EDATA, "%s: a NUL byte at offset %td: binary, not text", path,
+                          nul - buf);
+        goto out;
+    }
+    if ((size_t)d->total + size > L->text_cap) {
+        size_t cap =
+            L->text_cap * 2 > (size_t)d->total + size ? L->text_cap * 2 : (size_t)d->total + size;
+        uint16_t *grown = realloc(d->text, (cap > 0 ? cap : 1) * sizeof(uint16_t));
+        if (grown == NULL) {
+            rc = td_error_set(err, TD_ENOMEM, "%s: no memory for %zu tokens", path, cap);
+            goto out;
+        }
+        d->text = grown;
+        L->text_cap = cap;
+    }
+    for (size_t i = 0; i < size; i++)
+        d->text[d->total + (int64_t)i] = buf[i];
+    rc = add_seg(d, path, (int64_t)size, &s, err); /* s->tok set once d->text stops moving */
+    if (rc == 0)
+        L->files_in_split++;
+out:
+    free(buf);
+    return rc;
+}
+
+/* An llm.c shard: its header checked against its size, its tokens mapped read-only. */
+static int load_shard(loader *L, int fd, const struct stat *st, const char *path, td_error_t *err)
+{
+    int32_t h[3];
+    int64_t count, want;
+    void *map = NULL;
+    seg *s;
+    int rc;
+
+    if (st->st_size < TD_DATA_SHARD_HEADER)
+        return td_error_set(err, TD_EDATA,
+                            "%s: %lld bytes, shorter than the %d-byte header of an llm.c token "
+                            "shard",
+                            path, (long long)st->st_size, TD_DATA_SHARD_HEADER);
+    if (pread(fd, h, sizeof(h), 0) != (ssize_t)sizeof(h))
+        return td_error_set(err, TD_EDATA, "%s: cannot read the header: %s", path, strerror(errno));
+    if (h[0] != TD_DATA_SHARD_MAGIC)
+        return td_error_set(err, TD_EDATA, "%s: bad magic %d, expected %d (llm.c token shard)",
+                            path, h[0], TD_DATA_SHARD_MAGIC);
+    if (h[1] != TD_DATA_SHARD_VERSION)
+        return td_error_set(err, TD_EDATA, "%s: version %d, expected %d (llm.c token shard)", path,
+                            h[1], TD_DATA_SHARD_VERSION);
+    count = h[2];
+    want = TD_DATA_SHARD_HEADER + 2 * count;
+    if (count < 0 || want != st->st_size)
+        return td_error_set(err, TD_EDATA,
+                            "%s: header says %lld tokens (%lld bytes) but the file has %lld bytes",
+                            path, (long long)count, (long long)want, (long long)st->st_size);
+    if (count > 0) {
+        map = mmap(NULL, (size_t)want, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (map == MAP_FAILED)
+            return td_error_set(err, TD_EDATA, "%s: cannot map %lld bytes: %s", path,
+                                (long long)want, strerror(errno));
+    }
+    rc = add_seg(L->d, path, count, &s, err);
+    if (rc != 0) {
+        if (map != NULL)
+            munmap(map, (size_t)want);
+        return rc;
+    }
+    s->map = map;
+    s->map_len = map != NULL ? (size_t)want : 0;
+    s->tok = map != NULL ? (const uint16_t *)((const char *)map + TD_DATA_SHARD_HEADER) : NULL;
+    L->files_in_split++;
+    return 0;
+}
+
+/* One name from a pattern: opened, checked to be a regular file not read before, then read. */
+static int load_file(loader *L, const char *path, int globbed, td_error_t *err)
+{
+    struct stat st;
+    int fd, rc = 0;
+
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return td_error_set(err, TD_EDATA, "%s: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0) {
+        rc = td_error_set(err, TD_EDATA, "%s: %s", path, strerror(errno));
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        if (globbed)
+            L->d->info.skipped_other++;
+        else
+            rc = td_error_set(err, TD_EDATA, "%s: not a regular file", path);
+        goto out;
+    }
+    if (seen_add(&L->seen, st.st_dev, st.st_ino)) {
+        L->d->info.skipped_duplicate++;
+        goto out;
+    }
+    if (L->d->spec.format == TD_DATA_FORMAT_TEXT)
+        rc = load_text(L, fd, &st, path, globbed, err);
+    else
+        rc = load_shard(L, fd, &st, path, err);
+out:
+    close(fd);
+    return rc;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* One pattern: a plain path, or a glob whose matches are read in strcmp order. */
+static int load_pattern(loader *L, const char *pattern, td_error_t *err)
+{
+    glob_t g;
+    int rc;
+
+    if (strpbrk(pattern, "*?[") == NULL)
+        return load_file(L, pattern, 0, err);
+    rc = glob(pattern, GLOB_NOSORT, NULL, &g);
+    if (rc == GLOB_NOMATCH)
+        return td_error_set(err, TD_EDATA, "no files match %s", pattern);
+    if (rc == GLOB_NOSPACE)
+        return td_error_set(err, TD_ENOMEM, "%s: no memory for the matches", pattern);
+    if (rc != 0)
+        return td_error_set(err, TD_EDATA, "%s: cannot read a directory on the way", pattern);
+    qsort(g.gl_pathv, g.gl_pathc, sizeof(char *), cmp_str);
+    for (size_t i = 0; i < g.gl_pathc && rc == 0; i++)
+        rc = load_file(L, g.gl_pathv[i], 1, err);
+    globfree(&g);
+    return rc;
+}
+
+/* A split's patterns, appended to the stream; *sp receives the tokens they added. */
+static int load_split(loader *L, const char *name, const char *const *patterns, int n, split *sp,
+                      td_error_t *err)
+{
+    td_data_info before = L->d->info;
+    int rc;
+
+    if (n > TD_DATA_MAX_PATTERNS)
+        return td_error_set(err, TD_E2BIG, "%s: %d paths or globs (at most %d)", name, n,
+                            TD_DATA_MAX_PATTERNS);
+    sp->lo = L->d->total;
+    L->files_in_split = 0;
+    for (int i = 0; i < n; i++) {
+        if (patterns[i] == NULL || patterns[i][0] == '\0')
+            return td_error_set(err, TD_EINVAL, "%s[%d]: an empty path", name, i);
+        rc = load_pattern(L, patterns[i], err);
+        if (rc != 0)
+            return rc;
+    }
+    if (L->files_in_split == 0)
+        return td_error_set(
+            err, TD_EDATA,
+            "%s: no file read (skipped: %d binary, %d duplicate, %d not a regular file)", name,
+            L->d->info.skipped_binary - before.skipped_binary,
+            L->d->info.skipped_duplicate - before.skipped_duplicate,
+            L->d->info.skipped_other - before.skipped_other);
+    sp->n = L->d->total - sp->lo;
+    return 0;
+}
+
+/* ---- batches ------------------------------------------------------------------------------- */
+
+/* The segment holding stream token pos (pos < total): the last one starting at or before pos
+ * with tokens. */
+static const seg *seg_of(const td_data *d, int64_t pos)
+{
+    int lo = 0, hi = d->n_segs - 1;
+
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        if (d->segs[mid].start <= pos)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    while (d->segs[lo].n == 0 || pos >= d->segs[lo].start + d->segs[lo].n)
+        lo++; /* past empty files sharing the start */
+    return &d->segs[lo];
+}
+
+/* The T+1 tokens from stream token pos into one row: inp gets the first T, tgt the last T.
+ * Walks across file boundaries. */
+static int gather_row(const td_data *d, int64_t pos, int *inp, int *tgt, td_error_t *err)
+{
+    const seg *s = seg_of(d, pos);
+    int T = d->spec.T;
+    int vocab = d->spec.vocab;
+
+    for (int t = 0; t <= T; t++, pos++) {
+        int x;
+        while (pos >= s->start + s->n)
+            s++;
+        x = s->tok[pos - s->start];
+        if (vocab > 0 && x >= vocab)
+            return td_error_set(err, TD_EDATA,
+                                "%s: token %d at token %lld of the file is not below the "
+                                "vocabulary size %d",
+                                s->path, x, (long long)(pos - s->start), vocab);
+        if (t < T)
+            inp[t] = x;
+        if (t > 0)
+            tgt[t - 1] = x;
+    }
+    return 0;
+}
+
+static int check_rows(const td_data *d, int r0, int r1, const int *inp, const int *tgt,
+                      td_error_t *err)
+{
+    if (r0 < 0 || r1 > d->spec.B || r0 >= r1)
+        return td_error_set(err, TD_EINVAL, "rows [%d, %d) of a batch of %d", r0, r1, d->spec.B);
+    if (inp == NULL || tgt == NULL)
+        return td_error_set(err, TD_EINVAL, "no inputs or targets buffer");
+    return 0;
+}
+
+/* Epoch e's permutation of the train rows: the identity, then Fisher-Yates from (seed, e). */
+static void shuffle_rows(td_data *d, int64_t epoch)
+{
+    td_rng r;
+
+    td_rng_seed(&r, d->spec.seed, SHUFFLE_STREAM + (uint64_t)epoch);
+    for (int64_t i = 0; i < d->rows; i++)
+        d->perm[i] = (uint32_t)i;
+    for (int64_t i = d->rows - 1; i > 0; i--) {
+        uint32_t j = td_rng_below(&r, (uint32_t)(i + 1));
+        uint32_t tmp = d->perm[i];
+        d->perm[i] = d->perm[j];
+        d->perm[j] = tmp;
+    }
+    d->perm_epoch = epoch;
+}
+
+int td_data_fill(const td_data *d, int r0, int r1, int *inputs, int *targets, td_error_t *err)
+{
+    int64_t B = d->spec.B, T = d->spec.T, k = d->cur.batch;
+    int rc = check_rows(d, r0, r1, inputs, targets, err);
+
+    for (int b = r0; b < r1 && rc == 0; b++) {
+        int64_t start = d->spec.shuffle ? (int64_t)d->perm[k * B + b] * T : k * B * T + b * T;
+        rc = gather_row(d, d->train.lo + start, inputs + (b - r0) * T, targets + (b - r0) * T, err);
+    }
+    return rc;
+}
+
+void td_data_advance(td_data *d)
+{
+    if (++d->cur.batch < d->batches)
+        return;
+    d->cur.batch = 0;
+    d->cur.epoch++;
+    if (d->spec.shuffle)
+        shuffle_rows(d, d->cur.epoch);
+}
+
+int td_data_next(td_data *d, int *inputs, int *targets, td_error_t *err)
+{
+    int rc = td_data_fill(d, 0, d->spec.B, inputs, targets, err);
+
+    if (rc == 0)
+        td_data_advance(d);
+    return rc;
+}
+
+int td_data_valid_fill(const td_data *d, int64_t i, int r0, int r1, int *inputs, int *targets,
+                       td_error_t *err)
+{
+    int64_t B = d->spec.B, T = d->spec.T;
+    int rc = check_rows(d, r0, r1, inputs, targets, err);
+
+    if (rc != 0)
+        return rc;
+    if (d->valid_batches == 0)
+        return td_error_set(err, TD_EINVAL, "no valid split");
+    if (i < 0 || i >= d->valid_batches)
+        return td_error_set(err, TD_EINVAL, "valid batch %lld of %lld", (long long)i,
+                            (long long)d->valid_batches);
+    for (int b = r0; b < r1 && rc == 0; b++)
+        rc = gather_row(d, d->valid.lo + i * B * T + b * T, inputs + (b - r0) * T,
+                        targets + (b - r0) * T, err);
+    return rc;
+}
+
+td_data_cursor td_data_tell(const td_data *d)
+{
+    return d->cur;
+}
+
+int td_data_seek(td_data *d, td_data_cursor c, td_error_t *err)
+{
+    if (c.epoch < 0 || c.batch < 0 || c.batch >= d->batches)
+        return td_error_set(err, TD_EINVAL,
+                            "data cursor (epoch %lld, batch %lld) outside an epoch of %lld "
+                            "batches",
+                            (long long)c.epoch, (long long)c.batch, (long long)d->batches);
+    if (d->spec.shuffle && c.epoch != d->perm_epoch)
+        shuffle_rows(d, c.epoch);
+    d->cur = c;
+    return 0;
+}
+
+void td_data_get_info(const td_data *d, td_data_info *info)
+{
+    *info = d->info;
+}
+
+/* ---- opening ------------------------------------------------------------------------------- */
+
+static int check_spec(const td_data_spec *s, td_error_t *err)
+{
+    if (s->format != TD_DATA_FORMAT_TEXT && s->format != TD_DATA_FORMAT_SHARDS)
+        return td_error_set(err, TD_EINVAL, "data format %d", (int)s->format);
+    if (s->n_train < 1 || s->train == NULL)
+        return td_error_set(err, TD_EINVAL, "no train paths");
+    if (s->n_valid < 0 || (s->n_valid > 0 && s->valid == NULL))
+        return td_error_set(err, TD_EINVAL, "bad valid paths");
+    if (!(s->valid_fraction >= 0.0 && s->valid_fraction < 1.0))
+        return td_error_set(err, TD_EINVAL, "valid_fraction %g is not in [0, 1)",
+                            s->valid_fraction);
+    if (s->B < 1 || s->T < 1 || (int64_t)s->B * s->T > MAX_BATCH_TOKENS)
+        return td_error_set(err, TD_EINVAL, "batch of %d rows of %d tokens (B*T: 1 to %d)", s->B,
+                            s->T, MAX_BATCH_TOKENS);
+    if (s->vocab < 0)
+        return td_error_set(err, TD_EINVAL, "vocabulary size %d", s->vocab);
+    return 0;
+}
+
+/* Cuts valid off train when asked to, and checks that each split holds a batch. */
+static int make_splits(td_data *d, td_error_t *err)
+{
+    int64_t BT = (int64_t)d->spec.B * d->spec.T;
+
+    if (d->spec.n_valid == 0 && d->spec.valid_fraction > 0.0) {
+        int64_t nv = (int64_t)((double)d->train.n * d->spec.valid_fraction);
+        d->valid.lo = d->train.lo + d->train.n - nv;
+        d->valid.n = nv;
+        d->train.n -= nv;
+    }
+    if (d->train.n < BT + 1)
+        return td_error_set(err, TD_EDATA, "train split: %lld tokens, a batch needs B*T+1 = %lld",
+                            (long long)d->train.n, (long long)(BT + 1));
+    if ((d->spec.n_valid > 0 || d->spec.valid_fraction > 0.0) && d->valid.n < BT + 1)
+        return td_error_set(err, TD_EDATA, "valid split%s: %lld tokens, a batch needs B*T+1 = %lld",
+                            d->spec.n_valid > 0 ? "" : " (valid_fraction of train)",
+                            (long long)d->valid.n, (long long)(BT + 1));
+    d->batches = (d->train.n - 1) / BT;
+    d->valid_batches = d->valid.n > 0 ? (d->valid.n - 1) / BT : 0;
+    d->info.train_tokens = d->train.n;
+    d->info.valid_tokens = d->valid.n;
+    d->info.batches = d->batches;
+    d->info.valid_batches = d->valid_batches;
+    d->info.files = d->n_segs;
+    return 0;
+}
+
+static int make_perm(td_data *d, td_error_t *err)
+{
+    if (!d->spec.shuffle)
+        return 0;
+    d->rows = (d->train.n - 1) / d->spec.T;
+    if (d->rows > TD_DATA_MAX_ROWS)
+        return td_error_set(err, TD_E2BIG, "train split: %lld rows of %d tokens (at most %lld)",
+                            (long long)d->rows, d->spec.T, (long long)TD_DATA_MAX_ROWS);
+    d->perm = malloc((size_t)d->rows * sizeof(uint32_t));
+    if (d->perm == NULL)
+        return td_error_set(err, TD_ENOMEM, "no memory for the shuffle of %lld rows",
+                            (long long)d->rows);
+    shuffle_rows(d, 0);
+    return 0;
+}
+
+int td_data_open(td_data **out, const td_data_spec *spec, td_error_t *err)
+{
+    loader L = {0};
+    td_data *d;
+    int rc;
+
+    *out = NULL;
+    rc = check_spec(spec, err);
+    if (rc != 0)
+        return rc;
+    d = calloc(1, sizeof(*d));
+    if (d == NULL)
+        return td_error_set(err, TD_ENOMEM, "no memory for the dataset");
+    d->spec = *spec;
+    d->spec.train = NULL;
+    d->spec.valid = NULL;
+    L.d = d;
+    rc = seen_init(&L.seen);
+    if (rc != 0) {
+        td_error_set(err, rc, "no memory for the file table");
+        goto fail;
+    }
+    rc = load_split(&L, "train", spec->train, spec->n_train, &d->train, err);
+    if (rc == 0 && spec->n_valid > 0)
+        rc = load_split(&L, "valid", spec->valid, spec->n_valid, &d->valid, err);
+    if (rc != 0)
+        goto fail;
+    for (int i = 0; i < d->n_segs && d->text != NULL; i++)
+        d->segs[i].tok = d->text + d->segs[i].start; /* d->text has stopped moving */
+    rc = make_splits(d, err);
+    if (rc == 0)
+        rc = make_perm(d, err);
+    if (rc != 0)
+        goto fail;
+    free(L.seen.slot);
+    *out = d;
+    return 0;
+
+fail:
+    free(L.seen.slot);
+    td_data_free(d);
+    return rc;
+}
+
+void td_data_free(td_data *d)
+{
+    if (d == NULL)
+        return;
+    for (int i = 0; i < d->n_segs; i++) {
+        if (d->segs[i].map != NULL)
+            munmap(d->segs[i].map, d->segs[i].map_len);
+        free(d->segs[i].path);
+    }
+    free(d->segs);
+    free(d->text);
+    free(d->perm);
+    free(d);
+}
