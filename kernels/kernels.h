@@ -54,17 +54,73 @@ typedef struct td_kernels {
     // dinp is (n), dout is (n), out is (n) (the forward's output)
     void (*relu_backward)(float *dinp, const float *dout, const float *out, size_t n);
 
-    // probs = softmax(logits) by row; loss = mean over rows of -log probs[row][targets[row]]
-    // loss is (1), probs is (N,V), logits is (N,V), targets is (N) with values in [0,V)
+    // probs = softmax(logits[:, :V]) by row, probs[:, V:Vp] = 0 (llm.c's padded vocabulary);
+    // loss = mean over rows of -log probs[row][targets[row]]
+    // loss is (1), probs is (N,Vp), logits is (N,Vp), targets is (N) with values in [0,V)
     void (*softmax_xent_forward)(float *loss, float *probs, const float *logits, const int *targets,
-                                 int N, int V);
-    // dlogits += dloss * (probs - onehot(targets)) / N
-    // dlogits is (N,V), dloss is (1), probs is (N,V) from the forward, targets is (N)
+                                 int N, int V, int Vp);
+    // dlogits[:, :V] += dloss * (probs - onehot(targets)) / N (the padding gets nothing)
+    // dlogits is (N,Vp), dloss is (1), probs is (N,Vp) from the forward, targets is (N)
     void (*softmax_xent_backward)(float *dlogits, const float *dloss, const float *probs,
-                                  const int *targets, int N, int V);
+                                  const int *targets, int N, int V, int Vp);
     // correct = how many rows have their largest logit (first of equals) at the target
     // correct is (1), logits is (N,V), targets is (N)
     void (*argmax_correct)(int64_t *correct, const float *logits, const int *targets, int N, int V);
+
+    // out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
+    // out is (B,T,C), inp is (B,T) token ids, wte is (V,C), wpe is (maxT,C) with maxT >= T
+    void (*encoder_forward)(float *out, const int *inp, const float *wte, const float *wpe, int B,
+                            int T, int C);
+    // dwte[inp[b,t],:] += dout[b,t,:], dwpe[t,:] += dout[b,t,:]
+    // dwte is (V,C) or NULL, dwpe is (maxT,C) or NULL, dout is (B,T,C), inp is (B,T)
+    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int *inp, int B,
+                             int T, int C);
+
+    // out = (inp - mean) * rstd * weight + bias by row, eps 1e-5 (PyTorch's and llm.c's)
+    // out is (N,C), mean and rstd are (N) (kept for the backward), inp is (N,C),
+    // weight and bias are (C)
+    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int N, int C);
+    // dinp += d/dinp, dweight += sum over rows of dout*norm, dbias += sum over rows of dout
+    // dinp is (N,C) or NULL, dweight and dbias are (C) or NULL, dout and inp are (N,C),
+    // weight is (C), mean and rstd are (N) from the forward
+    void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int N, int C);
+
+    // out = GELU(inp), the tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    // out is (n), inp is (n)
+    void (*gelu_forward)(float *out, const float *inp, size_t n);
+    // dinp += GELU'(inp) * dout
+    // dinp is (n), inp is (n) (the forward's input), dout is (n)
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+
+    // out = inp1 + inp2
+    // out, inp1, inp2 are (n)
+    void (*residual_forward)(float *out, const float *inp1, const float *inp2, size_t n);
+    // dinp1 += dout, dinp2 += dout
+    // dinp1 and dinp2 are (n) or NULL, dout is (n)
+    void (*residual_backward)(float *dinp1, float *dinp2, const float *dout, size_t n);
+
+    // Causal multi-head self-attention, llm.c's layout: head h of position t reads
+    // q = qkv[b,t,h*hs..], k = qkv[b,t,C+h*hs..], v = qkv[b,t,2C+h*hs..], hs = C/NH;
+    // att[b,h,t,:] = softmax(q_t . k_{0..t} / sqrt(hs)) (entries past t are 0);
+    // out[b,t,h*hs..] = att[b,h,t,:] . v
+    // out is (B,T,C), att is (B,NH,T,T) (kept for the backward), qkv is (B,T,3C)
+    void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,
+                              int NH);
+    // dqkv += the gradient through the attention of dout
+    // dqkv is (B,T,3C), scratch is (T,T) floats of room, dout is (B,T,C), qkv is (B,T,3C),
+    // att is (B,NH,T,T) from the forward
+    void (*attention_backward)(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int C, int NH);
+
+    // sumsq = sum of p[i]^2, accumulated in double in a fixed order (the same bits every call)
+    // sumsq is (1), p is (n)
+    void (*sumsq)(double *sumsq, const float *p, size_t n);
+    // p *= s
+    // p is (n)
+    void (*scale)(float *p, float s, size_t n);
 
     // AdamW step t (1-based), PyTorch's torch.optim.AdamW: param *= 1 - lr*weight_decay;
     // m = lerp(m, grad, 1-beta1); v = beta2*v + (1-beta2)*grad^2;

@@ -1,7 +1,8 @@
 /* Unit tests of kernels/ (the CPU backend table): every backward kernel against central finite
- * differences of its forward, matmul against a naive reference, softmax cross-entropy and
- * both optimizers against values worked out by hand from PyTorch's formulas, and the CUDA
- * probe where the build has CUDA. Each numerical check states its tolerance and why. */
+ * differences of its forward, matmul and attention against naive references, layernorm and
+ * GELU against their formulas in double, softmax cross-entropy (padded too) and both
+ * optimizers against values worked out by hand from PyTorch's formulas, and the CUDA probe
+ * where the build has CUDA. Each numerical check states its tolerance and why. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -285,13 +286,13 @@ static void test_softmax_xent_by_hand(void **state)
     float dlogits[6] = {0}, dloss = 2.0f;
     const float p0[3] = {0.09003057f, 0.24472847f, 0.66524096f};
 
-    K->softmax_xent_forward(&loss, probs, logits, targets, 2, 3);
+    K->softmax_xent_forward(&loss, probs, logits, targets, 2, 3, 3);
     assert_float_equal(loss, 0.75310913f, 1e-6);
     for (int j = 0; j < 3; j++) {
         assert_float_equal(probs[j], p0[j], 1e-6);
         assert_float_equal(probs[3 + j], 1.0f / 3.0f, 1e-6);
     }
-    K->softmax_xent_backward(dlogits, &dloss, probs, targets, 2, 3);
+    K->softmax_xent_backward(dlogits, &dloss, probs, targets, 2, 3, 3);
     /* dloss/N = 1 */
     assert_float_equal(dlogits[0], p0[0], 1e-6);
     assert_float_equal(dlogits[2], p0[2] - 1.0f, 1e-6);
@@ -306,7 +307,7 @@ static void test_softmax_xent_stable(void **state)
     float logits[3] = {1000, 0, -1000}, probs[3], loss = 0.0f;
     int target = 1;
 
-    K->softmax_xent_forward(&loss, probs, logits, &target, 1, 3);
+    K->softmax_xent_forward(&loss, probs, logits, &target, 1, 3, 3);
     assert_true(isfinite(loss));
     assert_float_equal(loss, 1000.0f, 1e-3);
     assert_float_equal(probs[0], 1.0f, 1e-7);
@@ -323,16 +324,16 @@ static void test_softmax_xent_fd(void **state)
     int targets[4] = {0, 3, 4, 3};
     float dloss = 0.7f, loss = 0.0f;
 
-    K->softmax_xent_forward(&loss, probs, logits, targets, N, V);
-    K->softmax_xent_backward(dlogits, &dloss, probs, targets, N, V);
+    K->softmax_xent_forward(&loss, probs, logits, targets, N, V, V);
+    K->softmax_xent_backward(dlogits, &dloss, probs, targets, N, V, V);
     for (size_t i = 0; i < n; i++) {
         float keep = logits[i];
         double lp, lm;
         logits[i] = keep + FD_EPS;
-        K->softmax_xent_forward(&loss, probs, logits, targets, N, V);
+        K->softmax_xent_forward(&loss, probs, logits, targets, N, V, V);
         lp = (double)dloss * loss;
         logits[i] = keep - FD_EPS;
-        K->softmax_xent_forward(&loss, probs, logits, targets, N, V);
+        K->softmax_xent_forward(&loss, probs, logits, targets, N, V, V);
         lm = (double)dloss * loss;
         logits[i] = keep;
         assert_close(dlogits[i], (lp - lm) / (2.0 * FD_EPS), FD_REL, FD_ABS, "dlogits", i);
@@ -352,6 +353,373 @@ static void test_argmax_correct(void **state)
 
     K->argmax_correct(&correct, logits, targets, 3, 3);
     assert_int_equal(correct, 2);
+}
+
+/* ---- GPT-2's ops: a generic finite-difference check --------------------------------------- */
+
+/* An op under test: forward() computes out (n_out floats) from the inputs it knows; the
+ * objective is L = sum r_i out_i, whose gradient the op's backward gives for dout = r. */
+typedef struct fd_op {
+    void (*forward)(struct fd_op *op);
+    float *out, *r;
+    size_t n_out;
+} fd_op;
+
+static double fd_objective(fd_op *op)
+{
+    op->forward(op);
+    return dot(op->r, op->out, op->n_out);
+}
+
+/* grad (n floats, the backward's) against central differences of L at every stride-th
+ * element of x, with FD_REL/FD_ABS (see the top of the file). Returns how many checked
+ * gradients were clearly nonzero (> 1e-2), so a test can refuse a vacuous pass. */
+static int fd_check(fd_op *op, float *x, const float *grad, size_t n, size_t stride,
+                    const char *what)
+{
+    int live = 0;
+
+    for (size_t i = 0; i < n; i += stride) {
+        float keep = x[i];
+        double lp, lm;
+        x[i] = keep + FD_EPS;
+        lp = fd_objective(op);
+        x[i] = keep - FD_EPS;
+        lm = fd_objective(op);
+        x[i] = keep;
+        assert_close(grad[i], (lp - lm) / (2.0 * FD_EPS), FD_REL, FD_ABS, what, i);
+        live += fabsf(grad[i]) > 1e-2f;
+    }
+    op->forward(op); /* leave out as the unperturbed forward gave it */
+    return live;
+}
+
+/* ---- token + position embedding ---------------------------------------------------------- */
+
+typedef struct enc_case {
+    fd_op op;
+    const int *tokens;
+    float *wte, *wpe;
+    int B, T, C;
+} enc_case;
+
+static void enc_forward(fd_op *op)
+{
+    enc_case *e = (enc_case *)op;
+    K->encoder_forward(op->out, e->tokens, e->wte, e->wpe, e->B, e->T, e->C);
+}
+
+/* Token 1 appears three times, so its row of dwte must collect three rows of dout. */
+static void test_encoder_fd(void **state)
+{
+    static const int tokens[6] = {1, 3, 1, 4, 1, 0};
+    enc_case e = {.tokens = tokens, .B = 2, .T = 3, .C = 4};
+    int V = 5, maxT = 4;
+    size_t no = 2 * 3 * 4;
+    float *dwte = zero_buf((size_t)V * e.C), *dwpe = zero_buf((size_t)maxT * e.C);
+
+    e.wte = rand_buf((size_t)V * e.C, -1, 1);
+    e.wpe = rand_buf((size_t)maxT * e.C, -1, 1);
+    e.op =
+        (fd_op){.forward = enc_forward, .out = zero_buf(no), .r = rand_buf(no, -1, 1), .n_out = no};
+    enc_forward(&e.op);
+    assert_true(e.op.out[1 * 4 + 2] == e.wte[3 * 4 + 2] + e.wpe[1 * 4 + 2]);
+    K->encoder_backward(dwte, dwpe, e.op.r, tokens, e.B, e.T, e.C);
+    fd_check(&e.op, e.wte, dwte, (size_t)V * e.C, 1, "dwte");
+    fd_check(&e.op, e.wpe, dwpe, (size_t)maxT * e.C, 1, "dwpe");
+    for (int c = 0; c < e.C; c++) /* token 2 never appears; position 3 is past T */
+        assert_true(dwte[2 * 4 + c] == 0.0f && dwpe[3 * 4 + c] == 0.0f);
+    free(dwte);
+    free(dwpe);
+    free(e.wte);
+    free(e.wpe);
+    free(e.op.out);
+    free(e.op.r);
+}
+
+/* ---- layernorm ------------------------------------------------------------------------------ */
+
+typedef struct ln_case {
+    fd_op op;
+    float *inp, *w, *b, *mean, *rstd;
+    int N, C;
+} ln_case;
+
+static void ln_forward(fd_op *op)
+{
+    ln_case *l = (ln_case *)op;
+    K->layernorm_forward(op->out, l->mean, l->rstd, l->inp, l->w, l->b, l->N, l->C);
+}
+
+/* C = 13 runs both the 8-wide partial sums and their tail. The forward is held to a double
+ * reference within 1e-5 (|out| <= ~4, a few float roundings); every gradient to FD. The
+ * numeric gradient of a normalisation is noisier than a matmul's (every output moves), but
+ * the outputs are O(1) and there are 39 of them: ~40 * 6e-8 * 4 / 2e-3 = 5e-3 worst case,
+ * inside FD_REL for the O(1) gradients here. */
+static void test_layernorm(void **state)
+{
+    ln_case l = {.N = 3, .C = 13};
+    size_t n = (size_t)l.N * l.C;
+    float *dinp = zero_buf(n), *dw = zero_buf(l.C), *db = zero_buf(l.C);
+
+    l.inp = rand_buf(n, -2, 2);
+    l.w = rand_buf(l.C, 0.5f, 1.5f);
+    l.b = rand_buf(l.C, -1, 1);
+    l.mean = zero_buf(l.N);
+    l.rstd = zero_buf(l.N);
+    l.op = (fd_op){.forward = ln_forward, .out = zero_buf(n), .r = rand_buf(n, -1, 1), .n_out = n};
+    ln_forward(&l.op);
+    for (int i = 0; i < l.N; i++) {
+        double m = 0, v = 0;
+        for (int j = 0; j < l.C; j++)
+            m += l.inp[i * l.C + j];
+        m /= l.C;
+        for (int j = 0; j < l.C; j++)
+            v += (l.inp[i * l.C + j] - m) * (l.inp[i * l.C + j] - m);
+        v /= l.C;
+        for (int j = 0; j < l.C; j++) {
+            double ref = (l.inp[i * l.C + j] - m) / sqrt(v + 1e-5) * l.w[j] + l.b[j];
+            assert_close(l.op.out[i * l.C + j], ref, 0.0, 1e-5, "layernorm out",
+                         (size_t)(i * l.C + j));
+        }
+    }
+    K->layernorm_backward(dinp, dw, db, l.op.r, l.inp, l.w, l.mean, l.rstd, l.N, l.C);
+    assert_true(fd_check(&l.op, l.inp, dinp, n, 1, "dinp") > 10);
+    fd_check(&l.op, l.w, dw, (size_t)l.C, 1, "dweight");
+    fd_check(&l.op, l.b, db, (size_t)l.C, 1, "dbias");
+    free(dinp);
+    free(dw);
+    free(db);
+    free(l.inp);
+    free(l.w);
+    free(l.b);
+    free(l.mean);
+    free(l.rstd);
+    free(l.op.out);
+    free(l.op.r);
+}
+
+/* ---- GELU ----------------------------------------------------------------------------------- */
+
+typedef struct gelu_case {
+    fd_op op;
+    float *inp;
+} gelu_case;
+
+static void gelu_fwd(fd_op *op)
+{
+    K->gelu_forward(op->out, ((gelu_case *)op)->inp, op->n_out);
+}
+
+/* The forward against llm.c's formula in double, 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715
+ * x^3))), over [-12, 12] (past the clamp of the kernel's exp at both ends): within 4e-7 of
+ * |x| + 1e-7 absolute, a few ulps. The backward against FD. */
+static void test_gelu(void **state)
+{
+    size_t n = 301, nf = 64;
+    float *x = malloc(n * sizeof(float)), *out = zero_buf(n);
+    gelu_case g;
+    float *dinp = zero_buf(nf);
+
+    for (size_t i = 0; i < n; i++)
+        x[i] = -12.0f + 24.0f * (float)i / (float)(n - 1);
+    K->gelu_forward(out, x, n);
+    for (size_t i = 0; i < n; i++) {
+        double xi = x[i];
+        double ref = 0.5 * xi * (1.0 + tanh(sqrt(2.0 / M_PI) * (xi + 0.044715 * xi * xi * xi)));
+        assert_close(out[i], ref, 0.0, 4e-7 * fabs(xi) + 1e-7, "gelu", i);
+    }
+    g.inp = rand_buf(nf, -4, 4);
+    g.op = (fd_op){.forward = gelu_fwd, .out = zero_buf(nf), .r = rand_buf(nf, -1, 1), .n_out = nf};
+    K->gelu_backward(dinp, g.inp, g.op.r, nf);
+    assert_true(fd_check(&g.op, g.inp, dinp, nf, 1, "dinp") > 20);
+    free(x);
+    free(out);
+    free(dinp);
+    free(g.inp);
+    free(g.op.out);
+    free(g.op.r);
+}
+
+/* ---- residual ------------------------------------------------------------------------------- */
+
+static void test_residual(void **state)
+{
+    float a[3] = {1, 2, 3}, b[3] = {0.5f, -2, 4}, out[3];
+    float da[3] = {1, 1, 1}, db[3] = {0}, dout[3] = {0.25f, 0.5f, -1};
+
+    K->residual_forward(out, a, b, 3);
+    assert_true(out[0] == 1.5f && out[1] == 0.0f && out[2] == 7.0f);
+    K->residual_backward(da, db, dout, 3);
+    assert_true(da[0] == 1.25f && da[2] == 0.0f && db[1] == 0.5f && db[2] == -1.0f);
+    K->residual_backward(NULL, db, dout, 3);
+    assert_true(db[1] == 1.0f);
+}
+
+/* ---- attention ------------------------------------------------------------------------------ */
+
+typedef struct att_case {
+    fd_op op;
+    float *qkv, *att;
+    int B, T, C, NH;
+} att_case;
+
+static void att_forward(fd_op *op)
+{
+    att_case *a = (att_case *)op;
+    K->attention_forward(op->out, a->att, a->qkv, a->B, a->T, a->C, a->NH);
+}
+
+/* llm.c's attention_forward loops, in double. out is (B,T,C), qkv is (B,T,3C) */
+static void att_reference(double *out, const float *qkv, int B, int T, int C, int NH)
+{
+    int hs = C / NH;
+    double scale = 1.0 / sqrt(hs);
+    double *w = malloc((size_t)T * sizeof(double));
+
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) {
+                const float *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                double maxv = -1e300, sum = 0;
+                for (int u = 0; u <= t; u++) {
+                    const float *k = qkv + ((size_t)b * T + u) * 3 * C + C + h * hs;
+                    double d = 0;
+                    for (int i = 0; i < hs; i++)
+                        d += (double)q[i] * k[i];
+                    w[u] = d * scale;
+                    maxv = w[u] > maxv ? w[u] : maxv;
+                }
+                for (int u = 0; u <= t; u++)
+                    sum += (w[u] = exp(w[u] - maxv));
+                for (int i = 0; i < hs; i++) {
+                    double o = 0;
+                    for (int u = 0; u <= t; u++)
+                        o += w[u] / sum * qkv[((size_t)b * T + u) * 3 * C + 2 * C + h * hs + i];
+                    out[((size_t)b * T + t) * C + h * hs + i] = o;
+                }
+            }
+    free(w);
+}
+
+/* Forward against the reference on T = 150 (three causal blocks of 64, the last partial):
+ * within 2e-6, float sums of <= 150 terms of size ~1. att's rows must sum to 1 and be 0 past
+ * the diagonal. */
+static void test_attention_forward_vs_naive(void **state)
+{
+    int B = 2, T = 150, C = 16, NH = 4;
+    size_t n3 = (size_t)B * T * 3 * C, n = (size_t)B * T * C;
+    float *qkv = rand_buf(n3, -1, 1), *out = zero_buf(n);
+    float *att = zero_buf((size_t)B * NH * T * T);
+    double *ref = malloc(n * sizeof(double));
+
+    K->attention_forward(out, att, qkv, B, T, C, NH);
+    att_reference(ref, qkv, B, T, C, NH);
+    for (size_t i = 0; i < n; i++)
+        assert_close(out[i], ref[i], 0.0, 2e-6, "attention out", i);
+    for (int r = 0; r < B * NH * T; r++) {
+        const float *row = att + (size_t)r * T;
+        int t = r % T;
+        double sum = 0;
+        for (int u = 0; u < T; u++) {
+            if (u > t)
+                assert_true(row[u] == 0.0f);
+            sum += row[u];
+        }
+        assert_close(sum, 1.0, 0.0, 1e-5, "att row sum", (size_t)r);
+    }
+    free(qkv);
+    free(out);
+    free(att);
+    free(ref);
+}
+
+/* dqkv against FD, on one block (T = 7) at every element and across blocks (T = 70) at every
+ * 17th. Attention outputs are O(1) sums of softmax-weighted values; a perturbation moves the
+ * outputs of one head at the positions that see it (up to T*hs of them), so the noise is
+ * like layernorm's: within FD_REL for the O(0.1..1) gradients. */
+static void test_attention_fd(void **state)
+{
+    const int Ts[2] = {7, 70};
+
+    for (int k = 0; k < 2; k++) {
+        att_case a = {.B = 2, .T = Ts[k], .C = 8, .NH = 2};
+        size_t n3 = (size_t)a.B * a.T * 3 * a.C, n = (size_t)a.B * a.T * a.C;
+        float *dqkv = zero_buf(n3), *scratch = zero_buf((size_t)a.T * a.T);
+
+        a.qkv = rand_buf(n3, -1.5f, 1.5f);
+        a.att = zero_buf((size_t)a.B * a.NH * a.T * a.T);
+        a.op = (fd_op){
+            .forward = att_forward, .out = zero_buf(n), .r = rand_buf(n, -1, 1), .n_out = n};
+        att_forward(&a.op);
+        K->attention_backward(dqkv, scratch, a.op.r, a.qkv, a.att, a.B, a.T, a.C, a.NH);
+        assert_true(fd_check(&a.op, a.qkv, dqkv, n3, k == 0 ? 1 : 17, "dqkv") > 20);
+        free(dqkv);
+        free(scratch);
+        free(a.qkv);
+        free(a.att);
+        free(a.op.out);
+        free(a.op.r);
+    }
+}
+
+/* ---- padded softmax cross-entropy, sums of squares, scaling --------------------------------- */
+
+/* V = 5 real columns of Vp = 8: the loss and probabilities equal the unpadded ones exactly
+ * (same operations on the same numbers), the padding's probabilities are 0 and its gradient
+ * is left as it was, whatever its logits hold. */
+static void test_softmax_xent_padded(void **state)
+{
+    int N = 3, V = 5, Vp = 8;
+    float *lp = rand_buf((size_t)N * Vp, -2, 2), *l = zero_buf((size_t)N * V);
+    float *pp = zero_buf((size_t)N * Vp), *p = zero_buf((size_t)N * V);
+    float *dp = malloc((size_t)N * Vp * sizeof(float)), *d = zero_buf((size_t)N * V);
+    int targets[3] = {4, 0, 2};
+    float loss_p, loss, dloss = 1.0f;
+
+    for (int i = 0; i < N; i++) {
+        memcpy(l + i * V, lp + i * Vp, (size_t)V * sizeof(float));
+        lp[i * Vp + 6] = 1e30f; /* padding: would dominate a softmax over all Vp */
+    }
+    for (int i = 0; i < N * Vp; i++)
+        dp[i] = 0.5f;
+    K->softmax_xent_forward(&loss_p, pp, lp, targets, N, V, Vp);
+    K->softmax_xent_forward(&loss, p, l, targets, N, V, V);
+    assert_true(loss_p == loss);
+    K->softmax_xent_backward(dp, &dloss, pp, targets, N, V, Vp);
+    K->softmax_xent_backward(d, &dloss, p, targets, N, V, V);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < Vp; j++) {
+            if (j < V) {
+                assert_true(pp[i * Vp + j] == p[i * V + j]);
+                assert_true(dp[i * Vp + j] == 0.5f + d[i * V + j]);
+            } else {
+                assert_true(pp[i * Vp + j] == 0.0f);
+                assert_true(dp[i * Vp + j] == 0.5f);
+            }
+        }
+    free(lp);
+    free(l);
+    free(pp);
+    free(p);
+    free(dp);
+    free(d);
+}
+
+/* sumsq in double of 1..1000 (odd length: the tail) is exactly 333833500; scale multiplies. */
+static void test_sumsq_and_scale(void **state)
+{
+    size_t n = 1001;
+    float *x = malloc(n * sizeof(float));
+    double ss = 0;
+
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)i;
+    K->sumsq(&ss, x, n);
+    assert_true(ss == 333833500.0);
+    K->scale(x, 0.5f, n);
+    assert_true(x[1000] == 500.0f && x[3] == 1.5f);
+    free(x);
 }
 
 /* ---- optimizers ----------------------------------------------------------------------------- */
@@ -460,6 +828,14 @@ int main(void)
         cmocka_unit_test(test_softmax_xent_stable),
         cmocka_unit_test(test_softmax_xent_fd),
         cmocka_unit_test(test_argmax_correct),
+        cmocka_unit_test(test_encoder_fd),
+        cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_gelu),
+        cmocka_unit_test(test_residual),
+        cmocka_unit_test(test_attention_forward_vs_naive),
+        cmocka_unit_test(test_attention_fd),
+        cmocka_unit_test(test_softmax_xent_padded),
+        cmocka_unit_test(test_sumsq_and_scale),
         cmocka_unit_test(test_adamw_two_steps),
         cmocka_unit_test(test_sgd_momentum),
         cmocka_unit_test(test_zero_and_name),

@@ -471,8 +471,8 @@ static void test_total_steps_and_metrics(void **state)
         cfg.eval_every = cases[k].eval_every;
         assert_int_equal(td_trainer_new(&t, &cfg, &hooks, &err), 0);
         assert_int_equal(td_trainer_total_steps(t), cases[k].total);
-        if (cases[k].total > 0)
-            assert_int_equal(run_all(t), cases[k].total);
+        /* max_steps 0: the one step call evaluates (at step 0) and answers "done" */
+        assert_int_equal(run_all(t), cases[k].total > 0 ? cases[k].total : 1);
         assert_int_equal(td_trainer_steps_done(t), cases[k].total);
         /* a finished trainer answers "done" and does nothing */
         assert_int_equal(td_trainer_step(t), 1);
@@ -497,7 +497,7 @@ static void test_total_steps_and_metrics(void **state)
         n = values_of(&r, "test_accuracy", v, steps, 64);
         assert_int_equal(values_of(&r, "test_loss", NULL, NULL, 64), n);
         int expect = 0;
-        for (int64_t s = 1; s <= cases[k].total; s++) {
+        for (int64_t s = cases[k].total == 0 ? 0 : 1; s <= cases[k].total; s++) {
             int due = s == cases[k].total ||
                       (cases[k].eval_every > 0 ? s % cases[k].eval_every == 0 : s % 8 == 0);
             if (due) {
@@ -753,6 +753,89 @@ static void test_config_defaults(void **state)
     assert_int_equal(cfg.n_layers, 0);
     assert_int_equal(cfg.train.images[0], '\0');
     assert_int_equal(cfg.test.images[0], '\0');
+    /* issue 3 and 5's fields */
+    assert_int_equal(cfg.n_layer, 0);
+    assert_int_equal(cfg.init_from[0], '\0');
+    assert_int_equal(cfg.n_train_files, 0);
+    assert_true(cfg.valid_fraction == 0.0f && cfg.grad_clip == 0.0f && cfg.warmup == 0.0f);
+    assert_int_equal(cfg.schedule, TD_SCHED_CONSTANT);
+    assert_int_equal(cfg.eval_batches, 0);
+    assert_int_equal(cfg.checkpoint_dir[0], '\0');
+    assert_int_equal(cfg.checkpoint_every, 0);
+    assert_int_equal(cfg.keep_checkpoints, 3);
+    assert_int_equal(cfg.rank, 0);
+    assert_int_equal(cfg.world, 1);
+    assert_int_equal(cfg.on_nan, TD_ON_NAN_FAIL);
+    assert_int_equal(cfg.debug_fail_kind, TD_FAIL_NONE);
+}
+
+/* An MLP resumes too: 20 steps straight (2.5 epochs, reshuffled at each) and 11 steps with a
+ * checkpoint at 10, then a new trainer for the rest, give identical losses: the shuffles of
+ * the epochs begun are replayed. */
+static void test_mlp_resume(void **state)
+{
+    static recorder r1, r2;
+    td_train_config cfg;
+    td_train_hooks h1 = {.ud = &r1, .metric = record}, h2 = {.ud = &r2, .metric = record};
+    td_trainer *t = NULL;
+    td_error_t err = {0};
+    double a[24], b[24];
+
+    memset(&r1, 0, sizeof(r1));
+    memset(&r2, 0, sizeof(r2));
+    synth_config(&cfg, 0);
+    cfg.max_steps = 20;
+    assert_int_equal(td_trainer_new(&t, &cfg, &h1, &err), 0);
+    run_all(t);
+    td_trainer_free(t);
+
+    path_of(cfg.checkpoint_dir, "mlp-ckpt");
+    cfg.checkpoint_every = 10;
+    assert_int_equal(td_trainer_new(&t, &cfg, &h2, &err), 0);
+    for (int i = 0; i < 11; i++)
+        assert_true(try_step(t, &err) >= 0);
+    td_trainer_free(t);
+    memset(&r2, 0, sizeof(r2));
+    assert_int_equal(td_trainer_new(&t, &cfg, &h2, &err), 0);
+    assert_int_equal(td_trainer_steps_done(t), 10);
+    run_all(t);
+    td_trainer_free(t);
+    assert_int_equal(values_of(&r1, "train_loss", a, NULL, 24), 20);
+    assert_int_equal(values_of(&r2, "train_loss", b, NULL, 24), 10);
+    assert_memory_equal(a + 10, b, 10 * sizeof(double));
+}
+
+/* valid_fraction holds out the train split's last samples: valid_loss and valid_accuracy at
+ * each evaluation, next to test_*; the epoch shrinks to the samples left (900: 8 steps of
+ * 128, the last of 4). Every step records grad_norm. */
+static void test_mlp_valid_split(void **state)
+{
+    static recorder r;
+    td_train_config cfg;
+    td_train_hooks hooks = {.ud = &r, .metric = record};
+    td_trainer *t = NULL;
+    td_error_t err = {0};
+    double v[8], sps[8], ms[8];
+    int64_t s[8];
+
+    memset(&r, 0, sizeof(r));
+    synth_config(&cfg, 0);
+    cfg.valid_fraction = 0.1f;
+    cfg.epochs = 2;
+    assert_int_equal(td_trainer_new(&t, &cfg, &hooks, &err), 0);
+    assert_int_equal(td_trainer_total_steps(t), 16);
+    run_all(t);
+    td_trainer_free(t);
+    assert_int_equal(values_of(&r, "valid_accuracy", v, s, 8), 2);
+    assert_int_equal(s[0], 8);
+    assert_int_equal(s[1], 16);
+    assert_true(v[1] > 0.5);
+    assert_int_equal(values_of(&r, "valid_loss", NULL, NULL, 8), 2);
+    assert_int_equal(values_of(&r, "test_loss", NULL, NULL, 8), 2);
+    assert_int_equal(values_of(&r, "grad_norm", NULL, NULL, 24), 16);
+    assert_int_equal(values_of(&r, "samples_per_s", sps, NULL, 8), 8);
+    assert_int_equal(values_of(&r, "step_ms", ms, NULL, 8), 8);
+    assert_true(fabs(sps[7] * ms[7] / 1e3 - 4.0) < 0.01);
 }
 
 /* The default recipe for one epoch on Fashion-MNIST: 469 steps, test accuracy > 0.83
@@ -826,6 +909,8 @@ int main(void)
         cmocka_unit_test(test_nan_loss_panics),
         cmocka_unit_test(test_poisoned_params_panic),
         cmocka_unit_test(test_config_defaults),
+        cmocka_unit_test(test_mlp_resume),
+        cmocka_unit_test(test_mlp_valid_split),
         cmocka_unit_test(test_fashion_mnist_one_epoch),
     };
 

@@ -73,6 +73,7 @@ int td_params_declare(td_params *p, td_tensor *t, int ndim, const int *shape)
     }
     t->ndim = ndim;
     t->n = n;
+    p->decay[p->count] = ndim >= 2;
     p->tensors[p->count] = t;
     p->offset[p->count] = p->n;
     p->count++;
@@ -91,11 +92,13 @@ static float *alloc_floats(size_t n)
     return f;
 }
 
-/* Acquires data and grad (and m, v as asked), then points each declared tensor into them. */
+/* Acquires data and grad (and m, v as asked), then points each declared tensor into them. The
+ * gradient buffer has TD_PARAMS_ALIGN floats of slack for the loss of a data-parallel
+ * all-reduce. */
 int td_params_alloc(td_params *p, int n_moments)
 {
     p->data = alloc_floats(p->n);
-    p->grad = alloc_floats(p->n);
+    p->grad = alloc_floats(p->n + TD_PARAMS_ALIGN);
     if (p->data == NULL || p->grad == NULL)
         goto fail;
     if (n_moments >= 1 && (p->m = alloc_floats(p->n)) == NULL)
@@ -153,21 +156,21 @@ void td_tape_reset(td_tape *t)
 
 /* Appends one op's backward closure; a full tape means the model recorded more ops than it
  * said it would (td_mlp_tape_len), fatal to the step. */
-static void tape_push(td_tape *t, td_op_id op, td_tensor *out, td_tensor *in0, td_tensor *in1,
-                      td_tensor *in2, td_tensor *saved, const int *targets)
+static td_tape_entry *tape_push(td_tape *t, td_op_id op, td_tensor *out, td_tensor *in0,
+                                td_tensor *in1, td_tensor *in2)
 {
     td_tape_entry *e;
 
     if (t->len >= t->cap)
         td_panic(TD_ENOMEM, "tape full: %d ops recorded", t->len);
     e = &t->entries[t->len++];
+    memset(e, 0, sizeof(*e));
     e->op = op;
     e->out = out;
     e->in[0] = in0;
     e->in[1] = in1;
     e->in[2] = in2;
-    e->saved = saved;
-    e->targets = targets;
+    return e;
 }
 
 /* ---- ops: forward -------------------------------------------------------------------- */
@@ -237,7 +240,7 @@ td_tensor *td_linear(td_ctx *c, td_tensor *inp, td_tensor *w, td_tensor *b)
     out = td_tensor_new(c, inp->ndim, shape, wants_grad(c, inp, w, b));
     c->k->matmul_forward(out->data, inp->data, w->data, b != NULL ? b->data : NULL, N, C, OC);
     if (out->grad != NULL)
-        tape_push(c->tape, TD_OP_LINEAR, out, inp, w, b, NULL, NULL);
+        tape_push(c->tape, TD_OP_LINEAR, out, inp, w, b);
     return out;
 }
 
@@ -247,21 +250,134 @@ td_tensor *td_relu(td_ctx *c, td_tensor *inp)
 
     c->k->relu_forward(out->data, inp->data, inp->n);
     if (out->grad != NULL)
-        tape_push(c->tape, TD_OP_RELU, out, inp, NULL, NULL, NULL, NULL);
+        tape_push(c->tape, TD_OP_RELU, out, inp, NULL, NULL);
     return out;
+}
+
+td_tensor *td_softmax_xent_padded(td_ctx *c, td_tensor *logits, const int *targets, int V)
+{
+    int Vp = logits->shape[logits->ndim - 1];
+    int N = rows_of(logits);
+    td_tensor *probs, *loss;
+
+    if (V < 1 || V > Vp)
+        td_panic(TD_ESHAPE, "softmax_xent: %d classes in %d logits", V, Vp);
+    probs = td_tensor_new(c, logits->ndim, logits->shape, 0);
+    loss = td_tensor_new(c, 1, (int[]){1}, wants_grad(c, logits, NULL, NULL));
+    c->k->softmax_xent_forward(loss->data, probs->data, logits->data, targets, N, V, Vp);
+    if (loss->grad != NULL) {
+        td_tape_entry *e = tape_push(c->tape, TD_OP_SOFTMAX_XENT, loss, logits, NULL, NULL);
+        e->saved[0] = probs;
+        e->ids = targets;
+        e->arg[0] = V;
+    }
+    return loss;
 }
 
 td_tensor *td_softmax_xent(td_ctx *c, td_tensor *logits, const int *targets)
 {
-    int V = logits->shape[logits->ndim - 1];
-    int N = rows_of(logits);
-    td_tensor *probs = td_tensor_new(c, logits->ndim, logits->shape, 0);
-    td_tensor *loss = td_tensor_new(c, 1, (int[]){1}, wants_grad(c, logits, NULL, NULL));
+    return td_softmax_xent_padded(c, logits, targets, logits->shape[logits->ndim - 1]);
+}
 
-    c->k->softmax_xent_forward(loss->data, probs->data, logits->data, targets, N, V);
-    if (loss->grad != NULL)
-        tape_push(c->tape, TD_OP_SOFTMAX_XENT, loss, logits, NULL, NULL, probs, targets);
-    return loss;
+size_t td_op_bytes_softmax_xent(size_t rows, int Vp, int train)
+{
+    return td_tensor_bytes(rows * (size_t)Vp, 0) + td_tensor_bytes(1, train);
+}
+
+td_tensor *td_embed(td_ctx *c, const int *tokens, int B, int T, td_tensor *wte, td_tensor *wpe)
+{
+    int C = wte->shape[1];
+    td_tensor *out;
+
+    if (wte->ndim != 2 || wpe->ndim != 2 || wpe->shape[1] != C || T > wpe->shape[0])
+        td_panic(TD_ESHAPE, "embed: wte (%d,%d), wpe (%d,%d), T %d", wte->shape[0], C,
+                 wpe->shape[0], wpe->shape[1], T);
+    out = td_tensor_new(c, 3, (int[]){B, T, C}, wants_grad(c, wte, wpe, NULL));
+    c->k->encoder_forward(out->data, tokens, wte->data, wpe->data, B, T, C);
+    if (out->grad != NULL) {
+        td_tape_entry *e = tape_push(c->tape, TD_OP_EMBED, out, wte, wpe, NULL);
+        e->ids = tokens;
+        e->arg[0] = B;
+        e->arg[1] = T;
+    }
+    return out;
+}
+
+td_tensor *td_layernorm(td_ctx *c, td_tensor *inp, td_tensor *w, td_tensor *b)
+{
+    int C = inp->shape[inp->ndim - 1];
+    int N = rows_of(inp);
+    td_tensor *out, *mean, *rstd;
+
+    if ((int)w->n != C || (int)b->n != C)
+        td_panic(TD_ESHAPE, "layernorm: %d features, weight %zu, bias %zu", C, w->n, b->n);
+    out = td_tensor_new(c, inp->ndim, inp->shape, wants_grad(c, inp, w, b));
+    mean = td_tensor_new(c, 1, (int[]){N}, 0);
+    rstd = td_tensor_new(c, 1, (int[]){N}, 0);
+    c->k->layernorm_forward(out->data, mean->data, rstd->data, inp->data, w->data, b->data, N, C);
+    if (out->grad != NULL) {
+        td_tape_entry *e = tape_push(c->tape, TD_OP_LAYERNORM, out, inp, w, b);
+        e->saved[0] = mean;
+        e->saved[1] = rstd;
+    }
+    return out;
+}
+
+size_t td_op_bytes_layernorm(size_t rows, int C, int train)
+{
+    return td_tensor_bytes(rows * (size_t)C, train) + 2 * td_tensor_bytes(rows, 0);
+}
+
+td_tensor *td_gelu(td_ctx *c, td_tensor *inp)
+{
+    td_tensor *out = td_tensor_new(c, inp->ndim, inp->shape, wants_grad(c, inp, NULL, NULL));
+
+    c->k->gelu_forward(out->data, inp->data, inp->n);
+    if (out->grad != NULL)
+        tape_push(c->tape, TD_OP_GELU, out, inp, NULL, NULL);
+    return out;
+}
+
+td_tensor *td_residual(td_ctx *c, td_tensor *a, td_tensor *b)
+{
+    td_tensor *out;
+
+    if (a->n != b->n)
+        td_panic(TD_ESHAPE, "residual: %zu + %zu elements", a->n, b->n);
+    out = td_tensor_new(c, a->ndim, a->shape, wants_grad(c, a, b, NULL));
+    c->k->residual_forward(out->data, a->data, b->data, a->n);
+    if (out->grad != NULL)
+        tape_push(c->tape, TD_OP_RESIDUAL, out, a, b, NULL);
+    return out;
+}
+
+td_tensor *td_attention(td_ctx *c, td_tensor *qkv, int NH)
+{
+    int B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
+    td_tensor *out, *att;
+
+    if (qkv->ndim != 3 || qkv->shape[2] % 3 != 0 || NH < 1 || C % NH != 0)
+        td_panic(TD_ESHAPE, "attention: qkv of %d dimensions, last %d, %d heads", qkv->ndim,
+                 qkv->shape[qkv->ndim - 1], NH);
+    out = td_tensor_new(c, 3, (int[]){B, T, C}, wants_grad(c, qkv, NULL, NULL));
+    att = td_tensor_new(c, 4, (int[]){B, NH, T, T}, 0);
+    c->k->attention_forward(out->data, att->data, qkv->data, B, T, C, NH);
+    if (out->grad != NULL) {
+        td_tape_entry *e = tape_push(c->tape, TD_OP_ATTENTION, out, qkv, NULL, NULL);
+        e->saved[0] = att;
+        e->arg[0] = NH;
+    }
+    return out;
+}
+
+size_t td_op_bytes_attention(int B, int T, int C, int NH, int train)
+{
+    return td_tensor_bytes((size_t)B * T * C, train) + td_tensor_bytes((size_t)B * NH * T * T, 0);
+}
+
+size_t td_op_bytes_attention_backward(int T)
+{
+    return td_arena_round((size_t)T * T * sizeof(float));
 }
 
 /* ---- ops: backward, one per op id --------------------------------------------------------- */
@@ -271,36 +387,84 @@ static float *grad_of(const td_tensor *t)
     return t != NULL ? t->grad : NULL;
 }
 
-static void linear_backward(const td_kernels *k, const td_tape_entry *e)
+static void linear_backward(td_ctx *c, const td_tape_entry *e)
 {
     const td_tensor *inp = e->in[0], *w = e->in[1];
     int C = inp->shape[inp->ndim - 1];
 
-    k->matmul_backward(grad_of(inp), grad_of(w), grad_of(e->in[2]), e->out->grad, inp->data,
-                       w->data, rows_of(inp), C, w->shape[0]);
+    c->k->matmul_backward(grad_of(inp), grad_of(w), grad_of(e->in[2]), e->out->grad, inp->data,
+                          w->data, rows_of(inp), C, w->shape[0]);
 }
 
-static void relu_backward(const td_kernels *k, const td_tape_entry *e)
+static void relu_backward(td_ctx *c, const td_tape_entry *e)
 {
     if (e->in[0]->grad != NULL)
-        k->relu_backward(e->in[0]->grad, e->out->grad, e->out->data, e->out->n);
+        c->k->relu_backward(e->in[0]->grad, e->out->grad, e->out->data, e->out->n);
 }
 
-static void softmax_xent_backward(const td_kernels *k, const td_tape_entry *e)
+static void softmax_xent_backward(td_ctx *c, const td_tape_entry *e)
 {
     const td_tensor *logits = e->in[0];
 
     if (logits->grad != NULL)
-        k->softmax_xent_backward(logits->grad, e->out->grad, e->saved->data, e->targets,
-                                 rows_of(logits), logits->shape[logits->ndim - 1]);
+        c->k->softmax_xent_backward(logits->grad, e->out->grad, e->saved[0]->data, e->ids,
+                                    rows_of(logits), e->arg[0], logits->shape[logits->ndim - 1]);
 }
 
-typedef void (*backward_fn)(const td_kernels *k, const td_tape_entry *e);
+static void embed_backward(td_ctx *c, const td_tape_entry *e)
+{
+    c->k->encoder_backward(grad_of(e->in[0]), grad_of(e->in[1]), e->out->grad, e->ids, e->arg[0],
+                           e->arg[1], e->in[0]->shape[1]);
+}
+
+static void layernorm_backward(td_ctx *c, const td_tape_entry *e)
+{
+    const td_tensor *inp = e->in[0];
+
+    c->k->layernorm_backward(grad_of(inp), grad_of(e->in[1]), grad_of(e->in[2]), e->out->grad,
+                             inp->data, e->in[1]->data, e->saved[0]->data, e->saved[1]->data,
+                             rows_of(inp), inp->shape[inp->ndim - 1]);
+}
+
+static void gelu_backward(td_ctx *c, const td_tape_entry *e)
+{
+    if (e->in[0]->grad != NULL)
+        c->k->gelu_backward(e->in[0]->grad, e->in[0]->data, e->out->grad, e->out->n);
+}
+
+static void residual_backward(td_ctx *c, const td_tape_entry *e)
+{
+    c->k->residual_backward(grad_of(e->in[0]), grad_of(e->in[1]), e->out->grad, e->out->n);
+}
+
+/* The (T,T) scratch comes from the arena's top and goes back when the kernel is done, so
+ * every attention backward of a step reuses the same bytes. */
+static void attention_backward(td_ctx *c, const td_tape_entry *e)
+{
+    const td_tensor *qkv = e->in[0];
+    int B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
+    size_t mark = c->arena->used;
+    float *scratch;
+
+    if (qkv->grad == NULL)
+        return;
+    scratch = td_arena_alloc(c->arena, (size_t)T * T * sizeof(float));
+    c->k->attention_backward(qkv->grad, scratch, e->out->grad, qkv->data, e->saved[0]->data, B, T,
+                             C, e->arg[0]);
+    c->arena->used = mark;
+}
+
+typedef void (*backward_fn)(td_ctx *c, const td_tape_entry *e);
 
 static const backward_fn backward_of[TD_OP_COUNT] = {
     [TD_OP_LINEAR] = linear_backward,
     [TD_OP_RELU] = relu_backward,
     [TD_OP_SOFTMAX_XENT] = softmax_xent_backward,
+    [TD_OP_EMBED] = embed_backward,
+    [TD_OP_LAYERNORM] = layernorm_backward,
+    [TD_OP_GELU] = gelu_backward,
+    [TD_OP_RESIDUAL] = residual_backward,
+    [TD_OP_ATTENTION] = attention_backward,
 };
 
 void td_backward(td_ctx *c, td_tensor *loss)
@@ -310,7 +474,7 @@ void td_backward(td_ctx *c, td_tensor *loss)
     loss->grad[0] = 1.0f;
     for (int i = c->tape->len - 1; i >= 0; i--) {
         const td_tape_entry *e = &c->tape->entries[i];
-        backward_of[e->op](c->k, e);
+        backward_of[e->op](c, e);
     }
     td_tape_reset(c->tape);
 }

@@ -1,5 +1,8 @@
-/* Optimizers and learning-rate schedules over the flat buffers of td_params: one kernel call
- * updates every parameter of the model. Called by the trainer's step. */
+/* Optimizers over the flat buffers of td_params: one kernel call per tensor (AdamW, so that
+ * decay follows p->decay) or for the whole buffer (SGD), and the gradient's global norm for
+ * clipping. Called by the trainer's step. The schedules are in schedule.c. */
+#include <math.h>
+
 #include "engine.h"
 
 int td_optim_moments(const td_train_config *cfg)
@@ -13,13 +16,19 @@ int td_optim_moments(const td_train_config *cfg)
     return 0;
 }
 
+/* AdamW runs tensor by tensor over its own elements (the padding between tensors stays zero
+ * whatever the decay), with weight_decay where p->decay says and 0 elsewhere. */
 void td_optim_step(const td_kernels *k, td_params *p, const td_train_config *cfg, float lr,
                    int64_t t)
 {
     switch (cfg->optim) {
     case TD_OPTIM_ADAMW:
-        k->adamw_update(p->data, p->m, p->v, p->grad, p->n, lr, cfg->beta1, cfg->beta2, cfg->eps,
-                        cfg->weight_decay, t);
+        for (int i = 0; i < p->count; i++) {
+            size_t o = p->offset[i];
+            k->adamw_update(p->data + o, p->m + o, p->v + o, p->grad + o, p->tensors[i]->n, lr,
+                            cfg->beta1, cfg->beta2, cfg->eps,
+                            p->decay[i] ? cfg->weight_decay : 0.0f, t);
+        }
         break;
     case TD_OPTIM_SGD:
         k->sgd_update(p->data, p->m, p->grad, p->n, lr, cfg->momentum, cfg->weight_decay);
@@ -27,9 +36,10 @@ void td_optim_step(const td_kernels *k, td_params *p, const td_train_config *cfg
     }
 }
 
-/* Constant is the only schedule so far; warmup and cosine will switch on cfg->schedule. */
-float td_schedule_lr(const td_train_config *cfg, int64_t t)
+double td_grad_norm(const td_kernels *k, const td_params *p)
 {
-    (void)t;
-    return cfg->lr;
+    double ss = 0.0;
+
+    k->sumsq(&ss, p->grad, p->n);
+    return sqrt(ss);
 }

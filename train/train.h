@@ -17,13 +17,29 @@
 
 #include "td_errno.h"
 
-#define TD_MAX_LAYERS 16   /* sizes in an MLP, input and output included */
-#define TD_PATH_MAX   1024 /* bytes of a path in a job, NUL included */
+#define TD_MAX_LAYERS   16   /* sizes in an MLP, input and output included */
+#define TD_PATH_MAX     1024 /* bytes of a path in a job, NUL included */
+#define TD_MAX_PATTERNS 16   /* paths or globs per split */
 
-typedef enum { TD_MODEL_MLP = 1 } td_model_kind;
-typedef enum { TD_DATA_IDX = 1 } td_data_kind;
+typedef enum { TD_MODEL_MLP = 1, TD_MODEL_GPT = 2 } td_model_kind;
+typedef enum { TD_DATA_IDX = 1, TD_DATA_TEXT = 2, TD_DATA_TOKENS = 3 } td_data_kind;
 typedef enum { TD_OPTIM_ADAMW = 1, TD_OPTIM_SGD = 2 } td_optim_kind;
-typedef enum { TD_SCHED_CONSTANT = 1 } td_sched_kind;
+/* constant: lr. cosine: linear warmup over the first warmup*total steps, then cosine from lr
+ * to min_lr at the last step. rsqrt: linear warmup over w = warmup*total steps, then
+ * lr*sqrt(w/step), then a linear cooldown to zero over the last cooldown*total steps
+ * (train/schedule.c has the exact formulas). */
+typedef enum { TD_SCHED_CONSTANT = 1, TD_SCHED_COSINE = 2, TD_SCHED_RSQRT = 3 } td_sched_kind;
+/* What a non-finite loss or gradient does: fail the job (TD_ENAN), or skip the update and
+ * count it in the metric nan_skipped. */
+typedef enum { TD_ON_NAN_FAIL = 0, TD_ON_NAN_SKIP = 1 } td_on_nan;
+/* Faults a job can inject at one step (debug.fail), to test failure handling end to end. */
+typedef enum {
+    TD_FAIL_NONE = 0,
+    TD_FAIL_PANIC,
+    TD_FAIL_NAN,
+    TD_FAIL_OOM,
+    TD_FAIL_DATA
+} td_fail_kind;
 
 /* An IDX image file and its label file (gzipped or not, told apart by the gzip magic). */
 typedef struct td_idx_split {
@@ -62,6 +78,48 @@ typedef struct td_train_config {
     uint64_t seed;      /* initialisation and shuffling; default 1 */
     int threads;        /* BLAS threads for this trainer; 0: the library's default. OpenBLAS
                          * keeps one pool per process, so the last trainer built sets it */
+
+    /* gpt: llm.c's GPT-2. vocab_size V is padded to Vp, a multiple of 64, for the lm head.
+     * With init_from (an llm.c model file) the dimensions come from the file; any also given
+     * here (non-zero) must agree with it. */
+    int n_layer, n_head, n_embd, seq_len, vocab_size;
+    char init_from[TD_PATH_MAX]; /* "" = initialise from the seed */
+
+    /* text/tokens data: paths or globs; text files are read as bytes (vocabulary 256),
+     * tokens files are llm.c shards. valid_fraction holds out that fraction of the train
+     * data as the valid split when valid_files is empty (0: no valid split). */
+    char train_files[TD_MAX_PATTERNS][TD_PATH_MAX];
+    int n_train_files;
+    char valid_files[TD_MAX_PATTERNS][TD_PATH_MAX];
+    int n_valid_files;
+    float valid_fraction; /* in [0, 1); 0: none unless valid_files */
+
+    float grad_clip; /* global L2 norm the gradient is clipped to; 0: off */
+
+    /* schedule: warmup and cooldown are fractions of the total steps */
+    float warmup, cooldown;
+    float min_lr; /* cosine's floor */
+
+    int eval_batches; /* batches of the valid split per evaluation; 0: the whole split */
+
+    /* checkpoints: the job's full state every checkpoint_every steps (0: only when asked),
+     * the last keep_checkpoints kept. A trainer built with a checkpoint_dir that holds a
+     * checkpoint resumes from the latest one. */
+    char checkpoint_dir[TD_PATH_MAX]; /* "" = none */
+    int64_t checkpoint_every;
+    int keep_checkpoints; /* default 3 */
+
+    /* data parallel: this replica computes rows [rank*B/world, (rank+1)*B/world) of each
+     * global batch of batch_size rows; gradients and loss are averaged through
+     * td_train_hooks.allreduce. world 1 by default. */
+    int rank, world;
+
+    td_on_nan on_nan; /* default fail */
+
+    /* fault injection: at step debug_fail_step (>= 1) this replica fails as debug_fail_kind
+     * says (the daemon sets it only on the devices the job names) */
+    int64_t debug_fail_step;
+    td_fail_kind debug_fail_kind;
 } td_train_config;
 
 /* Fills cfg with the defaults above (model, data and paths left empty). */
@@ -71,19 +129,31 @@ void td_train_config_defaults(td_train_config *cfg);
 typedef struct td_train_hooks {
     void *ud;
     /* One sample. May block (the daemon's metric queue applies back-pressure). Keys a job
-     * records: train_loss, step_ms, samples_per_s and lr every step; epoch at the first step
-     * of each epoch; test_loss and test_accuracy at each evaluation. */
+     * records: train_loss, lr, grad_norm, step_ms and tokens_per_s (gpt) or samples_per_s
+     * (mlp) every step; nan_skipped when a step was skipped (the count so far); epoch at the
+     * first step of each epoch (mlp); valid_loss (and valid_accuracy, mlp) at each evaluation
+     * of the valid split; test_loss and test_accuracy at each evaluation of an mlp's test
+     * split. Only rank 0 of a data-parallel job records. */
     void (*metric)(void *ud, const char *key, int64_t step, double value);
+    /* Data-parallel: averages buf (n floats) in place across the job's replicas; called by
+     * every replica at the same point of each step with the same n. NULL when world == 1.
+     * It may td_panic (a peer failed). */
+    void (*allreduce)(void *ud, float *buf, size_t n);
 } td_train_hooks;
 
 typedef struct td_trainer td_trainer;
 
-/* Builds a trainer: reads the dataset, checks it against the model (layers[0] must equal the
- * image size, the last layer must cover every label), initialises parameters from the seed.
- * Errors are returned, never panicked: TD_EDATA naming the file and what was wrong,
- * TD_ESHAPE for a model that does not fit its data (naming the layer), TD_ENOMEM, and
- * TD_EINVAL for a config that job validation should have refused. Copies cfg and hooks
- * (hooks may be NULL: no metrics).
+/* Builds a trainer: reads the dataset, checks it against the model (mlp: layers[0] must equal
+ * the image size, the last layer must cover every label; gpt: text needs vocab_size >= 256),
+ * initialises parameters from the seed or from init_from (an llm.c model file), then, when
+ * checkpoint_dir holds a checkpoint, resumes from the newest intact one.
+ * Errors are returned, never panicked: TD_EDATA naming the file and what was wrong (a bad
+ * llm.c file says whether its magic, version or size is wrong), TD_ESHAPE for a model that
+ * does not fit its data (naming the layer) or a job dimension that disagrees with init_from's
+ * ("model.n_embd: 256 in the job but 768 in /x/model.bin"), TD_ESTATE for a checkpoint of
+ * another configuration, TD_ENOMEM, and TD_EINVAL for a config that job validation should
+ * have refused (world > 1 without hooks->allreduce among them). Copies cfg and hooks (hooks
+ * may be NULL: no metrics).
  * Caller frees with td_trainer_free(). */
 int td_trainer_new(td_trainer **out, const td_train_config *cfg, const td_train_hooks *hooks,
                    td_error_t *err);
@@ -94,17 +164,40 @@ int64_t td_trainer_total_steps(const td_trainer *t);
 /* Steps taken so far (the number of the last completed step; steps count from 1). */
 int64_t td_trainer_steps_done(const td_trainer *t);
 
-/* Takes one optimizer step, then evaluates when one is due. Returns 0 when steps remain and
- * 1 when the job has taken its last step (and 1, doing nothing, when called after that). Must
- * run under a panic boundary: a non-finite loss panics with TD_ENAN ("loss is NaN at step 41",
- * "loss is Inf at step 41") before any update, so the step does not count; an exhausted
- * activation arena panics with TD_ENOMEM. (The data is read and checked whole by
- * td_trainer_new(), so a step meets no TD_EDATA today; a streaming dataset may.)
- * Metrics of step S, in order: epoch (first step of an epoch), train_loss, lr, step_ms (batch,
- * forward, backward and update; not the evaluation), samples_per_s, then test_loss and
- * test_accuracy when it evaluates (the whole test split, in batches, no tape). */
+/* Takes one optimizer step, then evaluates and writes a checkpoint when due. Returns 0 when
+ * steps remain and 1 when the job has taken its last step (and 1, doing nothing, when called
+ * after that). With max_steps 0 the first call only evaluates (metrics at step 0) and returns
+ * 1. Must run under a panic boundary. Panics: a non-finite loss with on_nan fail, TD_ENAN
+ * ("loss is NaN at step 41", "loss is Inf at step 41", "gradient is NaN at step 41") before
+ * any update, so the step does not count (with on_nan skip the step counts, without an
+ * update); an exhausted activation arena, TD_ENOMEM; a token outside the vocabulary,
+ * TD_EDATA; a failed checkpoint write, its code; debug.fail's injected faults (train/README);
+ * and whatever hooks.allreduce panics with.
+ * Metrics of step S, in order: epoch (mlp, first step of an epoch), train_loss and grad_norm
+ * (or nan_skipped), lr, step_ms (batch, forward, backward, all-reduce and update; not the
+ * evaluation), tokens_per_s or samples_per_s, then valid_loss (+ valid_accuracy) and the
+ * mlp's test_loss, test_accuracy when it evaluates (no tape). */
 int td_trainer_step(td_trainer *t);
 
+/* Writes a checkpoint of the trainer's state now, into cfg.checkpoint_dir (rank 0 only;
+ * other ranks and jobs without a checkpoint_dir return 0 doing nothing). For cancel and
+ * shutdown; the step loop writes its own every checkpoint_every steps. Returns 0 or an error
+ * (TD_EIO, TD_EDISKFULL) with err saying which file. Never panics. */
+int td_trainer_checkpoint(td_trainer *t, td_error_t *err);
+
 void td_trainer_free(td_trainer *t);
+
+/* Writes the latest checkpoint of a gpt job (cfg.checkpoint_dir) as an llm.c model file
+ * (fp32, version 3) to out_path. TD_ENOTFOUND when there is no checkpoint; TD_EINVAL for a
+ * job that is not gpt; TD_EIO naming the file. */
+int td_export_llmc(const td_train_config *cfg, const char *out_path, td_error_t *err);
+
+/* Generates ntokens tokens after prompt (bytes, for a text job) from the latest checkpoint of
+ * a gpt job, sampling at temperature (0: greedy) from seed, and writes them, NUL-terminated,
+ * into out (outsize bytes; longer text is cut). Token jobs write token ids separated by
+ * spaces. Errors as td_export_llmc; TD_EINVAL for a bad argument. Runs its own forwards:
+ * call it on any thread, never under another trainer's step. */
+int td_sample(const td_train_config *cfg, const char *prompt, int ntokens, float temperature,
+              uint64_t seed, char *out, size_t outsize, td_error_t *err);
 
 #endif

@@ -1,43 +1,70 @@
 /* The trainer of train.h: builds one job's dataset, model, flat buffers, arena and tape in
- * td_trainer_new(), then runs the step loop one td_trainer_step() at a time (batch, forward,
- * backward from the tape, optimizer update, metrics, evaluation when due). Owns everything it
- * acquired; the step allocates nothing. Used by one thread at a time, under its boundary.
+ * td_trainer_new() (resuming from the job's latest checkpoint when there is one), then runs
+ * the step loop one td_trainer_step() at a time: batch, forward, backward from the tape, the
+ * data-parallel all-reduce, the NaN policy, clipping, the optimizer, metrics, evaluation and
+ * checkpoints when due. Owns everything it acquired; the step allocates nothing. Used by one
+ * thread at a time, under its panic boundary.
  *
- * Batches: each epoch visits every train sample once, in an order reshuffled at the epoch's
- * first step (a Fisher-Yates shuffle from the seed's own stream). The last batch of an epoch
- * holds the remainder (60000 samples at 128 a batch: 468 batches of 128, then one of 96), as
- * PyTorch's DataLoader does by default (drop_last=False): every sample counts every epoch. So
- * an epoch is ceil(samples / batch_size) steps. */
+ * MLP batches: each epoch visits every train sample once, in an order reshuffled at the
+ * epoch's first step (a Fisher-Yates shuffle from the seed's own stream, applied to the
+ * previous epoch's order). The last batch of an epoch holds the remainder (60000 samples at
+ * 128 a batch: 468 batches of 128, then one of 96), as PyTorch's DataLoader does by default
+ * (drop_last=False): every sample counts every epoch. So an epoch is
+ * ceil(samples / batch_size) steps. GPT batches come from data.h's td_data.
+ *
+ * Data parallel (world > 1): every replica takes the same global batch and computes its rows
+ * [rank*N/world, (rank+1)*N/world); its gradients and loss (grad[n], the buffer's slack) are
+ * scaled by world*rows/N (1 for even slices, then left alone) and averaged by one
+ * hooks.allreduce call of n + 1 floats, so every replica sees the global batch's mean and
+ * takes the same update. Only rank 0 records metrics, evaluates and writes checkpoints. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "ckpt.h"
+#include "data.h"
 #include "engine.h"
 #include "td_panic.h"
 
-#define EVAL_BATCH 1000 /* samples per forward when evaluating (no tape, so bigger is cheap) */
+#define EVAL_BATCH \
+    1000 /* samples per forward when evaluating an mlp (no tape, so bigger is cheap) */
+#define CLIP_EPS   1e-6 /* torch.nn.utils.clip_grad_norm_'s: coef = max_norm / (norm + 1e-6) */
+#define TEXT_VOCAB 256  /* tokens of text data: bytes */
 
 struct td_trainer {
     td_train_config cfg;
     td_train_hooks hooks;
     const td_kernels *k;
-
-    td_idx train;
-    td_idx test;        /* n == 0 when the job has no test split */
-    uint32_t *order;    /* (train.n) sample indices in this epoch's order */
-    td_rng shuffle_rng; /* stream 2 of the seed; stream 1 initialises the model */
-    float pixel[256];   /* a byte's value as a float: x/255 */
-
-    td_mlp mlp;
     td_params params;
     td_arena arena;
     td_tape tape;
-    int eval_batch; /* samples */
+    uint64_t config_hash;
 
+    /* mlp */
+    td_mlp mlp;
+    td_idx train;
+    td_idx test;        /* n == 0 when the job has no test split */
+    int n_train;        /* train samples: [0, n_train) of train */
+    int n_valid;        /* valid samples: [n_train, n_train + n_valid) of train */
+    uint32_t *order;    /* (n_train) sample indices in this epoch's order */
+    td_rng shuffle_rng; /* stream 2 of the seed; stream 1 initialises the model */
+    float pixel[256];   /* a byte's value as a float: x/255 */
+    int eval_batch;     /* samples */
     int64_t steps_per_epoch;
+
+    /* gpt */
+    td_gpt gpt;
+    td_data *data;
+    td_data_info info;
+    int T;          /* tokens per row */
+    int64_t n_eval; /* valid batches per evaluation */
+
     int64_t total_steps;
     int64_t steps_done;
+    int64_t nan_skipped;
+    int evaluated_zero; /* max_steps 0: the one evaluation is done */
 };
 
 void td_train_config_defaults(td_train_config *cfg)
@@ -58,28 +85,74 @@ void td_train_config_defaults(td_train_config *cfg)
     cfg->eval_every = 0;
     cfg->seed = 1;
     cfg->threads = 0;
+    cfg->keep_checkpoints = 3;
+    cfg->world = 1;
+    cfg->on_nan = TD_ON_NAN_FAIL;
+    cfg->debug_fail_kind = TD_FAIL_NONE;
 }
 
-/* What the daemon's job validation should already have refused; checked again because a
- * trainer built from nonsense would divide by zero or index out of bounds. */
-static int check_config(const td_train_config *cfg, td_error_t *err)
+/* ---- building ------------------------------------------------------------------------------- */
+
+/* The model and data fields an mlp job needs. */
+static int check_mlp_config(const td_train_config *cfg, td_error_t *err)
 {
-    if (cfg->model != TD_MODEL_MLP)
-        return td_error_set(err, TD_EINVAL, "model: unknown kind %d", (int)cfg->model);
     if (cfg->data != TD_DATA_IDX)
-        return td_error_set(err, TD_EINVAL, "data: unknown kind %d", (int)cfg->data);
+        return td_error_set(err, TD_EINVAL, "data: an mlp reads idx data, not kind %d",
+                            (int)cfg->data);
     if (cfg->n_layers < 2 || cfg->n_layers > TD_MAX_LAYERS)
         return td_error_set(err, TD_EINVAL, "layers: %d sizes (2 to %d allowed)", cfg->n_layers,
                             TD_MAX_LAYERS);
     for (int l = 0; l < cfg->n_layers; l++)
         if (cfg->layers[l] < 1)
             return td_error_set(err, TD_EINVAL, "layers[%d] = %d, must be >= 1", l, cfg->layers[l]);
+    if (cfg->train.images[0] == '\0' || cfg->train.labels[0] == '\0')
+        return td_error_set(err, TD_EINVAL, "train: images and labels are required");
+    return 0;
+}
+
+static int check_gpt_config(const td_train_config *cfg, td_error_t *err)
+{
+    if (cfg->data != TD_DATA_TEXT && cfg->data != TD_DATA_TOKENS)
+        return td_error_set(err, TD_EINVAL, "data: a gpt reads text or tokens, not kind %d",
+                            (int)cfg->data);
+    if (cfg->n_train_files < 1 || cfg->n_train_files > TD_MAX_PATTERNS || cfg->n_valid_files < 0 ||
+        cfg->n_valid_files > TD_MAX_PATTERNS)
+        return td_error_set(err, TD_EINVAL, "data: %d train and %d valid paths (train 1 to %d)",
+                            cfg->n_train_files, cfg->n_valid_files, TD_MAX_PATTERNS);
+    if (cfg->eval_batches < 0)
+        return td_error_set(err, TD_EINVAL, "eval_batches: %d, must be >= 0", cfg->eval_batches);
+    return 0;
+}
+
+/* What the daemon's job validation should already have refused; checked again because a
+ * trainer built from nonsense would divide by zero or index out of bounds. */
+static int check_config(const td_train_config *cfg, const td_train_hooks *hooks, td_error_t *err)
+{
+    int rc;
+
+    if (cfg->model == TD_MODEL_MLP)
+        rc = check_mlp_config(cfg, err);
+    else if (cfg->model == TD_MODEL_GPT)
+        rc = check_gpt_config(cfg, err);
+    else
+        rc = td_error_set(err, TD_EINVAL, "model: unknown kind %d", (int)cfg->model);
+    if (rc != 0)
+        return rc;
     if (cfg->optim != TD_OPTIM_ADAMW && cfg->optim != TD_OPTIM_SGD)
         return td_error_set(err, TD_EINVAL, "optim: unknown kind %d", (int)cfg->optim);
-    if (cfg->schedule != TD_SCHED_CONSTANT)
+    if (cfg->schedule != TD_SCHED_CONSTANT && cfg->schedule != TD_SCHED_COSINE &&
+        cfg->schedule != TD_SCHED_RSQRT)
         return td_error_set(err, TD_EINVAL, "schedule: unknown kind %d", (int)cfg->schedule);
-    if (!isfinite(cfg->lr) || cfg->lr < 0.0f)
-        return td_error_set(err, TD_EINVAL, "lr: %g, must be finite and >= 0", cfg->lr);
+    if (!isfinite(cfg->lr) || cfg->lr < 0.0f || !isfinite(cfg->min_lr) || cfg->min_lr < 0.0f)
+        return td_error_set(err, TD_EINVAL, "lr %g, min_lr %g: must be finite and >= 0", cfg->lr,
+                            cfg->min_lr);
+    if (!(cfg->warmup >= 0.0f && cfg->cooldown >= 0.0f && cfg->warmup + cfg->cooldown <= 1.0f))
+        return td_error_set(err, TD_EINVAL,
+                            "schedule: warmup %g and cooldown %g must be >= 0 with a sum <= 1",
+                            cfg->warmup, cfg->cooldown);
+    if (!(cfg->grad_clip >= 0.0f) || !(cfg->valid_fraction >= 0.0f && cfg->valid_fraction < 1.0f))
+        return td_error_set(err, TD_EINVAL, "grad_clip %g must be >= 0, valid_fraction %g in [0,1)",
+                            cfg->grad_clip, cfg->valid_fraction);
     if (cfg->batch_size < 1)
         return td_error_set(err, TD_EINVAL, "batch_size: %d, must be >= 1", cfg->batch_size);
     if (cfg->max_steps < -1)
@@ -87,12 +160,111 @@ static int check_config(const td_train_config *cfg, td_error_t *err)
                             (long long)cfg->max_steps);
     if (cfg->max_steps == -1 && cfg->epochs < 1)
         return td_error_set(err, TD_EINVAL, "epochs: %d, must be >= 1", cfg->epochs);
-    if (cfg->eval_every < 0)
-        return td_error_set(err, TD_EINVAL, "eval_every: %lld, must be >= 0",
-                            (long long)cfg->eval_every);
-    if (cfg->train.images[0] == '\0' || cfg->train.labels[0] == '\0')
-        return td_error_set(err, TD_EINVAL, "train: images and labels are required");
+    if (cfg->eval_every < 0 || cfg->checkpoint_every < 0)
+        return td_error_set(err, TD_EINVAL, "eval_every %lld, checkpoint_every %lld: must be >= 0",
+                            (long long)cfg->eval_every, (long long)cfg->checkpoint_every);
+    if (cfg->world < 1 || cfg->rank < 0 || cfg->rank >= cfg->world)
+        return td_error_set(err, TD_EINVAL, "rank %d of world %d", cfg->rank, cfg->world);
+    if (cfg->world > cfg->batch_size)
+        return td_error_set(err, TD_EINVAL, "batch_size %d cannot be split across %d replicas",
+                            cfg->batch_size, cfg->world);
+    if (cfg->world > 1 && (hooks == NULL || hooks->allreduce == NULL))
+        return td_error_set(err, TD_EINVAL, "world %d needs an allreduce hook", cfg->world);
     return 0;
+}
+
+/* Feeds a string's bytes and its terminator (so "ab","c" and "a","bc" differ). */
+static uint64_t hash_str(uint64_t h, const char *s)
+{
+    return td_ckpt_hash(h, s, strlen(s) + 1);
+}
+
+/* Feeds one field's bytes (a scalar: no padding inside). */
+#define HASH(h, field) td_ckpt_hash((h), &(field), sizeof(field))
+
+/* What must not change across a resume: the model, the data and its order, the optimizer,
+ * the schedule and the length of the job (the schedule depends on it). Not the replica
+ * layout (a job may resume on another number of devices: the global batch is the same),
+ * threads, evaluation, checkpointing or fault injection. */
+uint64_t td__train_config_hash(const td_train_config *c)
+{
+    uint64_t h = TD_CKPT_HASH_INIT;
+
+    h = HASH(h, c->model);
+    h = HASH(h, c->n_layers);
+    h = td_ckpt_hash(h, c->layers, sizeof(int) * (size_t)(c->n_layers > 0 ? c->n_layers : 0));
+    h = HASH(h, c->n_layer), h = HASH(h, c->n_head), h = HASH(h, c->n_embd);
+    h = HASH(h, c->seq_len), h = HASH(h, c->vocab_size);
+    h = hash_str(h, c->init_from);
+    h = HASH(h, c->data);
+    h = hash_str(hash_str(h, c->train.images), c->train.labels);
+    h = HASH(h, c->n_train_files), h = HASH(h, c->n_valid_files);
+    for (int i = 0; i < c->n_train_files && i < TD_MAX_PATTERNS; i++)
+        h = hash_str(h, c->train_files[i]);
+    for (int i = 0; i < c->n_valid_files && i < TD_MAX_PATTERNS; i++)
+        h = hash_str(h, c->valid_files[i]);
+    h = HASH(h, c->valid_fraction), h = HASH(h, c->shuffle), h = HASH(h, c->seed);
+    h = HASH(h, c->optim), h = HASH(h, c->lr), h = HASH(h, c->beta1), h = HASH(h, c->beta2);
+    h = HASH(h, c->eps), h = HASH(h, c->weight_decay), h = HASH(h, c->momentum);
+    h = HASH(h, c->grad_clip);
+    h = HASH(h, c->schedule), h = HASH(h, c->warmup), h = HASH(h, c->cooldown);
+    h = HASH(h, c->min_lr);
+    h = HASH(h, c->batch_size), h = HASH(h, c->epochs), h = HASH(h, c->max_steps);
+    return h;
+}
+
+/* The model's dimensions: from the job, or from init_from's header, where any dimension the
+ * job also gives must agree (seq_len may be shorter than the file's positions). */
+int td__train_gpt_dims(const td_train_config *cfg, td_gpt_dims *d, td_error_t *err)
+{
+    const char *f = cfg->init_from;
+    td_gpt_dims fd;
+    int rc;
+
+    if (f[0] == '\0') {
+        d->maxT = cfg->seq_len;
+        d->V = cfg->vocab_size;
+        d->Vp = td_gpt_padded_vocab(cfg->vocab_size);
+        d->L = cfg->n_layer;
+        d->NH = cfg->n_head;
+        d->C = cfg->n_embd;
+        return td_gpt_check_dims(d, err);
+    }
+    rc = td_llmc_peek(f, &fd, err);
+    if (rc != 0)
+        return rc;
+    if (cfg->n_layer != 0 && cfg->n_layer != fd.L)
+        return td_error_set(err, TD_ESHAPE, "model.n_layer: %d in the job but %d in %s",
+                            cfg->n_layer, fd.L, f);
+    if (cfg->n_head != 0 && cfg->n_head != fd.NH)
+        return td_error_set(err, TD_ESHAPE, "model.n_head: %d in the job but %d in %s", cfg->n_head,
+                            fd.NH, f);
+    if (cfg->n_embd != 0 && cfg->n_embd != fd.C)
+        return td_error_set(err, TD_ESHAPE, "model.n_embd: %d in the job but %d in %s", cfg->n_embd,
+                            fd.C, f);
+    if (cfg->vocab_size != 0 && cfg->vocab_size != fd.V)
+        return td_error_set(err, TD_ESHAPE, "model.vocab_size: %d in the job but %d in %s",
+                            cfg->vocab_size, fd.V, f);
+    if (cfg->seq_len > fd.maxT)
+        return td_error_set(err, TD_ESHAPE,
+                            "model.seq_len: %d in the job but %s holds %d positions", cfg->seq_len,
+                            f, fd.maxT);
+    *d = fd;
+    return 0;
+}
+
+/* The checkpoint's float sections: the parameters and the optimizer's moments, each a whole
+ * flat buffer (padding included). Returns how many. */
+int td__train_ckpt_sections(td_params *p, td_ckpt_section *s)
+{
+    int n = 0;
+
+    s[n++] = (td_ckpt_section){.name = "params", .data = p->data, .count = p->n};
+    if (p->m != NULL)
+        s[n++] = (td_ckpt_section){.name = "m", .data = p->m, .count = p->n};
+    if (p->v != NULL)
+        s[n++] = (td_ckpt_section){.name = "v", .data = p->v, .count = p->n};
+    return n;
 }
 
 /* The model must fit the data: one input per pixel, one output per class present. */
@@ -123,20 +295,52 @@ static int check_shapes(const td_trainer *t, td_error_t *err)
     return 0;
 }
 
-/* Arena bytes of one batch's input (pixels as floats, targets as ints). */
+/* Arena bytes of one mlp batch's input (pixels as floats, targets as ints). */
 static size_t batch_bytes(int N, int pixels)
 {
     return td_tensor_bytes((size_t)N * (size_t)pixels, 0) + td_arena_round((size_t)N * sizeof(int));
 }
 
-/* The model, its flat buffers, and an arena and tape sized for the larger of a training step
- * and an evaluation batch. */
-static int build_engine(td_trainer *t, td_error_t *err)
+/* Arena bytes of one gpt batch's tokens and targets. */
+static size_t token_bytes(int rows, int T)
+{
+    return 2 * td_arena_round((size_t)rows * (size_t)T * sizeof(int));
+}
+
+/* The most rows this replica computes of a global batch of N. */
+static int local_rows(const td_train_config *cfg, int N)
+{
+    int r0 = (int)((int64_t)cfg->rank * N / cfg->world);
+    int r1 = (int)((int64_t)(cfg->rank + 1) * N / cfg->world);
+    return r1 - r0;
+}
+
+/* The largest slice of a full batch any replica takes: the step's arena is sized for it. */
+static int max_local_rows(const td_train_config *cfg)
+{
+    return (cfg->batch_size + cfg->world - 1) / cfg->world;
+}
+
+/* Dataset, model, its flat buffers, and an arena and tape for the larger of a training step
+ * and an evaluation batch (rank 0 evaluates). */
+static int build_mlp(td_trainer *t, td_error_t *err)
 {
     const td_train_config *cfg = &t->cfg;
-    int P = cfg->layers[0];
+    int P = cfg->layers[0], rc, BL = max_local_rows(cfg);
     size_t step_bytes, eval_bytes = 0;
-    int rc;
+
+    rc = td_idx_load(&t->train, &cfg->train, err);
+    if (rc == 0 && cfg->test.images[0] != '\0')
+        rc = td_idx_load(&t->test, &cfg->test, err);
+    if (rc == 0)
+        rc = check_shapes(t, err);
+    if (rc != 0)
+        return rc;
+    t->n_valid = (int)floor((double)t->train.n * cfg->valid_fraction);
+    t->n_train = t->train.n - t->n_valid;
+    if (t->n_train < 1)
+        return td_error_set(err, TD_EDATA, "%s: no train samples left after valid_fraction %g",
+                            cfg->train.images, cfg->valid_fraction);
 
     rc = td_mlp_declare(&t->mlp, &t->params, cfg->layers, cfg->n_layers);
     if (rc != 0)
@@ -146,9 +350,10 @@ static int build_engine(td_trainer *t, td_error_t *err)
                             t->params.n);
     td_mlp_init(&t->mlp, cfg->seed);
 
-    step_bytes = batch_bytes(cfg->batch_size, P) + td_mlp_arena_bytes(&t->mlp, cfg->batch_size, 1);
-    if (t->test.n > 0) {
-        t->eval_batch = t->test.n < EVAL_BATCH ? t->test.n : EVAL_BATCH;
+    step_bytes = batch_bytes(BL, P) + td_mlp_arena_bytes(&t->mlp, BL, 1);
+    if (cfg->rank == 0 && (t->test.n > 0 || t->n_valid > 0)) {
+        int most = t->test.n > t->n_valid ? t->test.n : t->n_valid;
+        t->eval_batch = most < EVAL_BATCH ? most : EVAL_BATCH;
         eval_bytes = batch_bytes(t->eval_batch, P) + td_mlp_arena_bytes(&t->mlp, t->eval_batch, 0);
     }
     if (td_arena_init(&t->arena, step_bytes > eval_bytes ? step_bytes : eval_bytes) != 0)
@@ -156,7 +361,142 @@ static int build_engine(td_trainer *t, td_error_t *err)
                             step_bytes > eval_bytes ? step_bytes : eval_bytes);
     if (td_tape_init(&t->tape, td_mlp_tape_len(&t->mlp)) != 0)
         return td_error_set(err, TD_ENOMEM, "no memory for the tape");
+
+    t->order = malloc((size_t)t->n_train * sizeof(*t->order));
+    if (t->order == NULL)
+        return td_error_set(err, TD_ENOMEM, "no memory for the sample order");
+    for (int i = 0; i < t->n_train; i++)
+        t->order[i] = (uint32_t)i;
+    td_rng_seed(&t->shuffle_rng, cfg->seed, 2);
+    for (int i = 0; i < 256; i++)
+        t->pixel[i] = (float)i / 255.0f;
+    t->steps_per_epoch = ((int64_t)t->n_train + cfg->batch_size - 1) / cfg->batch_size;
     return 0;
+}
+
+/* The token data of a gpt job (data.h). */
+static int open_data(td_trainer *t, td_error_t *err)
+{
+    const td_train_config *cfg = &t->cfg;
+    const char *train[TD_MAX_PATTERNS], *valid[TD_MAX_PATTERNS];
+    td_data_spec spec = {0};
+
+    for (int i = 0; i < cfg->n_train_files; i++)
+        train[i] = cfg->train_files[i];
+    for (int i = 0; i < cfg->n_valid_files; i++)
+        valid[i] = cfg->valid_files[i];
+    spec.format = cfg->data == TD_DATA_TEXT ? TD_DATA_FORMAT_TEXT : TD_DATA_FORMAT_SHARDS;
+    spec.train = train;
+    spec.n_train = cfg->n_train_files;
+    spec.valid = valid;
+    spec.n_valid = cfg->n_valid_files;
+    spec.valid_fraction = cfg->valid_fraction;
+    spec.B = cfg->batch_size;
+    spec.T = t->T;
+    spec.shuffle = cfg->shuffle;
+    spec.seed = cfg->seed;
+    spec.vocab = t->gpt.d.V;
+    return td_data_open(&t->data, &spec, err);
+}
+
+static int build_gpt(td_trainer *t, td_error_t *err)
+{
+    const td_train_config *cfg = &t->cfg;
+    int BL = max_local_rows(cfg), rc;
+    td_gpt_dims d;
+    size_t step_bytes, eval_bytes = 0;
+
+    rc = td__train_gpt_dims(cfg, &d, err);
+    if (rc != 0)
+        return rc;
+    if (cfg->data == TD_DATA_TEXT && d.V < TEXT_VOCAB)
+        return td_error_set(err, TD_ESHAPE,
+                            "model.vocab_size: %d, but text data is bytes: a vocabulary of %d", d.V,
+                            TEXT_VOCAB);
+    t->T = cfg->seq_len > 0 ? cfg->seq_len : d.maxT;
+    rc = td_gpt_declare(&t->gpt, &t->params, &d, err);
+    if (rc != 0)
+        return rc;
+    if (td_params_alloc(&t->params, td_optim_moments(cfg)) != 0)
+        return td_error_set(err, TD_ENOMEM, "no memory for %zu parameters (4 buffers)",
+                            t->params.n);
+    td_gpt_bind(&t->gpt);
+    if (cfg->init_from[0] != '\0')
+        rc = td_llmc_load(cfg->init_from, &t->gpt, err);
+    else
+        td_gpt_init(&t->gpt, cfg->seed);
+    if (rc == 0)
+        rc = open_data(t, err);
+    if (rc != 0)
+        return rc;
+    td_data_get_info(t->data, &t->info);
+    t->n_eval = t->info.valid_batches;
+    if (cfg->eval_batches > 0 && cfg->eval_batches < t->n_eval)
+        t->n_eval = cfg->eval_batches;
+
+    step_bytes = token_bytes(BL, t->T) + td_gpt_arena_bytes(&t->gpt, BL, t->T, 1);
+    if (cfg->rank == 0 && t->n_eval > 0)
+        eval_bytes = token_bytes(cfg->batch_size, t->T) +
+                     td_gpt_arena_bytes(&t->gpt, cfg->batch_size, t->T, 0);
+    if (td_arena_init(&t->arena, step_bytes > eval_bytes ? step_bytes : eval_bytes) != 0)
+        return td_error_set(err, TD_ENOMEM, "no memory for a %zu-byte activation arena",
+                            step_bytes > eval_bytes ? step_bytes : eval_bytes);
+    if (td_tape_init(&t->tape, td_gpt_tape_len(&t->gpt)) != 0)
+        return td_error_set(err, TD_ENOMEM, "no memory for the tape");
+    t->steps_per_epoch = t->info.batches;
+    return 0;
+}
+
+/* Fisher-Yates over the mlp's train samples. */
+static void shuffle(td_trainer *t)
+{
+    for (uint32_t i = (uint32_t)t->n_train - 1; i > 0; i--) {
+        uint32_t j = td_rng_below(&t->shuffle_rng, i + 1);
+        uint32_t tmp = t->order[i];
+        t->order[i] = t->order[j];
+        t->order[j] = tmp;
+    }
+}
+
+/* Resumes from the latest checkpoint in checkpoint_dir, if any: the parameters and moments,
+ * the step, the NaN count, and the data's position (gpt: the cursor; mlp: the shuffles of
+ * every epoch begun so far, replayed). */
+static int resume(td_trainer *t, td_error_t *err)
+{
+    td_ckpt_section sec[3];
+    td_ckpt_meta meta;
+    td_ckpt_found found;
+    int n = td__train_ckpt_sections(&t->params, sec), rc;
+
+    if (t->cfg.checkpoint_dir[0] == '\0')
+        return 0;
+    rc = td_ckpt_load_latest(t->cfg.checkpoint_dir, &meta, sec, n, &found, err);
+    if (rc == TD_ENOTFOUND) {
+        td_error_clear(err);
+        return 0;
+    }
+    if (rc != 0)
+        return rc;
+    if (meta.config_hash != t->config_hash)
+        return td_error_set(err, TD_ESTATE,
+                            "%s was written by a job with another configuration (config hash "
+                            "%016llx, this job's %016llx): it cannot be resumed with this one",
+                            found.path, (unsigned long long)meta.config_hash,
+                            (unsigned long long)t->config_hash);
+    if (meta.step > t->total_steps)
+        return td_error_set(err, TD_ESTATE, "%s is at step %lld, past the job's %lld steps",
+                            found.path, (long long)meta.step, (long long)t->total_steps);
+    t->steps_done = meta.step;
+    t->nan_skipped = meta.cursor[2];
+    if (t->data != NULL) {
+        td_data_cursor c = {.epoch = meta.cursor[0], .batch = meta.cursor[1]};
+        rc = td_data_seek(t->data, c, err);
+    } else if (t->cfg.shuffle) {
+        int64_t begun = (meta.step + t->steps_per_epoch - 1) / t->steps_per_epoch;
+        for (int64_t e = 0; e < begun; e++)
+            shuffle(t);
+    }
+    return rc;
 }
 
 int td_trainer_new(td_trainer **out, const td_train_config *cfg, const td_train_hooks *hooks,
@@ -166,7 +506,7 @@ int td_trainer_new(td_trainer **out, const td_train_config *cfg, const td_train_
     int rc;
 
     *out = NULL;
-    rc = check_config(cfg, err);
+    rc = check_config(cfg, hooks, err);
     if (rc != 0)
         goto out;
     t = calloc(1, sizeof(*t));
@@ -180,30 +520,15 @@ int td_trainer_new(td_trainer **out, const td_train_config *cfg, const td_train_
     t->k = td_kernels_cpu();
     if (cfg->threads > 0)
         t->k->set_threads(cfg->threads);
+    t->config_hash = td__train_config_hash(cfg);
 
-    rc = td_idx_load(&t->train, &cfg->train, err);
-    if (rc == 0 && cfg->test.images[0] != '\0')
-        rc = td_idx_load(&t->test, &cfg->test, err);
-    if (rc == 0)
-        rc = check_shapes(t, err);
-    if (rc == 0)
-        rc = build_engine(t, err);
+    rc = cfg->model == TD_MODEL_MLP ? build_mlp(t, err) : build_gpt(t, err);
     if (rc != 0)
         goto out;
-
-    t->order = malloc((size_t)t->train.n * sizeof(*t->order));
-    if (t->order == NULL) {
-        rc = td_error_set(err, TD_ENOMEM, "no memory for the sample order");
-        goto out;
-    }
-    for (int i = 0; i < t->train.n; i++)
-        t->order[i] = (uint32_t)i;
-    td_rng_seed(&t->shuffle_rng, cfg->seed, 2);
-    for (int i = 0; i < 256; i++)
-        t->pixel[i] = (float)i / 255.0f;
-
-    t->steps_per_epoch = ((int64_t)t->train.n + cfg->batch_size - 1) / cfg->batch_size;
     t->total_steps = cfg->max_steps >= 0 ? cfg->max_steps : cfg->epochs * t->steps_per_epoch;
+    rc = resume(t, err);
+    if (rc != 0)
+        goto out;
     *out = t;
     t = NULL;
 
@@ -222,9 +547,50 @@ int64_t td_trainer_steps_done(const td_trainer *t)
     return t->steps_done;
 }
 
+/* For export and sampling: a gpt job's model as of its latest checkpoint, with its moments
+ * (so the checkpoint's sections match) and step. */
+int td__train_load_gpt(const td_train_config *cfg, td_gpt *m, td_params *p, int64_t *step,
+                       td_error_t *err)
+{
+    td_ckpt_section sec[3];
+    td_ckpt_meta meta;
+    td_ckpt_found found;
+    td_gpt_dims d;
+    int rc;
+
+    if (cfg->model != TD_MODEL_GPT)
+        return td_error_set(err, TD_EINVAL, "not a gpt job: only gpt models are exported");
+    if (cfg->checkpoint_dir[0] == '\0')
+        return td_error_set(err, TD_ENOTFOUND, "the job has no checkpoint directory");
+    rc = td__train_gpt_dims(cfg, &d, err);
+    if (rc == 0)
+        rc = td_gpt_declare(m, p, &d, err);
+    if (rc != 0)
+        return rc;
+    if (td_params_alloc(p, td_optim_moments(cfg)) != 0)
+        return td_error_set(err, TD_ENOMEM, "no memory for %zu parameters", p->n);
+    td_gpt_bind(m);
+    rc = td_ckpt_load_latest(cfg->checkpoint_dir, &meta, sec, td__train_ckpt_sections(p, sec),
+                             &found, err);
+    if (rc == TD_ENOTFOUND)
+        return td_error_set(err, rc, "no checkpoint in %s yet", cfg->checkpoint_dir);
+    if (rc != 0)
+        return rc;
+    if (meta.config_hash != td__train_config_hash(cfg))
+        return td_error_set(err, TD_ESTATE,
+                            "%s was written by a job with another configuration (config hash "
+                            "%016llx, this job's %016llx)",
+                            found.path, (unsigned long long)meta.config_hash,
+                            (unsigned long long)td__train_config_hash(cfg));
+    *step = meta.step;
+    return 0;
+}
+
+/* ---- evaluation ----------------------------------------------------------------------------- */
+
 static void emit(const td_trainer *t, const char *key, int64_t step, double value)
 {
-    if (t->hooks.metric != NULL)
+    if (t->hooks.metric != NULL && t->cfg.rank == 0)
         t->hooks.metric(t->hooks.ud, key, step, value);
 }
 
@@ -233,17 +599,6 @@ static double now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/* Fisher-Yates over the whole train split. */
-static void shuffle(td_trainer *t)
-{
-    for (uint32_t i = (uint32_t)t->train.n - 1; i > 0; i--) {
-        uint32_t j = td_rng_below(&t->shuffle_rng, i + 1);
-        uint32_t tmp = t->order[i];
-        t->order[i] = t->order[j];
-        t->order[j] = tmp;
-    }
 }
 
 /* A batch of N samples of d into the arena: samples idx[0..N) (or first..first+N when idx is
@@ -268,42 +623,240 @@ static td_tensor *load_batch(const td_trainer *t, td_ctx *c, const td_idx *d, co
     return x;
 }
 
-/* Mean loss and accuracy over the whole test split, forward only, EVAL_BATCH at a time. */
-static void evaluate(td_trainer *t, int64_t step)
+/* Mean loss and accuracy over samples [first, first+n) of d, forward only, eval_batch at a
+ * time; records them as name_loss and name_accuracy. */
+static void evaluate_idx(td_trainer *t, const td_idx *d, int first, int n, const char *name,
+                         int64_t step)
 {
     td_ctx c = {.k = t->k, .arena = &t->arena, .tape = NULL};
     int V = t->mlp.sizes[t->mlp.n_sizes - 1];
     double loss_sum = 0.0;
     int64_t correct = 0;
+    char key[32];
 
-    for (int first = 0; first < t->test.n; first += t->eval_batch) {
-        int N = t->test.n - first < t->eval_batch ? t->test.n - first : t->eval_batch;
+    for (int i = 0; i < n; i += t->eval_batch) {
+        int N = n - i < t->eval_batch ? n - i : t->eval_batch;
         int64_t right = 0;
         td_tensor *logits, *loss, *x;
         int *y;
 
         td_arena_reset(&t->arena);
-        x = load_batch(t, &c, &t->test, NULL, first, N, &y);
+        x = load_batch(t, &c, d, NULL, first + i, N, &y);
         loss = td_mlp_forward(&c, &t->mlp, x, y, &logits);
         t->k->argmax_correct(&right, logits->data, y, N, V);
         loss_sum += (double)loss->data[0] * N;
         correct += right;
     }
-    emit(t, "test_loss", step, loss_sum / t->test.n);
-    emit(t, "test_accuracy", step, (double)correct / t->test.n);
+    snprintf(key, sizeof(key), "%s_loss", name);
+    emit(t, key, step, loss_sum / n);
+    snprintf(key, sizeof(key), "%s_accuracy", name);
+    emit(t, key, step, (double)correct / n);
 }
 
-/* An evaluation follows the last step of each epoch, or every eval_every steps, and always the
- * job's last step. */
-static int eval_due(const td_trainer *t, int64_t step, int64_t batch)
+/* Mean loss over the first n_eval windows of the valid split, batch by batch, no tape. */
+static void evaluate_gpt(td_trainer *t, int64_t step)
 {
-    if (t->test.n == 0)
-        return 0;
+    td_ctx c = {.k = t->k, .arena = &t->arena, .tape = NULL};
+    int B = t->cfg.batch_size, T = t->T;
+    double loss_sum = 0.0;
+    td_error_t e = {0};
+
+    for (int64_t i = 0; i < t->n_eval; i++) {
+        int *tok, *tgt;
+        td_tensor *loss;
+
+        td_arena_reset(&t->arena);
+        tok = td_arena_alloc(&t->arena, (size_t)B * T * sizeof(int));
+        tgt = td_arena_alloc(&t->arena, (size_t)B * T * sizeof(int));
+        if (td_data_valid_fill(t->data, i, 0, B, tok, tgt, &e) != 0)
+            td_panic(TD_EDATA, "dataset error in the valid split at step %lld: %s", (long long)step,
+                     e.msg);
+        loss = td_gpt_forward(&c, &t->gpt, tok, tgt, B, T, NULL);
+        loss_sum += loss->data[0];
+    }
+    emit(t, "valid_loss", step, loss_sum / (double)t->n_eval);
+}
+
+/* The evaluations due after step (rank 0 alone: the others go on to the next step and wait
+ * for rank 0 in its all-reduce). */
+static void evaluate(td_trainer *t, int64_t step)
+{
+    if (t->cfg.rank != 0)
+        return;
+    if (t->cfg.model == TD_MODEL_GPT) {
+        if (t->n_eval > 0)
+            evaluate_gpt(t, step);
+        return;
+    }
+    if (t->n_valid > 0)
+        evaluate_idx(t, &t->train, t->n_train, t->n_valid, "valid", step);
+    if (t->test.n > 0)
+        evaluate_idx(t, &t->test, 0, t->test.n, "test", step);
+}
+
+/* An evaluation follows every eval_every steps and the job's last step; with eval_every 0, an
+ * mlp's each epoch's last step too. */
+static int eval_due(const td_trainer *t, int64_t step)
+{
     if (step == t->total_steps)
         return 1;
     if (t->cfg.eval_every > 0)
         return step % t->cfg.eval_every == 0;
-    return batch == t->steps_per_epoch - 1;
+    return t->cfg.model == TD_MODEL_MLP && step % t->steps_per_epoch == 0;
+}
+
+/* ---- checkpoints ---------------------------------------------------------------------------- */
+
+int td_trainer_checkpoint(td_trainer *t, td_error_t *err)
+{
+    td_ckpt_section sec[3];
+    td_ckpt_meta meta = {0};
+    int n;
+
+    if (t->cfg.rank != 0 || t->cfg.checkpoint_dir[0] == '\0')
+        return 0;
+    n = td__train_ckpt_sections(&t->params, sec);
+    meta.step = t->steps_done;
+    meta.config_hash = t->config_hash;
+    memcpy(meta.rng, t->shuffle_rng.s, sizeof(t->shuffle_rng.s));
+    if (t->data != NULL) {
+        td_data_cursor c = td_data_tell(t->data);
+        meta.cursor[0] = c.epoch;
+        meta.cursor[1] = c.batch;
+    } else {
+        meta.cursor[0] = t->steps_done / t->steps_per_epoch;
+        meta.cursor[1] = t->steps_done % t->steps_per_epoch;
+    }
+    meta.cursor[2] = t->nan_skipped;
+    return td_ckpt_write(t->cfg.checkpoint_dir, t->cfg.keep_checkpoints, &meta, sec, n, NULL, 0,
+                         err);
+}
+
+/* Every checkpoint_every steps, and after the last step (so the job's final model is the
+ * latest checkpoint, for export and sampling). A failed write fails the job. */
+static void checkpoint_if_due(td_trainer *t, int64_t step)
+{
+    const td_train_config *cfg = &t->cfg;
+    td_error_t e = {0};
+    int rc;
+
+    if (cfg->rank != 0 || cfg->checkpoint_dir[0] == '\0')
+        return;
+    if (step != t->total_steps && (cfg->checkpoint_every == 0 || step % cfg->checkpoint_every != 0))
+        return;
+    rc = td_trainer_checkpoint(t, &e);
+    if (rc != 0)
+        td_panic(rc, "checkpoint at step %lld: %s", (long long)step, e.msg);
+}
+
+/* ---- the step ---------------------------------------------------------------------------------
+ */
+
+/* debug.fail: the faults that strike before the step computes anything. */
+static void inject_fault(const td_trainer *t, int64_t step)
+{
+    if (t->cfg.debug_fail_step != step)
+        return;
+    switch (t->cfg.debug_fail_kind) {
+    case TD_FAIL_PANIC:
+        td_panic(TD_EPANIC, "injected panic at step %lld", (long long)step);
+    case TD_FAIL_OOM:
+        td_panic(TD_ENOMEM, "out of memory");
+    case TD_FAIL_DATA:
+        td_panic(TD_EDATA, "injected read error at step %lld", (long long)step);
+    case TD_FAIL_NAN: /* poisons the loss, in step_loss() */
+    case TD_FAIL_NONE:
+        break;
+    }
+}
+
+/* What one replica's forward gave: its loss, the loss tensor to run backward from (NULL when
+ * it has no rows), its rows and the global batch's. */
+typedef struct pass {
+    td_tensor *loss;
+    int rows, global_rows;
+    double samples; /* samples (mlp) or tokens (gpt) in the global batch */
+} pass;
+
+/* The mlp's forward on this replica's rows of the step's batch. */
+static pass mlp_forward(td_trainer *t, td_ctx *c, int64_t step)
+{
+    const td_train_config *cfg = &t->cfg;
+    int64_t batch = (step - 1) % t->steps_per_epoch; /* within the epoch, from 0 */
+    int first = (int)(batch * cfg->batch_size);
+    int N = t->n_train - first < cfg->batch_size ? t->n_train - first : cfg->batch_size;
+    int r0 = (int)((int64_t)cfg->rank * N / cfg->world);
+    pass p = {.rows = local_rows(cfg, N), .global_rows = N, .samples = N};
+    td_tensor *x;
+    int *y;
+
+    if (batch == 0 && cfg->shuffle)
+        shuffle(t);
+    if (p.rows > 0) {
+        x = load_batch(t, c, &t->train, t->order + first + r0, 0, p.rows, &y);
+        p.loss = td_mlp_forward(c, &t->mlp, x, y, NULL);
+    }
+    return p;
+}
+
+/* The gpt's forward on this replica's rows of the batch at the data's cursor. */
+static pass gpt_forward(td_trainer *t, td_ctx *c)
+{
+    const td_train_config *cfg = &t->cfg;
+    int B = cfg->batch_size, T = t->T;
+    int r0 = (int)((int64_t)cfg->rank * B / cfg->world);
+    pass p = {.rows = local_rows(cfg, B), .global_rows = B, .samples = (double)B * T};
+    td_error_t e = {0};
+    int *tok = td_arena_alloc(c->arena, (size_t)p.rows * T * sizeof(int));
+    int *tgt = td_arena_alloc(c->arena, (size_t)p.rows * T * sizeof(int));
+
+    if (td_data_fill(t->data, r0, r0 + p.rows, tok, tgt, &e) != 0)
+        td_panic(TD_EDATA, "%s", e.msg);
+    p.loss = td_gpt_forward(c, &t->gpt, tok, tgt, p.rows, T, NULL);
+    return p;
+}
+
+static const char *nonfinite(float x)
+{
+    return isnan(x) ? "NaN" : "Inf";
+}
+
+/* Forward, the NaN policy's first check (this replica's loss, before any work is shared),
+ * backward. Returns the local loss (NaN when poisoned by debug.fail). */
+static float step_loss(td_trainer *t, td_ctx *c, int64_t step, pass *p)
+{
+    const td_train_config *cfg = &t->cfg;
+    float value = 0.0f;
+
+    *p = cfg->model == TD_MODEL_MLP ? mlp_forward(t, c, step) : gpt_forward(t, c);
+    if (p->loss != NULL)
+        value = p->loss->data[0];
+    if (cfg->debug_fail_kind == TD_FAIL_NAN && cfg->debug_fail_step == step)
+        value = NAN;
+    if (!isfinite(value) && cfg->on_nan == TD_ON_NAN_FAIL)
+        td_panic(TD_ENAN, "loss is %s at step %lld", nonfinite(value), (long long)step);
+    if (p->loss != NULL)
+        td_backward(c, p->loss);
+    return value;
+}
+
+/* Averages gradients and loss across the replicas: one all-reduce of the gradient buffer with
+ * the loss in its slack. Uneven slices are weighted by their rows first. Returns the global
+ * batch's loss. */
+static float allreduce(td_trainer *t, const pass *p, float value)
+{
+    float *g = t->params.grad;
+    size_t n = t->params.n;
+    float w;
+
+    if (t->cfg.world == 1)
+        return value;
+    g[n] = value;
+    w = (float)((double)t->cfg.world * p->rows / p->global_rows);
+    if (w != 1.0f)
+        t->k->scale(g, w, n + 1);
+    t->hooks.allreduce(t->hooks.ud, g, n + 1);
+    return g[n];
 }
 
 int td_trainer_step(td_trainer *t)
@@ -311,42 +864,59 @@ int td_trainer_step(td_trainer *t)
     const td_train_config *cfg = &t->cfg;
     td_ctx c = {.k = t->k, .arena = &t->arena, .tape = &t->tape};
     int64_t step = t->steps_done + 1;
-    int64_t batch = (step - 1) % t->steps_per_epoch; /* within the epoch, from 0 */
-    int first = (int)(batch * cfg->batch_size);
-    int N = t->train.n - first < cfg->batch_size ? t->train.n - first : cfg->batch_size;
-    td_tensor *x, *loss;
-    double t0, ms;
+    double t0, ms, norm;
     float lr, value;
-    int *y;
+    int skipped = 0;
+    pass p;
 
+    if (t->total_steps == 0 && !t->evaluated_zero) {
+        t->evaluated_zero = 1;
+        evaluate(t, 0);
+        return 1;
+    }
     if (t->steps_done >= t->total_steps)
         return 1;
     t0 = now_ms();
-    if (batch == 0 && cfg->shuffle)
-        shuffle(t);
+    inject_fault(t, step);
     td_arena_reset(&t->arena);
     td_tape_reset(&t->tape);
     t->k->zero(t->params.grad, t->params.n);
 
-    x = load_batch(t, &c, &t->train, t->order + first, 0, N, &y);
-    loss = td_mlp_forward(&c, &t->mlp, x, y, NULL);
-    value = loss->data[0];
-    if (!isfinite(value))
-        td_panic(TD_ENAN, "loss is %s at step %lld", isnan(value) ? "NaN" : "Inf", (long long)step);
-    td_backward(&c, loss);
-    lr = td_schedule_lr(cfg, step);
-    td_optim_step(t->k, &t->params, cfg, lr, step);
+    value = step_loss(t, &c, step, &p);
+    value = allreduce(t, &p, value);
+    norm = td_grad_norm(t->k, &t->params);
+    lr = td_schedule_lr(cfg, step, t->total_steps);
+    if (!isfinite(value) || !isfinite(norm)) {
+        if (cfg->on_nan == TD_ON_NAN_FAIL)
+            td_panic(TD_ENAN, "%s is %s at step %lld", isfinite(value) ? "gradient" : "loss",
+                     isfinite(value) ? nonfinite((float)norm) : nonfinite(value), (long long)step);
+        skipped = 1;
+        t->nan_skipped++;
+    } else {
+        if (cfg->grad_clip > 0.0f && norm > cfg->grad_clip)
+            t->k->scale(t->params.grad, (float)(cfg->grad_clip / (norm + CLIP_EPS)), t->params.n);
+        td_optim_step(t->k, &t->params, cfg, lr, step);
+    }
+    if (t->data != NULL)
+        td_data_advance(t->data);
     ms = now_ms() - t0;
     t->steps_done = step;
 
-    if (batch == 0)
+    if (cfg->model == TD_MODEL_MLP && (step - 1) % t->steps_per_epoch == 0)
         emit(t, "epoch", step, (double)((step - 1) / t->steps_per_epoch + 1));
-    emit(t, "train_loss", step, value);
+    if (!skipped) {
+        emit(t, "train_loss", step, value);
+        emit(t, "grad_norm", step, norm);
+    } else {
+        emit(t, "nan_skipped", step, (double)t->nan_skipped);
+    }
     emit(t, "lr", step, lr);
     emit(t, "step_ms", step, ms);
-    emit(t, "samples_per_s", step, ms > 0.0 ? N / (ms / 1e3) : 0.0);
-    if (eval_due(t, step, batch))
+    emit(t, cfg->model == TD_MODEL_GPT ? "tokens_per_s" : "samples_per_s", step,
+         ms > 0.0 ? p.samples / (ms / 1e3) : 0.0);
+    if (eval_due(t, step))
         evaluate(t, step);
+    checkpoint_if_due(t, step);
     return step == t->total_steps;
 }
 
@@ -357,6 +927,7 @@ void td_trainer_free(td_trainer *t)
     td_tape_free(&t->tape);
     td_arena_free(&t->arena);
     td_params_free(&t->params);
+    td_data_free(t->data);
     free(t->order);
     td_idx_free(&t->test);
     td_idx_free(&t->train);
@@ -375,6 +946,9 @@ td_params *td_trainer_params(td_trainer *t)
 
 size_t td_trainer_step_bytes(const td_trainer *t)
 {
-    return batch_bytes(t->cfg.batch_size, t->cfg.layers[0]) +
-           td_mlp_arena_bytes(&t->mlp, t->cfg.batch_size, 1);
+    int BL = max_local_rows(&t->cfg);
+
+    if (t->cfg.model == TD_MODEL_GPT)
+        return token_bytes(BL, t->T) + td_gpt_arena_bytes(&t->gpt, BL, t->T, 1);
+    return batch_bytes(BL, t->cfg.layers[0]) + td_mlp_arena_bytes(&t->mlp, BL, 1);
 }
