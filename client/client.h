@@ -1,6 +1,6 @@
 /* trainctl's internal interface: the exit statuses, the parsed command line, the connection
  * to traind (conn.c), job files and JSON (jobjson.c), metric rows (rows.c), human output
- * (output.c) and the verbs (verbs.c, watch.c).
+ * (output.c) and the verbs (verbs.c, watch.c, plot.c, completion.c).
  *
  * trainctl is a program, not a library, so its functions return what the process will exit
  * with: 0, or a sysexits(3) status after the function has already said why on stderr. That
@@ -26,12 +26,17 @@ enum {
     TC_DATAERR = 65,     /* EX_DATAERR: the job file is not a valid job */
     TC_NOINPUT = 66,     /* EX_NOINPUT: the job file is missing or unreadable */
     TC_UNAVAILABLE = 69, /* EX_UNAVAILABLE: traind cannot be reached or went away */
+    TC_CANTCREAT = 73,   /* EX_CANTCREAT: plot cannot write its output file */
     TC_PROTOCOL = 76,    /* EX_PROTOCOL: traind said something this client cannot read */
+    TC_NOPERM = 77,      /* EX_NOPERM: traind said EPERM, or the socket refused us */
+    TC_CONFIG = 78,      /* EX_CONFIG: the socket path cannot be a socket path */
     TC_INTERRUPTED = 130 /* 128 + SIGINT: the user stopped a watch */
 };
 
 #define TC_DEFAULT_SOCKET   "/run/traind/traind.sock"
 #define TC_REPLY_TIMEOUT_MS 60000 /* ms a request waits for a byte of its reply */
+
+typedef struct tc_row tc_row;
 
 /* The command line, as parsed by trainctl.c. Strings are borrowed from argv. */
 typedef struct tc_opts {
@@ -40,6 +45,10 @@ typedef struct tc_opts {
     const char **sets;  /* submit: each --set KEY=VALUE, in order */
     size_t nsets;       /* entries in sets */
     int64_t job;        /* the JOB argument; -1 when the verb takes none */
+    int64_t *jobs;      /* plot: every JOB argument, in order */
+    size_t njobs;       /* entries in jobs */
+    const char *output; /* plot: -o FILE */
+    const char *shell;  /* completion: the shell named */
     const char *keys;   /* --keys as given ("a,b"), or NULL */
     int64_t since;      /* --since, or -1 */
     int json, csv, summary;
@@ -72,11 +81,21 @@ int tc_conn_send(tc_conn *c);
 /* Waits up to timeout_ms (-1: without limit) for the next frame answering the last request.
  * Returns 0 with *out set (caller frees with td_proto_frame_free()), or 0 with *out NULL when
  * the time ran out. An error frame from traind is printed and becomes its status: 65 for
- * EJOB, 76 for EPROTO and EVERSION, else 1. */
+ * EJOB, 76 for EPROTO and EVERSION, 77 for EPERM, else 1. */
 int tc_conn_recv(tc_conn *c, td_proto_frame **out, int timeout_ms);
 
 /* tc_conn_recv() within TC_REPLY_TIMEOUT_MS, requiring the frame's type to be type. */
 int tc_conn_expect(tc_conn *c, const char *type, td_proto_frame **out);
+
+/* Sends {type, id, job_id: job} and waits for a reply of type reply (tc_conn_expect). */
+int tc_conn_job_request(tc_conn *c, const char *type, int64_t job, const char *reply,
+                        td_proto_frame **out);
+
+/* Sends a metrics request for job (restricted to keys, "a,b", when not NULL) and calls
+ * row(ud, row) for every row of the reply up to its end frame. A nonzero return from row
+ * stops the stream and is returned. */
+typedef int (*tc_row_fn)(void *ud, const tc_row *row);
+int tc_conn_metrics(tc_conn *c, int64_t job, const char *keys, tc_row_fn row, void *ud);
 
 /* Writes `keys` as an array of the non-empty names in the comma-separated list s. */
 void tc_pw_keys(td_pw *w, const char *s);
@@ -114,12 +133,12 @@ void tc_json_str(FILE *f, const char *s, size_t len);
 /* ---- rows.c: metric rows ---- */
 
 /* One metric row, pointing into its frame. */
-typedef struct tc_row {
+struct tc_row {
     const char *key;
     size_t keylen;
     int64_t step;
     double value, time;
-} tc_row;
+};
 
 /* Reads element i of a rows frame's `rows`. 76 (printed) when it is not a well-formed row. */
 int tc_row_at(const td_pval *rows, size_t i, tc_row *out);
@@ -141,6 +160,8 @@ int64_t tc_job_int(const td_pval *job, const char *key, int64_t dflt);
 double tc_job_double(const td_pval *job, const char *key, double dflt);
 void tc_job_str(const td_pval *job, const char *key, char *buf, size_t size);
 
+/* Local time of a unix time as "2026-11-30 05:16:51", or "-" for 0 (not yet). */
+void tc_fmt_time(char *buf, size_t size, double t);
 /* "1m35s", "2h05m", "3d04h", "12s". */
 void tc_fmt_duration(char *buf, size_t size, double seconds);
 /* A metric value for a person: %.6g, or an integer without a decimal point. */
@@ -148,6 +169,12 @@ void tc_fmt_value(char *buf, size_t size, double v);
 
 void tc_print_status(const td_pval *job);
 void tc_print_jobs(const td_pval *jobs);
+/* `info` for a person, from the info reply's top map. */
+void tc_print_info(const td_pval *info);
+/* "12.3 MiB" */
+void tc_fmt_bytes(char *buf, size_t size, double bytes);
+/* Unix time now, with a fraction. */
+double tc_now_real(void);
 /* The job's error message (or its code's text) into buf; empty when the job has none. */
 void tc_job_error(const td_pval *job, char *buf, size_t size);
 /* Nonzero for the keys of evaluation metrics: test_*, valid_*, val_*. */
@@ -165,6 +192,25 @@ int tc_status(const tc_opts *o);
 int tc_ls(const tc_opts *o);
 int tc_cancel(const tc_opts *o);
 int tc_metrics(const tc_opts *o);
+int tc_info(const tc_opts *o);
+int tc_logs(const tc_opts *o);
 int tc_watch(const tc_opts *o);
+int tc_plot(const tc_opts *o);
+int tc_completion(const tc_opts *o);
+
+/* ---- trainctl.c: the command table, as completion.c reads it ---- */
+
+/* One verb: its name, its flags as one space-separated string ("--keys --json -o"), what its
+ * positional argument is ("" for none, "JOB", "JOBS" for one or more, "FILE" or "SHELL"), and
+ * what -o takes ("" when it has no -o, "json", "csv json", or "FILE"). */
+typedef struct tc_verb_desc {
+    const char *name;
+    char flags[256];
+    const char *arg;
+    const char *output;
+} tc_verb_desc;
+
+/* Fills *out for the i-th verb; -1 past the last one. */
+int tc_verb_at(size_t i, tc_verb_desc *out);
 
 #endif

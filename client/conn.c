@@ -73,6 +73,23 @@ out:
     return rc;
 }
 
+/* Says why connecting failed: a path no socket can have is a configuration error (78), a
+ * socket we may not use a permission error (77), anything else traind not being there (69). */
+static int connect_error(const char *path, int err)
+{
+    if (err == ENAMETOOLONG)
+        return tc_err(TC_CONFIG,
+                      "cannot connect to traind at %s: the path is %zu bytes, and a Unix socket "
+                      "path holds at most %zu (set --socket or $TRAIND_SOCKET to a shorter one)",
+                      path, strlen(path), sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+    if (err == EACCES || err == EPERM)
+        return tc_err(
+            TC_NOPERM,
+            "cannot connect to traind at %s: %s (the socket admits its owner and its group only)",
+            path, strerror(err));
+    return tc_err(TC_UNAVAILABLE, "cannot connect to traind at %s: %s", path, strerror(err));
+}
+
 int tc_conn_open(tc_conn **out, const char *path)
 {
     tc_conn *c = calloc(1, sizeof(*c));
@@ -90,7 +107,7 @@ int tc_conn_open(tc_conn **out, const char *path)
     }
     c->fd = connect_unix(path);
     if (c->fd < 0) {
-        rc = tc_err(TC_UNAVAILABLE, "cannot connect to traind at %s: %s", path, strerror(errno));
+        rc = connect_error(path, errno);
         goto fail;
     }
     if ((rc = hello(c)) != TC_OK)
@@ -177,13 +194,14 @@ static int fill(tc_conn *c, int timeout_ms, int *timed_out)
         return tc_err(TC_UNAVAILABLE, "lost the connection to traind at %s: %s", c->path,
                       strerror(errno));
     if (n == 0)
-        return tc_err(TC_UNAVAILABLE, "traind closed the connection");
+        return tc_err(TC_UNAVAILABLE, "traind at %s closed the connection", c->path);
     if (td_proto_reader_feed(c->reader, c->buf, (size_t)n) != 0)
         return tc_err(TC_FAILED, "out of memory");
     return TC_OK;
 }
 
-/* Prints an error frame's message and turns its code into an exit status. */
+/* Prints an error frame's message and turns its code (or, for EPERM, its name, which is what
+ * PROTOCOL.md promises a client can rely on) into an exit status. */
 static int remote_error(const td_pval *root)
 {
     char msg[1024];
@@ -193,6 +211,8 @@ static int remote_error(const td_pval *root)
     if (td_pv_strcpy(td_pv_get(root, "message"), msg, sizeof(msg)) != 0 || msg[0] == '\0')
         snprintf(msg, sizeof(msg), "%s", td_strerror((int)code));
     tc_err(TC_FAILED, "%s", msg);
+    if (code == TD_EPERM || tc_pv_is(td_pv_get(root, "name"), "EPERM"))
+        return TC_NOPERM;
     if (code == TD_EJOB)
         return TC_DATAERR;
     if (code == TD_EPROTO || code == TD_EVERSION)
@@ -253,8 +273,8 @@ int tc_conn_expect(tc_conn *c, const char *type, td_proto_frame **out)
     if (rc != TC_OK)
         return rc;
     if (f == NULL)
-        return tc_err(TC_UNAVAILABLE, "traind did not answer the %s request within %d s", c->type,
-                      TC_REPLY_TIMEOUT_MS / 1000);
+        return tc_err(TC_UNAVAILABLE, "traind at %s did not answer the %s request within %d s",
+                      c->path, c->type, TC_REPLY_TIMEOUT_MS / 1000);
     if (!tc_pv_is(td_pv_get(td_proto_frame_root(f), "type"), type)) {
         got = td_pv_str(td_pv_get(td_proto_frame_root(f), "type"), &len);
         rc = tc_err(TC_PROTOCOL, "traind answered %s with '%.*s', not '%s'", c->type, (int)len, got,
@@ -264,6 +284,76 @@ int tc_conn_expect(tc_conn *c, const char *type, td_proto_frame **out)
     }
     *out = f;
     return TC_OK;
+}
+
+int tc_conn_job_request(tc_conn *c, const char *type, int64_t job, const char *reply,
+                        td_proto_frame **out)
+{
+    td_pw *w = tc_conn_request(c, type, 3);
+    int rc;
+
+    *out = NULL;
+    td_pw_str(w, "job_id");
+    td_pw_int(w, job);
+    if ((rc = tc_conn_send(c)) != TC_OK)
+        return rc;
+    return tc_conn_expect(c, reply, out);
+}
+
+/* Passes the rows of one rows frame to row(). */
+static int each_row(const td_proto_frame *f, tc_row_fn row, void *ud)
+{
+    const td_pval *rows = td_pv_get(td_proto_frame_root(f), "rows");
+    tc_row r;
+    size_t i;
+    int rc = TC_OK;
+
+    if (td_pv_type_of(rows) != TD_PV_ARRAY)
+        return tc_err(TC_PROTOCOL, "traind sent a rows frame without rows");
+    for (i = 0; i < td_pv_len(rows) && rc == TC_OK; i++)
+        if ((rc = tc_row_at(rows, i, &r)) == TC_OK)
+            rc = row(ud, &r);
+    return rc;
+}
+
+/* Reads rows frames up to the end frame. */
+static int stream_rows(tc_conn *c, tc_row_fn row, void *ud)
+{
+    td_proto_frame *f = NULL;
+    const td_pval *type;
+    int rc = TC_OK, done = 0;
+
+    while (rc == TC_OK && !done) {
+        if ((rc = tc_conn_recv(c, &f, TC_REPLY_TIMEOUT_MS)) != TC_OK)
+            break;
+        if (f == NULL)
+            return tc_err(TC_UNAVAILABLE, "traind at %s stopped sending metrics for %d s", c->path,
+                          TC_REPLY_TIMEOUT_MS / 1000);
+        type = td_pv_get(td_proto_frame_root(f), "type");
+        if (tc_pv_is(type, "rows"))
+            rc = each_row(f, row, ud);
+        else if (tc_pv_is(type, "end"))
+            done = 1;
+        else
+            rc = tc_err(TC_PROTOCOL, "traind sent an unexpected frame in a metrics reply");
+        td_proto_frame_free(f);
+        f = NULL;
+    }
+    return rc;
+}
+
+int tc_conn_metrics(tc_conn *c, int64_t job, const char *keys, tc_row_fn row, void *ud)
+{
+    td_pw *w = tc_conn_request(c, "metrics", keys != NULL ? 4 : 3);
+    int rc;
+
+    td_pw_str(w, "job_id");
+    td_pw_int(w, job);
+    if (keys != NULL)
+        tc_pw_keys(w, keys);
+    if ((rc = tc_conn_send(c)) != TC_OK)
+        return rc;
+    return stream_rows(c, row, ud);
 }
 
 void tc_pw_keys(td_pw *w, const char *s)

@@ -1,6 +1,6 @@
 /* Text for people: the fields of a JOB map (see PROTOCOL.md), the `status` summary, the `ls`
- * table, durations, times and metric values. Everything here writes to stdout, which
- * main() flushes once at the end. */
+ * table, the `info` summary, durations, times, sizes and metric values. Everything here writes to
+ * stdout, which main() flushes once at the end. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -9,7 +9,8 @@
 
 #include "client.h"
 
-#define TC_LS_NAME_MAX 24 /* characters of a job name shown by ls */
+#define TC_LS_NAME_MAX    24 /* characters of a job name shown by ls */
+#define TC_INFO_QUEUE_MAX 20 /* queued job ids info lists before "and N more" */
 
 /* One key/value pair of a map, for sorting by key. */
 typedef struct kv {
@@ -67,8 +68,7 @@ void tc_fmt_value(char *buf, size_t size, double v)
         snprintf(buf, size, "%.6g", v);
 }
 
-/* Unix time now, in seconds with a fraction, to compare with the job's times. */
-static double now_real(void)
+double tc_now_real(void)
 {
     struct timespec ts;
 
@@ -76,8 +76,7 @@ static double now_real(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* Local time of a unix time, or "-" for 0 (not yet). */
-static void fmt_time(char *buf, size_t size, double t)
+void tc_fmt_time(char *buf, size_t size, double t)
 {
     time_t secs = (time_t)t;
     struct tm tm;
@@ -183,7 +182,7 @@ static void print_time(const char *label, double t, double dur, const char *befo
 {
     char when[64], d[32];
 
-    fmt_time(when, sizeof(when), t);
+    tc_fmt_time(when, sizeof(when), t);
     tc_fmt_duration(d, sizeof(d), dur);
     if (t > 0 && dur >= 0)
         printf("%-9s%s (%s%s%s)\n", label, when, before, d, after);
@@ -229,7 +228,7 @@ void tc_print_status(const td_pval *job)
 {
     char name[256], state[32], step[64], devs[256];
     double created = tc_job_double(job, "created", 0), started = tc_job_double(job, "started", 0);
-    double ended = tc_job_double(job, "ended", 0), now = now_real();
+    double ended = tc_job_double(job, "ended", 0), now = tc_now_real();
 
     tc_job_str(job, "name", name, sizeof(name));
     tc_job_str(job, "state", state, sizeof(state));
@@ -336,7 +335,7 @@ static void print_ls_line(const ls_fields *f, const int *width)
 void tc_print_jobs(const td_pval *jobs)
 {
     ls_fields head = {"ID", "NAME", "STATE", "STEP", "DEVICES", "AGE", "METRICS"}, f;
-    double now = now_real();
+    double now = tc_now_real();
     int width[NCOLS], c, w;
     size_t i;
 
@@ -353,6 +352,84 @@ void tc_print_jobs(const td_pval *jobs)
         ls_row(td_pv_at(jobs, i), &f, now);
         print_ls_line(&f, width);
     }
+}
+
+/* ---- info ---- */
+
+void tc_fmt_bytes(char *buf, size_t size, double bytes)
+{
+    static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    size_t u = 0;
+
+    while (bytes >= 1024 && u + 1 < sizeof(units) / sizeof(units[0])) {
+        bytes /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, size, "%.0f bytes", bytes);
+    else
+        snprintf(buf, size, "%.1f %s", bytes, units[u]);
+}
+
+/* "  cpu:0  job 3  fashion-mnist-mlp" or "  cpu:1  idle" */
+static void print_device(const td_pval *dev, int width)
+{
+    char name[128], job_name[256];
+    int64_t job = tc_job_int(dev, "job_id", -1);
+
+    tc_job_str(dev, "name", name, sizeof(name));
+    tc_job_str(dev, "job_name", job_name, sizeof(job_name));
+    if (job >= 0)
+        printf("  %-*s  job %lld  %s\n", width, name, (long long)job, job_name);
+    else
+        printf("  %-*s  idle\n", width, name);
+}
+
+/* "queue    3 jobs: 4 5 6", at most TC_INFO_QUEUE_MAX ids. */
+static void print_queue(const td_pval *queued)
+{
+    size_t i, n = td_pv_len(queued);
+    int64_t id;
+
+    if (n == 0) {
+        printf("%-9s%s\n", "queue", "empty");
+        return;
+    }
+    printf("%-9s%zu job%s:", "queue", n, n == 1 ? "" : "s");
+    for (i = 0; i < n && i < TC_INFO_QUEUE_MAX; i++)
+        if (td_pv_int(td_pv_at(queued, i), &id) == 0)
+            printf(" %lld", (long long)id);
+    if (n > TC_INFO_QUEUE_MAX)
+        printf(" and %zu more", n - TC_INFO_QUEUE_MAX);
+    printf("\n");
+}
+
+void tc_print_info(const td_pval *info)
+{
+    const td_pval *store = td_pv_get(info, "store"), *devs = td_pv_get(info, "devices");
+    char version[128], path[1024], size[32], name[128];
+    int64_t bytes = tc_job_int(store, "size_bytes", -1);
+    size_t i, n = td_pv_len(devs);
+    int width = 0;
+
+    tc_job_str(info, "version", version, sizeof(version));
+    tc_job_str(store, "path", path, sizeof(path));
+    /* PROTOCOL.md gives the version alone ("0.1.0"); hello's server field says "traind 0.1.0" */
+    printf("%s%s, protocol %lld\n", strncmp(version, "traind", 6) != 0 ? "traind " : "",
+           version[0] ? version : "(version unknown)", (long long)tc_job_int(info, "protocol", -1));
+    tc_fmt_bytes(size, sizeof(size), (double)bytes);
+    if (bytes >= 0)
+        printf("%-9s%s (%s)\n", "store", path[0] ? path : "-", size);
+    else
+        printf("%-9s%s\n", "store", path[0] ? path : "-");
+    for (i = 0; i < n; i++) {
+        tc_job_str(td_pv_at(devs, i), "name", name, sizeof(name));
+        width = (int)strlen(name) > width ? (int)strlen(name) : width;
+    }
+    printf("%-9s%zu\n", "devices", n);
+    for (i = 0; i < n; i++)
+        print_device(td_pv_at(devs, i), width);
+    print_queue(td_pv_get(info, "queued"));
 }
 
 int tc_flush_stdout(void)

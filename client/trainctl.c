@@ -1,20 +1,32 @@
 /* trainctl: the command-line client of traind. This file holds main(): the global options,
  * the table of verbs with the flags each accepts and its help text, and the parsing of a
- * verb's arguments into a tc_opts. The verbs themselves live in verbs.c and watch.c. */
+ * verb's arguments into a tc_opts. The verbs themselves live in verbs.c, watch.c, plot.c and
+ * completion.c; the last reads the table through tc_verb_at(). */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "client.h"
 
-/* Flags a verb may accept. */
-enum { F_SET = 1, F_SINCE = 2, F_KEYS = 4, F_JSON = 8, F_CSV = 16, F_SUMMARY = 32 };
+/* Flags a verb may accept. F_FORMAT and F_OUTFILE share the names -o and --output: a read
+ * verb takes an output format there (-o json, as kubectl does), plot the file to write. */
+enum {
+    F_SET = 1,
+    F_SINCE = 2,
+    F_KEYS = 4,
+    F_JSON = 8,
+    F_CSV = 16,
+    F_SUMMARY = 32,
+    F_FORMAT = 64,
+    F_OUTFILE = 128
+};
 
-/* The one positional argument a verb takes. */
-enum { ARG_NONE, ARG_JOB, ARG_FILE };
+/* The positional arguments a verb takes. */
+enum { ARG_NONE, ARG_JOB, ARG_JOBS, ARG_FILE, ARG_SHELL };
 
 typedef struct flag {
     const char *name;
@@ -23,8 +35,10 @@ typedef struct flag {
 } flag;
 
 static const flag flags[] = {
-    {"--set", F_SET, 1},   {"--since", F_SINCE, 1}, {"--keys", F_KEYS, 1},
-    {"--json", F_JSON, 0}, {"--csv", F_CSV, 0},     {"--summary", F_SUMMARY, 0},
+    {"--set", F_SET, 1},        {"--since", F_SINCE, 1},   {"--keys", F_KEYS, 1},
+    {"--json", F_JSON, 0},      {"--csv", F_CSV, 0},       {"--summary", F_SUMMARY, 0},
+    {"-o", F_FORMAT, 1},        {"--output", F_FORMAT, 1}, {"-o", F_OUTFILE, 1},
+    {"--output", F_OUTFILE, 1},
 };
 
 typedef struct verb {
@@ -36,6 +50,11 @@ typedef struct verb {
     const char *brief; /* one line for trainctl --help */
     const char *help;  /* what it does and what each of its flags means */
 } verb;
+
+/* The help lines every read verb shares. */
+#define TC_HELP_JSON                     \
+    "  -o json     the same as --json\n" \
+    "  -h, --help  show this help\n"
 
 static const verb verbs[] = {
     {
@@ -57,46 +76,48 @@ static const verb verbs[] = {
     {
         .name = "watch",
         .run = tc_watch,
-        .flags = F_SINCE | F_KEYS | F_JSON,
+        .flags = F_SINCE | F_KEYS | F_JSON | F_FORMAT,
         .arg = ARG_JOB,
-        .usage = "trainctl watch JOB [--since STEP] [--keys A,B] [--json]",
+        .usage = "trainctl watch JOB [--since STEP] [--keys A,B] [--json|-o json]",
         .brief = "follow a job until it ends",
         .help = "Follows job JOB until it ends, then prints how it ended. On a terminal\n"
-                "this is a live progress line (step, loss, steps/s, ETA, epoch) with\n"
-                "evaluation results printed above it; otherwise one line per metric row\n"
-                "(\"step 12 train_loss 0.53\") and per state change (\"state running step\n"
-                "12/1407\"). Exits 0 when the job succeeded, 1 when it failed or was\n"
-                "cancelled.\n\n"
+                "this is two live bars, redrawn at most 10 times a second: the train bar\n"
+                "(step/total, elapsed, ETA, loss, s/step, epoch) and the valid bar (the\n"
+                "last evaluation and its step, and how far the next one is); each\n"
+                "evaluation is also printed above them. NO_COLOR turns colour off.\n"
+                "Otherwise one line per metric row (\"step 12 train_loss 0.53\") and per\n"
+                "state change (\"state running step 12/1407\"). Exits 0 when the job\n"
+                "succeeded, 1 when it failed or was cancelled.\n\n"
                 "  --since STEP  start from step STEP rather than from the job's first row\n"
                 "  --keys A,B    only the metrics named (comma-separated)\n"
                 "  --json        one JSON object per line for each row\n"
                 "                ({\"job\",\"key\",\"step\",\"value\",\"time\"}), and a last\n"
                 "                line {\"job\",\"state\",\"error\"} when the job ends\n"
+                "  -o json       the same as --json\n"
                 "  -h, --help    show this help\n",
     },
     {
         .name = "status",
         .run = tc_status,
-        .flags = F_JSON,
+        .flags = F_JSON | F_FORMAT,
         .arg = ARG_JOB,
-        .usage = "trainctl status JOB [--json]",
+        .usage = "trainctl status JOB [--json|-o json]",
         .brief = "show one job",
-        .help = "Shows job JOB: its state, progress, devices, times, error and latest\n"
-                "metrics.\n\n"
-                "  --json      print the whole job, with its spec, as one JSON object\n"
-                "  -h, --help  show this help\n",
+        .help =
+            "Shows job JOB: its state, progress, devices, times, error and latest\n"
+            "metrics.\n\n"
+            "  --json      print the whole job, with its spec, as one JSON object\n" TC_HELP_JSON,
     },
     {
         .name = "ls",
         .run = tc_ls,
-        .flags = F_JSON,
+        .flags = F_JSON | F_FORMAT,
         .arg = ARG_NONE,
-        .usage = "trainctl ls [--json]",
+        .usage = "trainctl ls [--json|-o json]",
         .brief = "list the jobs",
         .help = "Lists the jobs, oldest first: id, name, state, step, devices, age and the\n"
                 "latest loss and accuracy.\n\n"
-                "  --json      print a JSON array of the jobs\n"
-                "  -h, --help  show this help\n",
+                "  --json      print a JSON array of the jobs\n" TC_HELP_JSON,
     },
     {
         .name = "cancel",
@@ -106,23 +127,81 @@ static const verb verbs[] = {
         .usage = "trainctl cancel JOB",
         .brief = "cancel a job",
         .help = "Cancels job JOB. A queued job leaves the queue at once; a running job\n"
-                "stops at its next step (trainctl watch JOB shows it end).\n\n"
+                "stops at its next step (trainctl watch JOB shows it end). Only the job's\n"
+                "owner or root may cancel it (exit 77 otherwise).\n\n"
                 "  -h, --help  show this help\n",
     },
     {
         .name = "metrics",
         .run = tc_metrics,
-        .flags = F_KEYS | F_CSV | F_JSON | F_SUMMARY,
+        .flags = F_KEYS | F_CSV | F_JSON | F_SUMMARY | F_FORMAT,
         .arg = ARG_JOB,
-        .usage = "trainctl metrics JOB [--keys A,B] [--csv|--json] [--summary]",
+        .usage = "trainctl metrics JOB [--keys A,B] [--csv|--json|-o csv|json] [--summary]",
         .brief = "print a job's metrics",
         .help = "Prints every stored metric row of job JOB in (step, key) order, as CSV\n"
                 "with the header job,key,step,value,time.\n\n"
                 "  --keys A,B  only the metrics named (comma-separated)\n"
                 "  --csv       CSV output (the default)\n"
                 "  --json      a JSON array of {\"job\",\"key\",\"step\",\"value\",\"time\"}\n"
+                "  -o FORMAT   csv or json, the same as --csv or --json\n"
                 "  --summary   per metric: count, last value (at the highest step), min and\n"
                 "              max; a table, or CSV with --csv, or a JSON array with --json\n"
+                "  -h, --help  show this help\n",
+    },
+    {
+        .name = "logs",
+        .run = tc_logs,
+        .flags = F_JSON | F_FORMAT,
+        .arg = ARG_JOB,
+        .usage = "trainctl logs JOB [--json|-o json]",
+        .brief = "print a job's lifecycle events and warnings",
+        .help = "Prints what traind recorded about job JOB, oldest first (at most the last\n"
+                "10,000 lines), one line each: local time, level (err, warning, notice,\n"
+                "info) and message, as in \"2026-11-30 05:16:51 notice job 3 started\".\n\n"
+                "  --json      a JSON array of {\"job\",\"time\",\"level\",\"level_name\",\n"
+                "              \"message\"}; level is the syslog priority (3 to 6)\n" TC_HELP_JSON,
+    },
+    {
+        .name = "plot",
+        .run = tc_plot,
+        .flags = F_KEYS | F_OUTFILE,
+        .arg = ARG_JOBS,
+        .usage = "trainctl plot JOB [JOB]... [--keys A,B] -o FILE.png|FILE.svg",
+        .brief = "draw jobs' metrics against step as a PNG or SVG chart",
+        .help = "Draws the metrics of one or more jobs against step on one chart, one\n"
+                "colour per job and metric, with a legend naming each (\"job 3 train_loss\").\n"
+                "Values that are not finite are left out. A series of more than 200\n"
+                "points is drawn faintly, under its line smoothed over about 1% of its\n"
+                "points; a series of at most 60 gets a dot at each point.\n\n"
+                "  --keys A,B  the metrics to draw (comma-separated); by default train_loss\n"
+                "              and whichever of test_loss, valid_loss, val_loss exist\n"
+                "  -o FILE     where to write the chart: PNG when FILE ends in .png, SVG\n"
+                "              when it ends in .svg; --output FILE is the same\n"
+                "  -h, --help  show this help\n",
+    },
+    {
+        .name = "info",
+        .run = tc_info,
+        .flags = F_JSON | F_FORMAT,
+        .arg = ARG_NONE,
+        .usage = "trainctl info [--json|-o json]",
+        .brief = "show the daemon: version, devices, queue, store",
+        .help = "Shows traind's version and protocol version, its devices and the job\n"
+                "running on each, the queued jobs in the order they will run, and the\n"
+                "store's path and size.\n\n"
+                "  --json      print the daemon's info reply as one JSON object\n" TC_HELP_JSON,
+    },
+    {
+        .name = "completion",
+        .run = tc_completion,
+        .flags = 0,
+        .arg = ARG_SHELL,
+        .usage = "trainctl completion bash",
+        .brief = "print a shell completion script",
+        .help = "Prints a bash completion script for trainctl: verbs, each verb's flags,\n"
+                "and job ids (asked from traind with trainctl ls). Load it with\n"
+                "  source <(trainctl completion bash)\n"
+                "or save it as /usr/share/bash-completion/completions/trainctl.\n\n"
                 "  -h, --help  show this help\n",
     },
 };
@@ -130,7 +209,7 @@ static const verb verbs[] = {
 #define NVERBS (sizeof(verbs) / sizeof(verbs[0]))
 #define NFLAGS (sizeof(flags) / sizeof(flags[0]))
 
-/* Set by watch.c while a progress line without its newline is on stdout. */
+/* Set by watch.c while its bars, without a last newline, are on stdout. */
 int tc_line_open;
 
 int tc_err(int status, const char *fmt, ...)
@@ -165,9 +244,11 @@ static void print_main_help(FILE *f)
           "                 " TC_DEFAULT_SOCKET "\n"
           "  -h, --help     show this help\n"
           "  --version      show trainctl's version\n\n"
-          "Exit status: 0 success; 1 the job failed or was cancelled (watch), or traind\n"
-          "refused the request; 64 usage error; 65 invalid job file; 66 job file missing or\n"
-          "unreadable; 69 traind unreachable; 76 protocol error.\n",
+          "Exit status: 0 success; 1 the job failed or was cancelled (watch), traind\n"
+          "refused the request, or plot found nothing to draw; 64 usage error; 65 invalid\n"
+          "job file; 66 job file missing or unreadable; 69 traind unreachable; 73 plot\n"
+          "cannot write its file; 76 protocol error; 77 permission denied; 78 the socket\n"
+          "path is unusable.\n",
           f);
 }
 
@@ -224,14 +305,46 @@ static int valid_key(const char *arg)
     return 1;
 }
 
-static const flag *find_flag(const char *arg, size_t len)
+/* The flag named arg (len bytes): the one among the accepted bits when a name has several
+ * meanings, else any, so that the caller can say it is not an option here. */
+static const flag *find_flag(const char *arg, size_t len, unsigned accepted)
 {
+    const flag *any = NULL;
     size_t i;
 
-    for (i = 0; i < NFLAGS; i++)
-        if (strlen(flags[i].name) == len && memcmp(flags[i].name, arg, len) == 0)
+    for (i = 0; i < NFLAGS; i++) {
+        if (strlen(flags[i].name) != len || memcmp(flags[i].name, arg, len) != 0)
+            continue;
+        if (flags[i].bit & accepted)
             return &flags[i];
-    return NULL;
+        any = any != NULL ? any : &flags[i];
+    }
+    return any;
+}
+
+/* -o FORMAT for a read verb: json, or csv where the verb has --csv. */
+static int store_format(const verb *v, const char *val, tc_opts *o)
+{
+    if (strcmp(val, "json") == 0)
+        o->json = 1;
+    else if (strcmp(val, "csv") == 0 && (v->flags & F_CSV))
+        o->csv = 1;
+    else
+        return usage_error(v, "-o takes %s, not '%s'", v->flags & F_CSV ? "csv or json" : "json",
+                           val);
+    return TC_OK;
+}
+
+/* -o FILE for plot: the format comes from the name. */
+static int store_outfile(const verb *v, const char *val, tc_opts *o)
+{
+    size_t len = strlen(val);
+
+    if (len < 5 ||
+        (strcasecmp(val + len - 4, ".png") != 0 && strcasecmp(val + len - 4, ".svg") != 0))
+        return usage_error(v, "-o needs a file name ending in .png or .svg, not '%s'", val);
+    o->output = val;
+    return TC_OK;
 }
 
 /* Stores one flag's value into o. */
@@ -265,17 +378,28 @@ static int store_flag(const verb *v, const flag *fl, const char *val, tc_opts *o
     case F_SUMMARY:
         o->summary = 1;
         break;
+    case F_FORMAT:
+        return store_format(v, val, o);
+    case F_OUTFILE:
+        return store_outfile(v, val, o);
     }
     return TC_OK;
 }
 
-/* Handles argv[*i], a flag, taking its value from "=VALUE" or the next argument. */
+/* Handles argv[*i], a flag, taking its value from "=VALUE" or the next argument; a short
+ * flag (-o) also takes it attached (-ojson). */
 static int parse_flag(const verb *v, int argc, char **argv, int *i, tc_opts *o)
 {
     const char *arg = argv[*i];
     const char *eq = strchr(arg, '=');
     size_t len = eq != NULL ? (size_t)(eq - arg) : strlen(arg);
-    const flag *fl = find_flag(arg, len);
+    const flag *fl;
+
+    if (arg[1] != '-' && len > 2) {
+        len = 2;
+        eq = arg + 1; /* the value, eq + 1, starts right after the flag's letter */
+    }
+    fl = find_flag(arg, len, v->flags);
 
     if (fl == NULL || (v->flags & fl->bit) == 0)
         return usage_error(v, fl == NULL ? "unknown option '%s'" : "'%s' is not an option here",
@@ -293,19 +417,43 @@ static int parse_flag(const verb *v, int argc, char **argv, int *i, tc_opts *o)
     return store_flag(v, fl, argv[*i], o);
 }
 
-/* Takes the verb's positional argument. */
+static int has_job(const tc_opts *o, int64_t job)
+{
+    size_t i;
+
+    for (i = 0; i < o->njobs; i++)
+        if (o->jobs[i] == job)
+            return 1;
+    return 0;
+}
+
+/* Takes one of the verb's positional arguments. */
 static int parse_positional(const verb *v, const char *arg, int *seen, tc_opts *o)
 {
-    if (v->arg == ARG_NONE || *seen)
+    if (v->arg == ARG_NONE || (*seen && v->arg != ARG_JOBS))
         return usage_error(v, "unexpected argument '%s'", arg);
     *seen = 1;
     if (v->arg == ARG_FILE) {
         o->file = arg;
         return TC_OK;
     }
+    if (v->arg == ARG_SHELL) {
+        o->shell = arg;
+        return strcmp(arg, "bash") == 0 ? TC_OK
+                                        : usage_error(v, "no completion for '%s'; bash only", arg);
+    }
     if (parse_count(arg, &o->job) != 0)
         return usage_error(v, "JOB must be a job id (a number), not '%s'", arg);
+    if (!has_job(o, o->job)) /* plot 3 3 draws job 3 once */
+        o->jobs[o->njobs++] = o->job;
     return TC_OK;
+}
+
+static const char *arg_name(int arg)
+{
+    static const char *const names[] = {"", "JOB", "JOBS", "FILE", "SHELL"};
+
+    return names[arg];
 }
 
 /* Parses the verb's arguments, argv[first..argc). Sets *help when --help was asked for. */
@@ -327,9 +475,11 @@ static int parse_verb_args(const verb *v, int argc, char **argv, int first, tc_o
     if (rc != TC_OK || *help)
         return rc;
     if (v->arg != ARG_NONE && !seen)
-        return usage_error(v, "missing %s", v->arg == ARG_JOB ? "JOB" : "FILE");
+        return usage_error(v, "missing %s", v->arg == ARG_JOBS ? "JOB" : arg_name(v->arg));
     if (o->csv && o->json)
         return usage_error(v, "--csv and --json cannot be used together");
+    if ((v->flags & F_OUTFILE) && o->output == NULL)
+        return usage_error(v, "missing -o FILE (a .png or .svg file to write)");
     return TC_OK;
 }
 
@@ -382,6 +532,30 @@ static const char *default_socket(void)
     return env != NULL && env[0] != '\0' ? env : TC_DEFAULT_SOCKET;
 }
 
+int tc_verb_at(size_t i, tc_verb_desc *out)
+{
+    size_t f, n = 0;
+    int k;
+
+    if (i >= NVERBS)
+        return -1;
+    out->name = verbs[i].name;
+    out->arg = arg_name(verbs[i].arg);
+    out->output = verbs[i].flags & F_OUTFILE     ? "FILE"
+                  : !(verbs[i].flags & F_FORMAT) ? ""
+                  : verbs[i].flags & F_CSV       ? "csv json"
+                                                 : "json";
+    out->flags[0] = '\0';
+    for (f = 0; f < NFLAGS; f++) {
+        if ((verbs[i].flags & flags[f].bit) == 0)
+            continue;
+        k = snprintf(out->flags + n, sizeof(out->flags) - n, "%s ", flags[f].name);
+        n = k > 0 && n + (size_t)k < sizeof(out->flags) ? n + (size_t)k : n;
+    }
+    snprintf(out->flags + n, sizeof(out->flags) - n, "--help");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     tc_opts o = {.job = -1, .since = -1};
@@ -395,7 +569,8 @@ int main(int argc, char **argv)
         goto out;
     v = find_verb(argv[at]);
     o.sets = calloc((size_t)argc, sizeof(*o.sets));
-    if (o.sets == NULL) {
+    o.jobs = calloc((size_t)argc, sizeof(*o.jobs));
+    if (o.sets == NULL || o.jobs == NULL) {
         rc = tc_err(TC_FAILED, "out of memory");
         goto out;
     }
@@ -408,6 +583,7 @@ int main(int argc, char **argv)
         rc = v->run(&o);
 out:
     free(o.sets);
+    free(o.jobs);
     if (tc_flush_stdout() != TC_OK && rc == TC_OK)
         rc = TC_FAILED;
     return rc;

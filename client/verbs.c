@@ -1,6 +1,7 @@
-/* The request/reply verbs: submit, status, ls, cancel and metrics. Each opens a connection,
- * sends one request, reads its reply (or, for metrics, the run of rows frames up to `end`),
- * and prints it. watch, which follows a job live, is in watch.c. */
+/* The request/reply verbs: submit, status, ls, cancel, metrics, info and logs. Each opens a
+ * connection, sends one request, reads its reply (or, for metrics, the run of rows frames up
+ * to `end`), and prints it. watch, which follows a job live, is in watch.c; plot in plot.c. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,21 +57,15 @@ out:
     return rc;
 }
 
-/* Sends {type, id, job_id} and waits for a reply of type reply. */
+/* Connects, sends {type, id, job_id} and waits for a reply of type reply. */
 static int job_request(const tc_opts *o, tc_conn **c, const char *type, const char *reply,
                        td_proto_frame **f)
 {
-    td_pw *w;
     int rc = tc_conn_open(c, o->socket);
 
     if (rc != TC_OK)
         return rc;
-    w = tc_conn_request(*c, type, 3);
-    td_pw_str(w, "job_id");
-    td_pw_int(w, o->job);
-    if ((rc = tc_conn_send(*c)) != TC_OK)
-        return rc;
-    return tc_conn_expect(*c, reply, f);
+    return tc_conn_job_request(*c, type, o->job, reply, f);
 }
 
 int tc_status(const tc_opts *o)
@@ -140,68 +135,161 @@ out:
     return rc;
 }
 
-/* Feeds the rows of one rows frame to the sink. */
-static int sink_rows(tc_sink *s, const td_proto_frame *f)
+static int sink_row(void *ud, const tc_row *row)
 {
-    const td_pval *rows = td_pv_get(td_proto_frame_root(f), "rows");
-    tc_row row;
-    size_t i;
-    int rc = TC_OK;
-
-    if (td_pv_type_of(rows) != TD_PV_ARRAY)
-        return tc_err(TC_PROTOCOL, "traind sent a rows frame without rows");
-    for (i = 0; i < td_pv_len(rows) && rc == TC_OK; i++)
-        if ((rc = tc_row_at(rows, i, &row)) == TC_OK)
-            rc = tc_sink_add(s, &row);
-    return rc;
-}
-
-/* Reads rows frames into the sink until the end frame. */
-static int stream_rows(tc_conn *c, tc_sink *s)
-{
-    td_proto_frame *f = NULL;
-    const td_pval *type;
-    int rc = TC_OK, done = 0;
-
-    while (rc == TC_OK && !done) {
-        if ((rc = tc_conn_recv(c, &f, TC_REPLY_TIMEOUT_MS)) != TC_OK)
-            break;
-        if (f == NULL)
-            return tc_err(TC_UNAVAILABLE, "traind stopped sending metrics for %d s",
-                          TC_REPLY_TIMEOUT_MS / 1000);
-        type = td_pv_get(td_proto_frame_root(f), "type");
-        if (tc_pv_is(type, "rows"))
-            rc = sink_rows(s, f);
-        else if (tc_pv_is(type, "end"))
-            done = 1;
-        else
-            rc = tc_err(TC_PROTOCOL, "traind sent an unexpected frame in a metrics reply");
-        td_proto_frame_free(f);
-        f = NULL;
-    }
-    return rc;
+    return tc_sink_add(ud, row);
 }
 
 int tc_metrics(const tc_opts *o)
 {
     tc_conn *c = NULL;
     tc_sink *s = NULL;
-    td_pw *w;
+    int rc = tc_conn_open(&c, o->socket);
+
+    if (rc != TC_OK || (rc = tc_sink_new(&s, o)) != TC_OK)
+        goto out;
+    if ((rc = tc_conn_metrics(c, o->job, o->keys, sink_row, s)) == TC_OK)
+        rc = tc_sink_finish(s);
+out:
+    tc_sink_free(s);
+    tc_conn_close(c);
+    return rc;
+}
+
+/* A reply's top map as pretty JSON, without the protocol's own type and id. */
+static int print_reply_json(const td_pval *root)
+{
+    json_t *j = tc_pv_to_json(root);
+    int rc;
+
+    if (j == NULL)
+        return tc_err(TC_FAILED, "out of memory");
+    json_object_del(j, "type");
+    json_object_del(j, "id");
+    rc = tc_dump_json(j, 1);
+    json_decref(j);
+    return rc;
+}
+
+int tc_info(const tc_opts *o)
+{
+    td_proto_frame *f = NULL;
+    tc_conn *c = NULL;
+    const td_pval *root;
     int rc = tc_conn_open(&c, o->socket);
 
     if (rc != TC_OK)
         goto out;
-    w = tc_conn_request(c, "metrics", o->keys ? 4 : 3);
-    td_pw_str(w, "job_id");
-    td_pw_int(w, o->job);
-    if (o->keys != NULL)
-        tc_pw_keys(w, o->keys);
-    if ((rc = tc_conn_send(c)) != TC_OK || (rc = tc_sink_new(&s, o)) != TC_OK)
+    tc_conn_request(c, "info", 2);
+    if ((rc = tc_conn_send(c)) != TC_OK || (rc = tc_conn_expect(c, "info", &f)) != TC_OK)
         goto out;
-    if ((rc = stream_rows(c, s)) == TC_OK)
-        rc = tc_sink_finish(s);
+    root = td_proto_frame_root(f);
+    if (o->json)
+        rc = print_reply_json(root);
+    else
+        tc_print_info(root);
 out:
-    tc_sink_free(s);
+    td_proto_frame_free(f);
+    tc_conn_close(c);
+    return rc;
+}
+
+/* syslog priorities as traind's --log-level names them. */
+static const char *level_name(int64_t level)
+{
+    static const char *const names[] = {"emerg",   "alert",  "crit", "err",
+                                        "warning", "notice", "info", "debug"};
+
+    return level >= 0 && level < 8 ? names[level] : "level?";
+}
+
+/* One logs line, [time, level, message], checked. */
+static int log_line(const td_pval *lines, size_t i, double *t, int64_t *level, const char **msg,
+                    size_t *len)
+{
+    const td_pval *l = td_pv_at(lines, i);
+
+    *msg = td_pv_str(td_pv_at(l, 2), len);
+    if (td_pv_len(l) < 3 || td_pv_double(td_pv_at(l, 0), t) != 0 ||
+        td_pv_int(td_pv_at(l, 1), level) != 0 || *msg == NULL)
+        return tc_err(TC_PROTOCOL, "traind sent a log line that is not [time, level, message]");
+    return TC_OK;
+}
+
+/* Prints the message and a newline; its own further lines start indent columns in, under
+ * its first. */
+static void print_indented(const char *msg, size_t len, int indent)
+{
+    const char *nl;
+
+    while ((nl = memchr(msg, '\n', len)) != NULL) {
+        printf("%.*s\n%*s", (int)(nl - msg), msg, indent, "");
+        len -= (size_t)(nl + 1 - msg);
+        msg = nl + 1;
+    }
+    printf("%.*s\n", (int)len, msg);
+}
+
+/* One line as "2026-11-30 05:16:51 notice message", or as a JSON object after sep. */
+static void print_log_line(const tc_opts *o, const char *sep, double t, int64_t level,
+                           const char *msg, size_t len)
+{
+    char when[64];
+
+    if (o->json) {
+        fprintf(stdout, "%s{\"job\":%lld,\"time\":%.3f,\"level\":%lld,\"level_name\":\"%s\",", sep,
+                (long long)o->job, isfinite(t) ? t : 0.0, (long long)level, level_name(level));
+        fputs("\"message\":", stdout);
+        tc_json_str(stdout, msg, len);
+        fputc('}', stdout);
+    } else {
+        tc_fmt_time(when, sizeof(when), t);
+        printf("%s %s ", when, level_name(level));
+        print_indented(msg, len, (int)(strlen(when) + strlen(level_name(level)) + 2));
+    }
+}
+
+/* Checks every line first, so that a bad one leaves nothing half printed; then prints them,
+ * as text or as a JSON array. */
+static int print_logs(const tc_opts *o, const td_pval *lines)
+{
+    size_t i, n = td_pv_len(lines), len;
+    const char *msg;
+    int64_t level;
+    double t;
+    int rc = TC_OK;
+
+    for (i = 0; i < n && rc == TC_OK; i++)
+        rc = log_line(lines, i, &t, &level, &msg, &len);
+    if (rc != TC_OK)
+        return rc;
+    if (o->json)
+        fputs("[", stdout);
+    for (i = 0; i < n; i++) {
+        log_line(lines, i, &t, &level, &msg, &len);
+        print_log_line(o, i ? ",\n" : "\n", t, level, msg, len);
+    }
+    if (o->json)
+        fputs(n ? "\n]\n" : "]\n", stdout);
+    return TC_OK;
+}
+
+int tc_logs(const tc_opts *o)
+{
+    td_proto_frame *f = NULL;
+    tc_conn *c = NULL;
+    const td_pval *lines;
+    int rc = job_request(o, &c, "logs", "logs", &f);
+
+    if (rc != TC_OK)
+        goto out;
+    lines = td_pv_get(td_proto_frame_root(f), "lines");
+    if (td_pv_type_of(lines) != TD_PV_ARRAY)
+        rc = tc_err(TC_PROTOCOL, "traind's logs reply has no lines array");
+    else
+        rc = print_logs(o, lines);
+out:
+    td_proto_frame_free(f);
     tc_conn_close(c);
     return rc;
 }

@@ -1,9 +1,9 @@
 /* trainctl watch: follows one job until it ends. It asks for the job's status first (the
- * spec gives the epoch count and batch size the progress line uses), then sends `watch` and
- * handles the rows, state and end frames that follow. Three ways to show them: a live
- * progress line on a terminal, redrawn at most TC_REDRAW_S apart, with evaluation results
- * printed above it as permanent lines; one plain line per event for a pipe; one JSON object
- * per row with --json. */
+ * spec gives the epoch count, batch size, step limit and evaluation schedule the bars use),
+ * then sends `watch` and handles the rows, state and end frames that follow. Three ways to
+ * show them: two live bars on a terminal (train and valid), redrawn at most TC_REDRAW_S apart,
+ * with each evaluation also printed above them as a permanent line; one plain line per event
+ * for a pipe; one JSON object per row with --json. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -14,14 +14,18 @@
 
 #include "client.h"
 
-#define TC_BAR_WIDTH    20         /* characters of the bar itself */
-#define TC_REDRAW_S     0.1        /* seconds between two redraws of the progress line, at least */
+#define TC_BAR_WIDTH    20         /* characters of a bar itself */
+#define TC_BAR_MIN_COLS 40         /* narrower terminals get the text without the bars */
+#define TC_REDRAW_S     0.1        /* seconds between two redraws of the bars, at least */
 #define TC_RATE_WINDOW  64         /* (step, time) samples the steps/s estimate spans */
-#define TC_LINE_MAX     512        /* bytes of a progress or evaluation line */
+#define TC_LINE_MAX     512        /* bytes of a bar's text or an evaluation line */
+#define TC_PENDING_MAX  4096       /* bytes of evaluation lines waiting for the next redraw */
 #define TC_DEFAULT_COLS 80         /* terminal width when it cannot be asked */
-#define TC_GREEN        "\033[32m" /* the filled part of the bar */
+#define TC_GREEN        "\033[32m" /* the filled part of the train bar */
+#define TC_CYAN         "\033[36m" /* the filled part of the valid bar */
 #define TC_RESET        "\033[0m"
 #define TC_CLEAR_LINE   "\r\033[2K"
+#define TC_UP_CLEAR     "\033[1A\033[2K" /* up one line, and clear it */
 
 enum { W_BAR, W_PLAIN, W_JSON };
 
@@ -37,15 +41,29 @@ typedef struct watch {
     char state[24];
     int64_t step, total;
     int64_t epochs, batch;   /* from the spec; 0 when it does not say */
+    int64_t max_steps;       /* from the spec; -1 when it does not say */
+    int64_t eval_every;      /* from the spec; 0: at each epoch's end */
+    int64_t steps_per_epoch; /* from the spec or the epoch rows; 0 until known */
+    int has_test;            /* the job evaluates (and the watch asked for those rows) */
+    double started, ended;   /* unix seconds; 0 when not yet */
     double loss, sps, epoch; /* latest train_loss, samples_per_s, epoch; NAN until seen */
+    double train_time;       /* time of the latest train_loss row, at step train_step */
+    int64_t train_step;      /* ... which an evaluation at the same step follows */
+    double eval_s;           /* seconds the last evaluation took; 0 until measured */
     sample win[TC_RATE_WINDOW];
-    size_t nwin, newest;    /* samples held, and the newest one's index */
-    double drawn_at;        /* monotonic seconds of the last draw */
-    int dirty;              /* the progress line shows less than is known */
-    char eval[TC_LINE_MAX]; /* evaluation results of one step, gathered */
-    size_t evallen;         /* bytes in eval; 0 when nothing is gathered */
-    int64_t eval_step;      /* the step they are of */
-    char shown_state[24];   /* plain mode: the last state line printed */
+    size_t nwin, newest;          /* samples held, and the newest one's index */
+    double drawn_at;              /* monotonic seconds of the last draw */
+    int dirty;                    /* the bars show less than is known */
+    int nlines;                   /* bar lines now on the screen: 0, 1 or 2 */
+    char eval[TC_LINE_MAX];       /* evaluation results of one step, gathered */
+    size_t evallen;               /* bytes in eval; 0 when nothing is gathered */
+    int64_t eval_step;            /* the step they are of */
+    char last[TC_LINE_MAX];       /* the valid bar: the last evaluation's "key value" pairs */
+    size_t lastlen;               /* bytes in last */
+    int64_t last_step;            /* its step; -1 before the first */
+    char pending[TC_PENDING_MAX]; /* evaluation lines to print above the bars at the next draw */
+    size_t npending;
+    char shown_state[24]; /* plain mode: the last state line printed */
     int64_t shown_step, shown_total;
 } watch;
 
@@ -81,6 +99,8 @@ static void add(char *buf, size_t size, size_t *n, const char *fmt, ...)
         *n = *n + (size_t)k < size ? *n + (size_t)k : size - 1;
 }
 
+/* ---- what the bars know ---- */
+
 /* Steps per second: from samples_per_s and the batch size when both are known, else from
  * the times of the rows over the last TC_RATE_WINDOW steps. NAN when neither is known. */
 static double steps_per_s(const watch *wt)
@@ -98,6 +118,44 @@ static double steps_per_s(const watch *wt)
     return (double)(new->step - old->step) / (new->time - old->time);
 }
 
+/* Steps between two evaluations: eval_every, else an epoch; 0 while that is not known. */
+static int64_t eval_period(const watch *wt)
+{
+    return wt->eval_every > 0 ? wt->eval_every : wt->steps_per_epoch;
+}
+
+/* Evaluations still to come after step: one per period, and always one at the last step. */
+static int64_t evals_left(const watch *wt)
+{
+    int64_t p = eval_period(wt), n;
+
+    if (!wt->has_test || wt->total <= wt->step)
+        return 0;
+    if (p <= 0)
+        return 1;
+    n = wt->total / p - wt->step / p;
+    return n + (wt->total % p != 0);
+}
+
+/* Seconds left: the steps at the measured rate, plus the evaluations the schedule still holds
+ * at what the last one took. NAN while the rate is not known. */
+static double eta_s(const watch *wt)
+{
+    double rate = steps_per_s(wt);
+
+    if (!(rate > 0) || wt->total <= wt->step)
+        return NAN;
+    return (double)(wt->total - wt->step) / rate + (double)evals_left(wt) * wt->eval_s;
+}
+
+/* Seconds since the job started, up to its end when it has ended. */
+static double elapsed_s(const watch *wt)
+{
+    double end = wt->ended > 0 ? wt->ended : tc_now_real();
+
+    return wt->started > 0 && end > wt->started ? end - wt->started : NAN;
+}
+
 static int term_cols(void)
 {
     struct winsize ws;
@@ -107,76 +165,165 @@ static int term_cols(void)
     return TC_DEFAULT_COLS;
 }
 
-/* The progress line's text after the bar. */
-static void progress_text(const watch *wt, char *buf, size_t size)
+/* ---- drawing ---- */
+
+/* "epoch 2/3", or "epoch 2.50" for a fractional one. */
+static void epoch_text(const watch *wt, char *buf, size_t size, size_t *n)
+{
+    int64_t of = wt->epochs;
+
+    if (!isfinite(wt->epoch))
+        return;
+    if (of <= 0 && wt->steps_per_epoch > 0 && wt->total > 0)
+        of = (wt->total + wt->steps_per_epoch - 1) / wt->steps_per_epoch;
+    if (wt->epoch == floor(wt->epoch))
+        add(buf, size, n, "  epoch %.0f", wt->epoch);
+    else
+        add(buf, size, n, "  epoch %.2f", wt->epoch);
+    if (of > 0)
+        add(buf, size, n, "/%lld", (long long)of);
+}
+
+/* The train bar's text: step/total, percent, elapsed, ETA, loss, s/step, epoch, state. */
+static void train_text(const watch *wt, char *buf, size_t size)
 {
     int running = strcmp(wt->state, "running") == 0;
-    double rate = steps_per_s(wt);
-    char eta[32];
+    double rate = steps_per_s(wt), eta = eta_s(wt), el = elapsed_s(wt);
+    char d[32];
     size_t n = 0;
 
     buf[0] = '\0';
     if (wt->total > 0)
-        add(buf, size, &n, " step %lld/%lld  %d%%", (long long)wt->step, (long long)wt->total,
+        add(buf, size, &n, " %lld/%lld  %d%%", (long long)wt->step, (long long)wt->total,
             (int)(100 * (wt->step < wt->total ? wt->step : wt->total) / wt->total));
-    else if (wt->step > 0)
+    else
         add(buf, size, &n, " step %lld", (long long)wt->step);
+    if (isfinite(el)) {
+        tc_fmt_duration(d, sizeof(d), el);
+        add(buf, size, &n, "  elapsed %s", d);
+    }
+    if (running && isfinite(eta)) {
+        tc_fmt_duration(d, sizeof(d), eta);
+        add(buf, size, &n, "  ETA %s", d);
+    }
     if (isfinite(wt->loss))
         add(buf, size, &n, "  loss %.4g", wt->loss);
-    if (running && rate > 0)
-        add(buf, size, &n, "  %.1f steps/s", rate);
-    if (running && rate > 0 && wt->total > wt->step) {
-        tc_fmt_duration(eta, sizeof(eta), (double)(wt->total - wt->step) / rate);
-        add(buf, size, &n, "  ETA %s", eta);
-    }
-    if (isfinite(wt->epoch) && wt->epoch == floor(wt->epoch))
-        add(buf, size, &n, "  epoch %.0f", wt->epoch);
-    else if (isfinite(wt->epoch))
-        add(buf, size, &n, "  epoch %.2f", wt->epoch);
-    if (isfinite(wt->epoch) && wt->epochs > 0)
-        add(buf, size, &n, "/%lld", (long long)wt->epochs);
+    if (running && rate >= 1) /* a fast step reads better in ms than as 0.000631 s */
+        add(buf, size, &n, "  %.3g ms/step", 1000 / rate);
+    else if (running && rate > 0)
+        add(buf, size, &n, "  %.3g s/step", 1 / rate);
+    epoch_text(wt, buf, size, &n);
     if (!running)
         add(buf, size, &n, "  %s", wt->state);
 }
 
-/* Redraws the progress line in place, cut to the terminal's width. */
-static void draw(watch *wt)
+/* The valid bar's text: the last evaluation and its step, and where the next one falls. */
+static void valid_text(const watch *wt, char *buf, size_t size, int64_t next)
 {
-    char text[TC_LINE_MAX], bar[TC_BAR_WIDTH + 1];
-    int fill = 0, room = term_cols() - 1 - (TC_BAR_WIDTH + 2);
-    int64_t step = wt->step < wt->total ? wt->step : wt->total;
+    size_t n = 0;
 
-    if (wt->total > 0 && step > 0)
-        fill = (int)(TC_BAR_WIDTH * step / wt->total);
-    memset(bar, '#', (size_t)fill);
-    memset(bar + fill, '-', (size_t)(TC_BAR_WIDTH - fill));
-    bar[TC_BAR_WIDTH] = '\0';
-    progress_text(wt, text, sizeof(text));
+    buf[0] = '\0';
+    if (wt->last_step >= 0)
+        add(buf, size, &n, " step %lld: %s", (long long)wt->last_step, wt->last);
+    else
+        add(buf, size, &n, " no evaluation yet");
+    if (next > wt->step && strcmp(wt->state, "running") == 0)
+        add(buf, size, &n, "  (next at step %lld)", (long long)next);
+}
+
+/* How full the valid bar is (0..1): the way from the last scheduled evaluation to the next,
+ * which *next is set to (0 when the schedule is not known). */
+static double valid_fill(const watch *wt, int64_t *next)
+{
+    int64_t p = eval_period(wt), prev = p > 0 ? wt->step / p * p : 0;
+
+    *next = p > 0 ? prev + p : wt->total;
+    if (wt->total > 0 && *next > wt->total)
+        *next = wt->total;
+    if (wt->total > 0 && wt->step >= wt->total)
+        return 1;
+    if (*next <= prev || (p <= 0 && wt->total <= 0))
+        return 0;
+    return (double)(wt->step - prev) / (double)(*next - prev);
+}
+
+/* One bar line: "label [####------] text", cut to cols - 1 characters so it never wraps (the
+ * text is ASCII, so bytes are characters); without the bar on a narrow terminal. */
+static void bar_line(const watch *wt, const char *label, double fill, const char *color,
+                     const char *text, int cols)
+{
+    char bar[TC_BAR_WIDTH + 1];
+    int k = (int)(TC_BAR_WIDTH * (fill < 0 ? 0 : fill > 1 ? 1 : fill));
+    int room = cols - 1 - (int)strlen(label) - (cols < TC_BAR_MIN_COLS ? 0 : TC_BAR_WIDTH + 3);
+
     if (room < 0)
         room = 0;
+    if (cols < TC_BAR_MIN_COLS) {
+        printf("%s%.*s", label, room, text);
+        return;
+    }
+    memset(bar, '#', (size_t)k);
+    memset(bar + k, '-', (size_t)(TC_BAR_WIDTH - k));
+    bar[TC_BAR_WIDTH] = '\0';
     if (wt->color)
-        printf(TC_CLEAR_LINE "[" TC_GREEN "%.*s" TC_RESET "%s]%.*s", fill, bar, bar + fill, room,
-               text);
+        printf("%s [%s%.*s" TC_RESET "%s]%.*s", label, color, k, bar, bar + k, room, text);
     else
-        printf(TC_CLEAR_LINE "[%s]%.*s", bar, room, text);
+        printf("%s [%s]%.*s", label, bar, room, text);
+}
+
+/* Clears the bars from the screen, leaving the cursor at the start of the first one's line. */
+static void clear_bars(watch *wt)
+{
+    if (wt->nlines > 0)
+        fputs(TC_CLEAR_LINE, stdout);
+    if (wt->nlines > 1)
+        fputs(TC_UP_CLEAR, stdout);
+    wt->nlines = 0;
+    tc_line_open = 0;
+}
+
+/* Redraws: the evaluation lines gathered since the last draw go above, then the bars. */
+static void draw(watch *wt)
+{
+    char text[TC_LINE_MAX];
+    int cols = term_cols();
+    int64_t next = 0;
+    double fill;
+
+    clear_bars(wt);
+    fwrite(wt->pending, 1, wt->npending, stdout);
+    wt->npending = 0;
+    train_text(wt, text, sizeof(text));
+    bar_line(wt, "train", wt->total > 0 ? (double)wt->step / (double)wt->total : 0, TC_GREEN, text,
+             cols);
+    wt->nlines = 1;
+    if (wt->has_test) {
+        fill = valid_fill(wt, &next);
+        valid_text(wt, text, sizeof(text), next);
+        fputc('\n', stdout);
+        bar_line(wt, "valid", fill, TC_CYAN, text, cols);
+        wt->nlines = 2;
+    }
     fflush(stdout);
     tc_line_open = 1;
     wt->drawn_at = now_mono();
     wt->dirty = 0;
 }
 
-/* Prints the gathered evaluation results as a permanent line above the progress line. */
+/* Moves the gathered evaluation results to the lines printed above the bars at the next draw
+ * (at once when too many wait, which only an evaluation at every step could cause). */
 static void flush_eval(watch *wt)
 {
     if (wt->evallen == 0)
         return;
-    printf("%s%s\n", tc_line_open ? TC_CLEAR_LINE : "", wt->eval);
-    tc_line_open = 0;
+    if (wt->npending + wt->evallen + 2 > sizeof(wt->pending))
+        draw(wt);
+    add(wt->pending, sizeof(wt->pending), &wt->npending, "%s\n", wt->eval);
     wt->evallen = 0;
     wt->dirty = 1;
 }
 
-/* Gathers an evaluation row into the line for its step. */
+/* Gathers an evaluation row into the line for its step, and into the valid bar's text. */
 static void add_eval(watch *wt, const tc_row *r)
 {
     char val[32];
@@ -189,22 +336,53 @@ static void add_eval(watch *wt, const tc_row *r)
     }
     tc_fmt_value(val, sizeof(val), r->value);
     add(wt->eval, sizeof(wt->eval), &wt->evallen, "  %.*s %s", (int)r->keylen, r->key, val);
+    if (wt->last_step != r->step) {
+        wt->last_step = r->step;
+        wt->lastlen = 0;
+    }
+    add(wt->last, sizeof(wt->last), &wt->lastlen, "%s%.*s %s", wt->lastlen ? "  " : "",
+        (int)r->keylen, r->key, val);
 }
+
+/* ---- rows and frames ---- */
 
 static int row_is(const tc_row *r, const char *key)
 {
     return r->keylen == strlen(key) && memcmp(r->key, key, r->keylen) == 0;
 }
 
-/* Keeps what the progress line shows up to date with one row. */
+/* What an evaluation row tells: that the job evaluates, and (when it follows the step's
+ * train_loss row) how long an evaluation takes. */
+static void track_eval(watch *wt, const tc_row *r)
+{
+    wt->has_test = 1;
+    if (r->step == wt->train_step && r->step != wt->eval_step && r->time > wt->train_time)
+        wt->eval_s = r->time - wt->train_time;
+}
+
+/* The epoch row comes at each epoch's first step, so epoch e >= 2 at step s means epochs of
+ * (s - 1) / (e - 1) steps. */
+static void track_epoch(watch *wt, const tc_row *r)
+{
+    wt->epoch = r->value;
+    if (wt->steps_per_epoch == 0 && r->value >= 2 && r->value == floor(r->value) && r->step > 1)
+        wt->steps_per_epoch = (r->step - 1) / ((int64_t)r->value - 1);
+}
+
+/* Keeps what the bars show up to date with one row. */
 static void track(watch *wt, const tc_row *r)
 {
-    if (row_is(r, "train_loss"))
+    if (row_is(r, "train_loss")) {
         wt->loss = r->value;
-    else if (row_is(r, "samples_per_s"))
+        wt->train_time = r->time;
+        wt->train_step = r->step;
+    } else if (row_is(r, "samples_per_s")) {
         wt->sps = r->value;
-    else if (row_is(r, "epoch"))
-        wt->epoch = r->value;
+    } else if (row_is(r, "epoch")) {
+        track_epoch(wt, r);
+    } else if (tc_is_eval_key(r->key, r->keylen)) {
+        track_eval(wt, r);
+    }
     if (r->step > wt->step)
         wt->step = r->step;
     if (wt->nwin == 0 || r->step > wt->win[wt->newest].step) {
@@ -246,7 +424,8 @@ static int on_rows(watch *wt, const td_pval *root)
     return rc;
 }
 
-/* Takes state, step and total_steps from a state frame or a JOB map. */
+/* Takes state, step and total_steps from a state frame or a JOB map, and the start and end
+ * times from a JOB map. A job seen to start running without a known start time started now. */
 static void take_state(watch *wt, const td_pval *m)
 {
     char state[sizeof(wt->state)];
@@ -256,6 +435,12 @@ static void take_state(watch *wt, const td_pval *m)
         memcpy(wt->state, state, sizeof(state));
     wt->step = tc_job_int(m, "step", wt->step);
     wt->total = tc_job_int(m, "total_steps", wt->total);
+    wt->started = tc_job_double(m, "started", wt->started);
+    wt->ended = tc_job_double(m, "ended", wt->ended);
+    if (wt->started <= 0 && strcmp(wt->state, "running") == 0)
+        wt->started = tc_now_real();
+    if (wt->epochs > 0 && wt->max_steps < 0 && wt->total > 0 && wt->total % wt->epochs == 0)
+        wt->steps_per_epoch = wt->total / wt->epochs;
     wt->dirty = 1;
 }
 
@@ -325,6 +510,7 @@ static int on_end(watch *wt, const td_pval *root)
         draw(wt);
         fputc('\n', stdout);
         tc_line_open = 0;
+        wt->nlines = 0;
     }
     if (wt->mode == W_JSON)
         rc = print_end_json(wt, job);
@@ -353,14 +539,15 @@ static int on_frame(watch *wt, const td_proto_frame *f, int *done)
     return tc_err(TC_PROTOCOL, "traind sent an unexpected frame while watching");
 }
 
-/* How long the next wait may last: until the progress line is due for a redraw. */
+/* How long the next wait may last: until the bars are due for a redraw. While the job runs
+ * they are redrawn at least every second, so that elapsed time moves between rows. */
 static int wait_ms(const watch *wt)
 {
     double left;
 
-    if (wt->mode != W_BAR || !wt->dirty)
+    if (wt->mode != W_BAR)
         return -1;
-    left = wt->drawn_at + TC_REDRAW_S - now_mono();
+    left = wt->drawn_at + (wt->dirty ? TC_REDRAW_S : 1.0) - now_mono();
     return left > 0 ? (int)ceil(left * 1000) : 0;
 }
 
@@ -370,7 +557,7 @@ static int follow(watch *wt)
     int rc = TC_OK, done = 0;
 
     while (rc == TC_OK && !done) {
-        if (wt->mode == W_BAR && wt->dirty && wait_ms(wt) == 0)
+        if (wt->mode == W_BAR && wait_ms(wt) == 0)
             draw(wt);
         if (tc_interrupted)
             return TC_INTERRUPTED;
@@ -387,23 +574,42 @@ static int follow(watch *wt)
     return rc;
 }
 
-/* Asks for the job's status: where it stands, and from its spec the epochs and batch size. */
+/* Nonzero when the comma-separated list names an evaluation metric. */
+static int keys_have_eval(const char *keys)
+{
+    const char *p, *end;
+
+    for (p = keys; *p != '\0'; p = *end != '\0' ? end + 1 : end) {
+        end = strchrnul(p, ',');
+        if (tc_is_eval_key(p, (size_t)(end - p)))
+            return 1;
+    }
+    return 0;
+}
+
+/* What the spec says about the schedule: epochs, batch size, step limit, evaluations. */
+static void take_spec(watch *wt, const td_pval *spec)
+{
+    wt->epochs = tc_job_int(spec, "epochs", 1); /* README: the default is 1 */
+    wt->batch = tc_job_int(spec, "batch_size", 0);
+    wt->max_steps = tc_job_int(spec, "max_steps", -1);
+    wt->eval_every = tc_job_int(spec, "eval_every", 0);
+    wt->has_test = td_pv_type_of(td_pv_get(td_pv_get(spec, "data"), "test")) == TD_PV_MAP &&
+                   (wt->o->keys == NULL || keys_have_eval(wt->o->keys));
+}
+
+/* Asks for the job's status: where it stands, and from its spec the schedule. */
 static int fetch_status(watch *wt)
 {
     td_proto_frame *f = NULL;
-    const td_pval *job, *spec;
-    td_pw *w = tc_conn_request(wt->c, "status", 3);
-    int rc;
+    const td_pval *job;
+    int rc = tc_conn_job_request(wt->c, "status", wt->o->job, "job", &f);
 
-    td_pw_str(w, "job_id");
-    td_pw_int(w, wt->o->job);
-    if ((rc = tc_conn_send(wt->c)) != TC_OK || (rc = tc_conn_expect(wt->c, "job", &f)) != TC_OK)
+    if (rc != TC_OK)
         return rc;
     job = td_pv_get(td_proto_frame_root(f), "job");
-    spec = td_pv_get(job, "spec");
+    take_spec(wt, td_pv_get(job, "spec"));
     take_state(wt, job);
-    wt->epochs = tc_job_int(spec, "epochs", 0);
-    wt->batch = tc_job_int(spec, "batch_size", 0);
     td_proto_frame_free(f);
     return TC_OK;
 }
@@ -424,8 +630,8 @@ static int send_watch(watch *wt)
     return tc_conn_send(wt->c);
 }
 
-/* The way to show the job: --json, else a live line on a terminal, else plain lines. On a
- * terminal, Ctrl-C ends the watch cleanly (the line is finished) once; a second one kills. */
+/* The way to show the job: --json, else live bars on a terminal, else plain lines. On a
+ * terminal, Ctrl-C ends the watch cleanly (the bars are finished) once; a second one kills. */
 static void choose_mode(watch *wt)
 {
     const char *no_color = getenv("NO_COLOR");
@@ -441,7 +647,15 @@ static void choose_mode(watch *wt)
 
 int tc_watch(const tc_opts *o)
 {
-    watch wt = {.o = o, .loss = NAN, .sps = NAN, .epoch = NAN, .shown_step = -1};
+    watch wt = {.o = o,
+                .loss = NAN,
+                .sps = NAN,
+                .epoch = NAN,
+                .shown_step = -1,
+                .max_steps = -1,
+                .last_step = -1,
+                .eval_step = -1,
+                .train_step = -1};
     int rc;
 
     choose_mode(&wt);
@@ -451,6 +665,8 @@ int tc_watch(const tc_opts *o)
     if (wt.mode == W_BAR)
         draw(&wt);
     rc = follow(&wt);
+    if (wt.mode == W_BAR && tc_line_open)
+        draw(&wt); /* interrupted: the evaluations still waiting are printed too */
 out:
     if (tc_line_open) {
         fputc('\n', stdout);

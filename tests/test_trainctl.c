@@ -1,0 +1,423 @@
+/* Integration tests of trainctl (TRAINCTL_BIN) as a user drives it: exit statuses (64 usage,
+ * 69 unreachable with the socket named, 77 for an EPERM error frame, 78 for an impossible
+ * socket path), --help on every verb, -o json as a synonym of --json, info and logs, plot's
+ * PNG and SVG files, and the bash completion script sourced into a real bash. A real traind
+ * (TRAIND_BIN) runs a short job on a temporary socket; a fake one, forked here, answers every
+ * request with an EPERM error frame. */
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <setjmp.h>
+
+#include <cmocka.h>
+
+#include "proto.h"
+
+#define OUT_MAX (1 << 20) /* bytes of a command's stdout or stderr kept for checks */
+
+static char dir[256];  /* the test's temporary directory */
+static char sock[320]; /* the real daemon's socket */
+static char fake[320]; /* the fake daemon's socket */
+static pid_t daemon_pid = -1, fake_pid = -1;
+static char out[OUT_MAX], err[OUT_MAX];
+
+static const char *env_or(const char *name, const char *dflt)
+{
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' ? v : dflt;
+}
+
+static void slurp(const char *path, char *buf, size_t size)
+{
+    FILE *f = fopen(path, "rb");
+    size_t n = f != NULL ? fread(buf, 1, size - 1, f) : 0;
+
+    buf[n] = '\0';
+    if (f != NULL)
+        fclose(f);
+}
+
+/* Runs a shell command with TRAIND_SOCKET unset, its stdout and stderr kept in out and err;
+ * returns its exit status. */
+static int sh(const char *command)
+{
+    char cmd[4096], o[300], e[300];
+    int status;
+
+    snprintf(o, sizeof(o), "%s/out", dir);
+    snprintf(e, sizeof(e), "%s/err", dir);
+    snprintf(cmd, sizeof(cmd), "unset TRAIND_SOCKET; (%s) >%s 2>%s", command, o, e);
+    status = system(cmd);
+    slurp(o, out, sizeof(out));
+    slurp(e, err, sizeof(err));
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static const char *trainctl_bin(void)
+{
+    return env_or("TRAINCTL_BIN", "build/client/trainctl");
+}
+
+/* Runs `trainctl ARGS` (a printf format) through sh. */
+static int tc(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int tc(const char *fmt, ...)
+{
+    char cmd[2048];
+    size_t n = (size_t)snprintf(cmd, sizeof(cmd), "%s ", trainctl_bin());
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(cmd + n, sizeof(cmd) - n, fmt, ap);
+    va_end(ap);
+    return sh(cmd);
+}
+
+static int can_connect(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0), ok;
+
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    close(fd);
+    return ok;
+}
+
+static void wait_listening(const char *path)
+{
+    for (int i = 0; i < 200; i++) {
+        if (can_connect(path))
+            return;
+        usleep(50 * 1000);
+    }
+    fail_msg("nothing listened on %s within 10 s", path);
+}
+
+static void daemon_start(void)
+{
+    const char *bin = env_or("TRAIND_BIN", "build/daemon/traind");
+    char log[320];
+
+    snprintf(sock, sizeof(sock), "%s/traind.sock", dir);
+    snprintf(log, sizeof(log), "%s/traind.log", dir);
+    daemon_pid = fork();
+    assert_true(daemon_pid >= 0);
+    if (daemon_pid == 0) {
+        if (freopen(log, "a", stderr) == NULL || freopen("/dev/null", "w", stdout) == NULL)
+            _exit(126);
+        execl(bin, bin, "--socket", sock, "--state-dir", dir, "--devices", "cpu:1", (char *)NULL);
+        _exit(127);
+    }
+    wait_listening(sock);
+}
+
+/* ---- the fake daemon: hello, then EPERM for everything ---- */
+
+static void fake_reply(int fd, td_pw *w, const td_pval *req)
+{
+    int64_t id = -1;
+    const char *frame;
+    size_t len;
+
+    td_pv_int(td_pv_get(req, "id"), &id);
+    td_pw_reset(w);
+    if (td_pv_str(td_pv_get(req, "type"), &len) != NULL && len == 5 &&
+        memcmp(td_pv_str(td_pv_get(req, "type"), &len), "hello", 5) == 0) {
+        td_pw_map(w, 4);
+        td_pw_str(w, "type");
+        td_pw_str(w, "hello");
+        td_pw_str(w, "id");
+        td_pw_int(w, id);
+        td_pw_str(w, "version");
+        td_pw_int(w, TD_PROTO_VERSION);
+        td_pw_str(w, "server");
+        td_pw_str(w, "fake");
+    } else {
+        td_proto_write_error(w, id, TD_EPERM, "permission denied: job 12 belongs to alice");
+    }
+    if (td_pw_finish(w, &frame, &len) == 0 && write(fd, frame, len) < 0)
+        _exit(1);
+}
+
+static void fake_serve(int fd)
+{
+    td_proto_reader *r = NULL;
+    td_proto_frame *f;
+    td_error_t e;
+    td_pw w;
+    char buf[4096];
+    ssize_t n;
+
+    td_pw_init(&w);
+    td_proto_reader_new(&r, 0);
+    while ((n = read(fd, buf, sizeof(buf))) > 0) {
+        td_proto_reader_feed(r, buf, (size_t)n);
+        while (td_proto_reader_next(r, &f, &e) == 1) {
+            fake_reply(fd, &w, td_proto_frame_root(f));
+            td_proto_frame_free(f);
+        }
+    }
+    td_proto_reader_free(r);
+    td_pw_free(&w);
+}
+
+static void fake_start(void)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int lfd, cfd;
+
+    snprintf(fake, sizeof(fake), "%s/fake.sock", dir);
+    memcpy(sa.sun_path, fake, strlen(fake) + 1);
+    lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(lfd, 8), 0);
+    fake_pid = fork();
+    assert_true(fake_pid >= 0);
+    if (fake_pid == 0) {
+        while ((cfd = accept(lfd, NULL, NULL)) >= 0) {
+            fake_serve(cfd);
+            close(cfd);
+        }
+        _exit(0);
+    }
+    close(lfd);
+}
+
+static int setup(void **state)
+{
+    char job[600];
+
+    snprintf(dir, sizeof(dir), "/tmp/trainctl-test.XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    daemon_start();
+    fake_start();
+    snprintf(job, sizeof(job), "%s/examples/fashion-mnist-mlp.json", env_or("TD_SOURCE_ROOT", "."));
+    /* job 1: 60 steps, evaluated every 20 */
+    assert_int_equal(tc("--socket %s submit %s --set max_steps=60 --set eval_every=20", sock, job),
+                     0);
+    assert_string_equal(out, "1\n");
+    assert_int_equal(tc("--socket %s watch 1", sock), 0);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    char cmd[300];
+
+    if (daemon_pid > 0) {
+        kill(daemon_pid, SIGTERM);
+        waitpid(daemon_pid, NULL, 0);
+    }
+    if (fake_pid > 0) {
+        kill(fake_pid, SIGKILL);
+        waitpid(fake_pid, NULL, 0);
+    }
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* ---- tests ---- */
+
+static void test_usage_errors_are_64(void **state)
+{
+    assert_int_equal(tc("--socket %s ls --bogus", sock), 64);
+    assert_non_null(strstr(err, "unknown option '--bogus'"));
+    assert_int_equal(tc("--socket %s frobnicate", sock), 64);
+    assert_int_equal(tc("--socket %s metrics 1 -o yaml", sock), 64);
+    assert_int_equal(tc("--socket %s ls -o csv", sock), 64); /* csv is metrics' only */
+    assert_int_equal(tc("--socket %s plot 1", sock), 64);
+    assert_non_null(strstr(err, "missing -o FILE"));
+    assert_int_equal(tc("--socket %s plot 1 -o chart.jpg", sock), 64);
+    assert_int_equal(tc("--socket %s plot -o chart.png", sock), 64);
+    assert_int_equal(tc("completion zsh"), 64);
+    assert_int_equal(tc("logs"), 64);
+    assert_string_equal(out, "");
+}
+
+static void test_help_on_every_verb(void **state)
+{
+    static const char *const verbs[] = {"submit",  "watch", "status", "ls",   "cancel",
+                                        "metrics", "logs",  "plot",   "info", "completion"};
+    static char main_help[OUT_MAX];
+    char want[64];
+
+    assert_int_equal(tc("--help"), 0);
+    memcpy(main_help, out, sizeof(main_help));
+    for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++) {
+        snprintf(want, sizeof(want), "\n  %s", verbs[i]);
+        assert_non_null(strstr(main_help, want));
+        assert_int_equal(tc("%s --help", verbs[i]), 0);
+        snprintf(want, sizeof(want), "usage: trainctl %s", verbs[i]);
+        assert_true(strncmp(out, want, strlen(want)) == 0);
+    }
+}
+
+static void test_unreachable_is_69_and_names_the_socket(void **state)
+{
+    char path[400], long_path[200];
+
+    snprintf(path, sizeof(path), "%s/nobody-here.sock", dir);
+    assert_int_equal(tc("--socket %s ls", path), 69);
+    assert_non_null(strstr(err, path));
+    memset(long_path, 'x', sizeof(long_path) - 1);
+    long_path[0] = '/';
+    long_path[sizeof(long_path) - 1] = '\0';
+    assert_int_equal(tc("--socket %s info", long_path), 78);
+    assert_non_null(strstr(err, "107"));
+}
+
+static void test_eperm_is_77_with_its_message(void **state)
+{
+    assert_int_equal(tc("--socket %s cancel 12", fake), 77);
+    assert_non_null(strstr(err, "permission denied: job 12 belongs to alice"));
+    assert_int_equal(tc("--socket %s status 12 -o json", fake), 77);
+    assert_string_equal(out, "");
+}
+
+/* `VERB ... -o json` prints exactly what `VERB ... --json` prints. */
+static void same_output(const char *with_json, const char *with_o)
+{
+    static char first[OUT_MAX];
+
+    assert_int_equal(tc("--socket %s %s", sock, with_json), 0);
+    memcpy(first, out, sizeof(first));
+    assert_true(out[0] == '[' || out[0] == '{');
+    assert_int_equal(tc("--socket %s %s", sock, with_o), 0);
+    assert_string_equal(out, first);
+}
+
+static void test_o_json_is_json(void **state)
+{
+    same_output("status 1 --json", "status 1 -o json");
+    same_output("ls --json", "ls -ojson");
+    same_output("metrics 1 --json", "metrics 1 -o=json");
+    same_output("metrics 1 --summary --json", "metrics 1 --summary --output json");
+    same_output("logs 1 --json", "logs 1 -o json");
+    assert_int_equal(tc("--socket %s info -o json", sock), 0);
+    assert_non_null(strstr(out, "\"protocol\": 1"));
+    assert_non_null(strstr(out, "\"cpu:0\""));
+}
+
+static void test_info_and_logs(void **state)
+{
+    int y, mo, d, h, mi, s;
+    char level[16];
+
+    assert_int_equal(tc("--socket %s info", sock), 0);
+    assert_non_null(strstr(out, ", protocol 1\n"));
+    assert_non_null(strstr(out, "traind.db ("));
+    assert_non_null(strstr(out, "cpu:0  idle"));
+    assert_non_null(strstr(out, "queue    empty"));
+    assert_int_equal(tc("--socket %s logs 1", sock), 0);
+    /* every line: 2026-11-30 05:16:51 notice message */
+    for (char *line = out; *line != '\0'; line = strchr(line, '\n') + 1) {
+        assert_int_equal(
+            sscanf(line, "%4d-%2d-%2d %2d:%2d:%2d %15s ", &y, &mo, &d, &h, &mi, &s, level), 7);
+        assert_true(strcmp(level, "err") == 0 || strcmp(level, "warning") == 0 ||
+                    strcmp(level, "notice") == 0 || strcmp(level, "info") == 0);
+    }
+    assert_non_null(strstr(out, "succeeded"));
+    assert_int_equal(tc("--socket %s logs 999", sock), 1);
+}
+
+/* A PNG's signature and its IHDR width and height. */
+static void check_png(const char *path)
+{
+    static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    unsigned char h[24];
+    FILE *f = fopen(path, "rb");
+    struct stat st;
+
+    assert_non_null(f);
+    assert_int_equal(fread(h, 1, sizeof(h), f), sizeof(h));
+    fclose(f);
+    assert_memory_equal(h, sig, sizeof(sig));
+    assert_memory_equal(h + 12, "IHDR", 4);
+    assert_int_equal((h[16] << 24) | (h[17] << 16) | (h[18] << 8) | h[19], 1200);
+    assert_int_equal((h[20] << 24) | (h[21] << 16) | (h[22] << 8) | h[23], 700);
+    assert_int_equal(stat(path, &st), 0);
+    assert_true(st.st_size > 10000); /* axes, labels and curves, not an empty canvas */
+}
+
+static void test_plot_png_and_svg(void **state)
+{
+    char png[300], svg[300], none[300];
+    static char text[OUT_MAX];
+
+    snprintf(png, sizeof(png), "%s/loss.png", dir);
+    snprintf(svg, sizeof(svg), "%s/loss.svg", dir);
+    snprintf(none, sizeof(none), "%s/none.png", dir);
+    assert_int_equal(tc("--socket %s plot 1 -o %s", sock, png), 0);
+    check_png(png);
+    assert_int_equal(tc("--socket %s plot 1 1 --keys train_loss,test_accuracy -o %s", sock, svg),
+                     0);
+    slurp(svg, text, sizeof(text));
+    assert_non_null(strstr(text, "<svg"));
+    assert_non_null(strstr(text, "width=\"1200pt\""));
+    assert_non_null(strstr(text, "</svg>"));
+    /* a job that does not exist: traind's message, status 1, and no file */
+    assert_int_equal(tc("--socket %s plot 999 -o %s", sock, none), 1);
+    assert_int_equal(access(none, F_OK), -1);
+    assert_int_equal(tc("--socket %s plot 1 --keys no_such_metric -o %s", sock, none), 1);
+    assert_non_null(strstr(err, "nothing to plot"));
+    assert_int_equal(access(none, F_OK), -1);
+    assert_int_equal(tc("--socket %s plot 1 -o %s/no/such/dir/x.png", sock, dir), 73);
+}
+
+/* Sources the completion script into bash and completes the words given. */
+static void complete_words(const char *script, const char *words, int cword)
+{
+    char cmd[2048];
+
+    /* trainctl on PATH: the script runs it by the name typed, COMP_WORDS[0] */
+    snprintf(cmd, sizeof(cmd),
+             "PATH=$(dirname %s):$PATH bash -c 'source %s; COMP_WORDS=(%s); COMP_CWORD=%d; "
+             "_trainctl; echo \"${COMPREPLY[*]}\"; complete -p trainctl'",
+             trainctl_bin(), script, words, cword);
+    assert_int_equal(sh(cmd), 0);
+}
+
+static void test_completion_bash(void **state)
+{
+    char script[300], words[600];
+
+    snprintf(script, sizeof(script), "%s/trainctl.bash", dir);
+    assert_int_equal(tc("completion bash >%s", script), 0);
+    complete_words(script, "trainctl \"\"", 1);
+    assert_non_null(strstr(out, "submit watch status ls cancel metrics logs plot info completion"));
+    assert_non_null(strstr(out, "complete -F _trainctl trainctl"));
+    complete_words(script, "trainctl metrics 1 -o \"\"", 4);
+    assert_non_null(strstr(out, "csv json"));
+    complete_words(script, "trainctl plot --k", 2);
+    assert_string_equal(strtok(out, "\n"), "--keys");
+    snprintf(words, sizeof(words), "trainctl --socket %s watch \"\"", sock);
+    complete_words(script, words, 4);
+    assert_string_equal(strtok(out, "\n"), "1"); /* job 1, asked from traind */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_usage_errors_are_64),
+        cmocka_unit_test(test_help_on_every_verb),
+        cmocka_unit_test(test_unreachable_is_69_and_names_the_socket),
+        cmocka_unit_test(test_eperm_is_77_with_its_message),
+        cmocka_unit_test(test_o_json_is_json),
+        cmocka_unit_test(test_info_and_logs),
+        cmocka_unit_test(test_plot_png_and_svg),
+        cmocka_unit_test(test_completion_bash),
+    };
+    signal(SIGPIPE, SIG_IGN);
+    return cmocka_run_group_tests_name("integration", tests, setup, teardown);
+}
