@@ -28,7 +28,8 @@
     X(ESTATE, -4216, "wrong state")                                                                \
     X(EVERSION, -4217, "unsupported version")                                                      \
     X(ECLOSED, -4218, "closed")                                                                    \
-    X(EWORKERS, -4219, "training workers failed")
+    X(EWORKERS, -4219, "training workers failed")                                                  \
+    X(EABORTED, -4220, "stopped because another device of the job failed")
 
 typedef enum {
 #define TD_ERRNO_ENUM(name, val, text) TD_##name = (val),

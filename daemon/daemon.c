@@ -1,6 +1,5 @@
 /* The daemon's job table, scheduler and device workers. Everything here runs on the loop
- * thread except worker_main() and what it calls, which run on a device's worker thread and
- * reach the loop only through td_daemon_post(). */
+ * thread; the workers' side is in run.c and reaches the loop only through td_daemon_post(). */
 #include <errno.h>
 #include <math.h>
 #include <pwd.h>
@@ -11,6 +10,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "run.h"
 #include "td_log.h"
 #include "td_panic.h"
 
@@ -36,7 +36,7 @@ void td_daemon_post(td_daemon *d, td_event *ev)
     uv_async_send(&d->async);
 }
 
-static td_event *event_new(td_event_kind kind, int64_t job)
+td_event *td_event_new(td_event_kind kind, int64_t job)
 {
     td_event *ev = calloc(1, sizeof(*ev));
     if (ev == NULL) {
@@ -49,140 +49,18 @@ static td_event *event_new(td_event_kind kind, int64_t job)
     return ev;
 }
 
+static void event_free(td_event *ev)
+{
+    free(ev->devices);
+    free(ev);
+}
+
 /* The store thread's durable callback. */
 static void on_durable(void *ud, int64_t job, int64_t step)
 {
-    td_event *ev = event_new(TD_EV_DURABLE, job);
+    td_event *ev = td_event_new(TD_EV_DURABLE, job);
     ev->step = step;
     td_daemon_post(ud, ev);
-}
-
-/* ---- the device worker (worker thread) ---- */
-
-typedef struct run_ctx {
-    td_worker *w;
-    td_djob *job;
-    td_mq_sink *sink;
-    td_error_t store_err; /* first metric write error, reported at the end */
-} run_ctx;
-
-/* The trainer's metric hook: queue the sample; keep training through a store error but
- * remember it, so the job cannot end "succeeded" with rows missing. */
-static void hook_metric(void *ud, const char *key, int64_t step, double value)
-{
-    run_ctx *r = ud;
-    td_error_t e;
-
-    if (td_mq_push(r->sink, key, step, value, &e) != 0 && r->store_err.code == 0)
-        r->store_err = e;
-}
-
-/* Formats a worker failure the way DESIGN.md fixes it. */
-static void worker_failure(td_error_t *out, const td_worker *w, const td_error_t *panic)
-{
-    if (panic->code == TD_EDATA)
-        td_error_set(out, TD_EDATA, "dataset error during training step: %s", panic->msg);
-    else
-        td_error_set(out, panic->code, "training worker on device %d failed: %s", w->index,
-                     panic->msg);
-}
-
-static void post_progress(td_daemon *d, int64_t job, int64_t step)
-{
-    td_event *ev = event_new(TD_EV_PROGRESS, job);
-    ev->step = step;
-    td_daemon_post(d, ev);
-}
-
-/* Trains one job to its end. Returns the DONE event to post. */
-static td_event *run_job(td_worker *w, td_djob *job)
-{
-    td_event *done = event_new(TD_EV_DONE, job->id);
-    td_train_config cfg = job->spec.train;
-    run_ctx r = {.w = w, .job = job};
-    td_train_hooks hooks = {.ud = &r, .metric = hook_metric};
-    td_trainer *t = NULL;
-    td_event *ev;
-    double blocked = 0;
-    int rc, finished = 0;
-
-    snprintf(done->state, sizeof(done->state), TD_JOB_FAILED);
-    if (td_mq_sink_open(w->d->mq, job->id, &r.sink) != 0) {
-        td_error_set(&done->err, TD_ENOMEM, "out of memory opening the metric sink");
-        return done;
-    }
-    cfg.threads = w->threads;
-    rc = td_trainer_new(&t, &cfg, &hooks, &done->err);
-    if (rc != 0)
-        goto out;
-    ev = event_new(TD_EV_STARTED, job->id);
-    ev->total_steps = td_trainer_total_steps(t);
-    ev->step = td_trainer_steps_done(t);
-    td_daemon_post(w->d, ev);
-
-    while (!finished) {
-        td_boundary b;
-        if (atomic_load(&job->cancel)) {
-            snprintf(done->state, sizeof(done->state), TD_JOB_CANCELLED);
-            td_error_set(&done->err, TD_ECANCELLED, "cancelled at step %lld",
-                         (long long)td_trainer_steps_done(t));
-            goto out;
-        }
-        if (atomic_load(&job->interrupt)) {
-            snprintf(done->state, sizeof(done->state), TD_JOB_QUEUED);
-            goto out;
-        }
-        atomic_store(&w->heartbeat_ms, (long long)mono_ms());
-        if (TD_TRY(&b)) {
-            finished = td_trainer_step(t);
-            td_boundary_leave(&b);
-            atomic_store(&w->heartbeat_ms, (long long)mono_ms());
-        } else {
-            worker_failure(&done->err, w, &b.err);
-            goto out;
-        }
-        if (td_mq_sink_blocked_ms(r.sink) != blocked) {
-            blocked = td_mq_sink_blocked_ms(r.sink);
-            hook_metric(&r, "metrics_blocked_ms", td_trainer_steps_done(t), blocked);
-        }
-        post_progress(w->d, job->id, td_trainer_steps_done(t));
-    }
-    snprintf(done->state, sizeof(done->state), TD_JOB_SUCCEEDED);
-out:
-    done->step = t != NULL ? td_trainer_steps_done(t) : 0;
-    td_trainer_free(t);
-    /* The job ends only once every row it produced is durable, and only clean if all were. */
-    if (td_mq_flush(r.sink, &r.store_err) != 0 || r.store_err.code != 0) {
-        if (strcmp(done->state, TD_JOB_SUCCEEDED) == 0) {
-            snprintf(done->state, sizeof(done->state), TD_JOB_FAILED);
-            td_error_set(&done->err, r.store_err.code, "metrics could not be stored: %s",
-                         r.store_err.msg);
-        }
-    }
-    td_mq_sink_close(r.sink);
-    return done;
-}
-
-static void *worker_main(void *arg)
-{
-    td_worker *w = arg;
-    td_djob *job;
-
-    for (;;) {
-        pthread_mutex_lock(&w->mu);
-        while (w->assigned == NULL && !w->stop)
-            pthread_cond_wait(&w->cv, &w->mu);
-        job = w->assigned;
-        pthread_mutex_unlock(&w->mu);
-        if (job == NULL)
-            break;
-        td_event *done = run_job(w, job);
-        pthread_mutex_lock(&w->mu);
-        w->assigned = NULL;
-        pthread_mutex_unlock(&w->mu);
-        td_daemon_post(w->d, done);
-    }
-    return NULL;
 }
 
 static int workers_start(td_daemon *d, td_error_t *err)
@@ -199,7 +77,7 @@ static int workers_start(td_daemon *d, td_error_t *err)
         w->threads = per > 0 ? per : 1;
         pthread_mutex_init(&w->mu, NULL);
         pthread_cond_init(&w->cv, NULL);
-        rc = pthread_create(&w->thread, NULL, worker_main, w);
+        rc = pthread_create(&w->thread, NULL, td_worker_main, w);
         if (rc != 0)
             return td_error_set(err, -rc, "cannot start worker %s: %s", w->name, strerror(rc));
         d->nworkers++;
@@ -275,12 +153,11 @@ static int devices_held(td_daemon *d, int64_t uid)
 {
     int n = 0;
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
-        if (j->uid == uid && j->worker != NULL)
+        if (j->uid == uid && j->run != NULL)
             n += j->spec.devices;
     return n;
 }
 
-/* The next queued job to run: highest priority first, then oldest. */
 static int devices_held(td_daemon *d, int64_t uid);
 
 /* The next queued job to run: highest priority first, then oldest, skipping jobs whose user
@@ -291,14 +168,41 @@ static td_djob *next_queued(td_daemon *d)
     td_djob *best = NULL;
 
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
-        if (j->worker == NULL && strcmp(j->state, TD_JOB_QUEUED) == 0 &&
+        if (j->run == NULL && strcmp(j->state, TD_JOB_QUEUED) == 0 &&
             (limit == 0 || devices_held(d, j->uid) + j->spec.devices <= limit) &&
             (best == NULL || j->spec.priority > best->spec.priority))
             best = j;
     return best;
 }
 
-/* Gives free devices to queued jobs. */
+/* Starts job on n free workers, lowest device numbers first. */
+static void dispatch(td_daemon *d, td_djob *job, td_worker **free_w, int n)
+{
+    size_t len = 0;
+
+    job->device_list[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        free_w[i]->running = job;
+        len += (size_t)snprintf(job->device_list + len, sizeof(job->device_list) - len, "%s%s",
+                                i ? "," : "", free_w[i]->name);
+        if (len >= sizeof(job->device_list))
+            len = sizeof(job->device_list) - 1;
+    }
+    /* Every run keeps its checkpoints where a restart will look for them. */
+    snprintf(job->spec.train.checkpoint_dir, sizeof(job->spec.train.checkpoint_dir),
+             "%s/checkpoints/%lld", d->cfg.state_dir, (long long)job->id);
+    atomic_store(&job->cancel, 0);
+    atomic_store(&job->interrupt, 0);
+    snprintf(job->state, sizeof(job->state), TD_JOB_RUNNING);
+    store_state(d, job, TD_JOB_RUNNING, job->device_list, NULL);
+    td_log_notice("job %lld (%s, uid %lld): running on %s", (long long)job->id, job->spec.name,
+                  (long long)job->uid, job->device_list);
+    td_run_start(job->run);
+    td_server_job_changed(d, job->id, TD_JOB_RUNNING);
+}
+
+/* Gives free devices to queued jobs, in scheduling order; a job waits until enough of its
+ * devices are free at once (no job jumps ahead of a waiting wider one, so none starves). */
 static void schedule(td_daemon *d)
 {
     td_djob *job;
@@ -306,23 +210,19 @@ static void schedule(td_daemon *d)
     if (d->stopping)
         return;
     while ((job = next_queued(d)) != NULL) {
-        td_worker *w = NULL;
-        for (int i = 0; i < d->nworkers && w == NULL; i++)
+        td_worker *free_w[TD_MAX_DEVICES];
+        int n = 0;
+        for (int i = 0; i < d->nworkers && n < job->spec.devices; i++)
             if (d->workers[i].running == NULL)
-                w = &d->workers[i];
-        if (w == NULL)
+                free_w[n++] = &d->workers[i];
+        if (n < job->spec.devices)
             return;
-        w->running = job;
-        job->worker = w;
-        snprintf(job->state, sizeof(job->state), TD_JOB_RUNNING);
-        store_state(d, job, TD_JOB_RUNNING, w->name, NULL);
-        td_log_notice("job %lld (%s, uid %lld): running on %s", (long long)job->id,
-                      job->spec.name, (long long)job->uid, w->name);
-        pthread_mutex_lock(&w->mu);
-        w->assigned = job;
-        pthread_cond_signal(&w->cv);
-        pthread_mutex_unlock(&w->mu);
-        td_server_job_changed(d, job->id, TD_JOB_RUNNING);
+        if (td_run_new(&job->run, d, job, free_w, n) != 0) {
+            td_log_err("job %lld: out of memory starting it; it stays queued",
+                       (long long)job->id);
+            return;
+        }
+        dispatch(d, job, free_w, n);
     }
 }
 
@@ -343,8 +243,12 @@ static void handle_done(td_daemon *d, td_event *ev)
         return;
     job->step = ev->step > job->step ? ev->step : job->step;
     write_progress(d, job);
-    job->worker->running = NULL;
-    job->worker = NULL;
+    for (int i = 0; i < d->nworkers; i++)
+        if (d->workers[i].running == job)
+            d->workers[i].running = NULL;
+    td_run_free(job->run);
+    job->run = NULL;
+    job->device_list[0] = '\0';
     if (strcmp(ev->state, TD_JOB_QUEUED) == 0) {
         /* Interrupted by shutdown: back to the queue, resumed at the next start. */
         snprintf(job->state, sizeof(job->state), TD_JOB_QUEUED);
@@ -354,6 +258,13 @@ static void handle_done(td_daemon *d, td_event *ev)
         return;
     }
     store_state(d, job, ev->state, NULL, &ev->err);
+    if (ev->devices != NULL) {
+        td_error_t err;
+        if (td_store_job_set_error_devices(d->store, job->id, ev->devices, ev->devices_len,
+                                           &err) != 0)
+            td_log_warn("job %lld: cannot record its device errors: %s", (long long)job->id,
+                        err.msg);
+    }
     if (ev->err.code != 0 && strcmp(ev->state, TD_JOB_CANCELLED) != 0)
         td_log_warn("job %lld (%s, uid %lld): %s at step %lld: %s", (long long)job->id,
                     job->spec.name, (long long)job->uid, ev->state, (long long)job->step,
@@ -381,7 +292,8 @@ static void handle_event(td_daemon *d, td_event *ev)
         break;
     case TD_EV_PROGRESS:
         if (job != NULL) {
-            job->step = ev->step;
+            atomic_store(&job->progress_pending, 0);
+            job->step = atomic_load(&job->live_step);
             if (mono_ms() - job->progress_written >= TD_PROGRESS_WRITE_MS)
                 write_progress(d, job);
         }
@@ -400,8 +312,8 @@ static void handle_event(td_daemon *d, td_event *ev)
 static int running_jobs(td_daemon *d)
 {
     int n = 0;
-    for (int i = 0; i < d->nworkers; i++)
-        n += d->workers[i].running != NULL;
+    for (td_djob *j = d->jobs; j != NULL; j = j->next)
+        n += j->run != NULL;
     return n;
 }
 
@@ -419,7 +331,7 @@ static void on_async(uv_async_t *h)
     while (ev != NULL) {
         td_event *next = ev->next;
         handle_event(d, ev);
-        free(ev);
+        event_free(ev);
         ev = next;
     }
     if (d->stopping) {
@@ -524,12 +436,12 @@ fail_queue:
     return rc;
 }
 
-/* Jobs of uid waiting in the queue. */
+/* Jobs of uid waiting in the queue; uid -2 counts everyone's. */
 static int queued_by(td_daemon *d, int64_t uid)
 {
     int n = 0;
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
-        n += j->uid == uid && j->worker == NULL;
+        n += (uid == -2 || j->uid == uid) && j->run == NULL;
     return n;
 }
 
@@ -561,16 +473,15 @@ int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t *
                           job->spec.devices, d->cfg.max_devices_per_user);
         goto out;
     }
+    if (d->cfg.max_queued > 0 && queued_by(d, -2) >= d->cfg.max_queued) {
+        rc = td_error_set(err, TD_EPERM, "the queue is full: %d jobs wait, the limit",
+                          d->cfg.max_queued);
+        goto out;
+    }
     if (d->cfg.max_queued_per_user > 0 && queued_by(d, uid) >= d->cfg.max_queued_per_user) {
         rc = td_error_set(err, TD_EPERM,
                           "permission denied: uid %lld already has %d queued jobs, the limit",
                           (long long)uid, d->cfg.max_queued_per_user);
-        goto out;
-    }
-    if (job->spec.devices > 1) {
-        rc = td_error_set(err, TD_EJOB,
-                          "devices: data-parallel training on several devices is not "
-                          "available yet; ask for 1");
         goto out;
     }
     td_pw_val(&w, jobval);
@@ -638,7 +549,7 @@ int td_daemon_cancel(td_daemon *d, int64_t id, int64_t uid, char *state_out, td_
         td_job_row_clear(&row);
         return rc;
     }
-    if (job->worker != NULL) {
+    if (job->run != NULL) {
         atomic_store(&job->cancel, 1);
         snprintf(state_out, TD_STORE_MAX_STATE, "%s", TD_JOB_RUNNING);
         td_log_notice("job %lld (%s): cancel requested by uid %lld", (long long)id,
@@ -681,7 +592,7 @@ static void finish_shutdown(td_daemon *d)
     pthread_mutex_unlock(&d->ev_mu);
     while (ev != NULL) {
         td_event *next = ev->next;
-        free(ev);
+        event_free(ev);
         ev = next;
     }
     free_jobs(d);
@@ -700,7 +611,7 @@ void td_daemon_shutdown(td_daemon *d)
     d->stopping = 1;
     td_log_notice("stopping: %d running job(s) will be requeued", running_jobs(d));
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
-        if (j->worker != NULL)
+        if (j->run != NULL)
             atomic_store(&j->interrupt, 1);
     uv_async_send(&d->async);
 }

@@ -27,6 +27,7 @@
 
 typedef struct td_daemon td_daemon;
 typedef struct td_worker td_worker;
+typedef struct td_run td_run;
 typedef struct td_conn td_conn;
 
 /* A job the daemon holds in memory: queued or running. Ended jobs live only in the store. */
@@ -40,7 +41,10 @@ typedef struct td_djob {
     double progress_written; /* monotonic ms when step was last written to the store */
     atomic_int cancel;    /* set by the loop: stop at the next step boundary */
     atomic_int interrupt; /* set by the loop at shutdown: stop and go back to the queue */
-    td_worker *worker;    /* while running */
+    atomic_llong live_step;     /* set by rank 0's worker after each step */
+    atomic_int progress_pending; /* a PROGRESS event is posted and not yet handled */
+    td_run *run;          /* while running */
+    char device_list[64]; /* "cpu:0,cpu:1" while running */
     struct td_djob *next;
 } td_djob;
 
@@ -53,7 +57,8 @@ struct td_worker {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    td_djob *assigned; /* guarded by mu; set by the loop, cleared by the worker */
+    td_run *assigned;  /* guarded by mu; set by the loop, taken by the worker */
+    int rank;          /* guarded by mu: the worker's replica in assigned */
     int stop;          /* guarded by mu */
     td_djob *running;  /* loop thread's view */
     atomic_llong heartbeat_ms; /* CLOCK_MONOTONIC ms at the last step start or end */
@@ -62,7 +67,7 @@ struct td_worker {
 /* What workers and the store thread tell the loop. */
 typedef enum {
     TD_EV_STARTED,  /* job began training: total_steps known */
-    TD_EV_PROGRESS, /* job finished a step */
+    TD_EV_PROGRESS, /* job finished a step: read job->live_step */
     TD_EV_DURABLE,  /* the store holds job's rows up to step */
     TD_EV_DONE,     /* job ended (state, error); its metrics are flushed */
 } td_event_kind;
@@ -73,6 +78,8 @@ typedef struct td_event {
     int64_t step, total_steps;
     char state[TD_STORE_MAX_STATE];
     td_error_t err;
+    void *devices; /* DONE of a failed job: malloc'd msgpack list of failed devices */
+    size_t devices_len;
     struct td_event *next;
 } td_event;
 
@@ -83,6 +90,11 @@ typedef struct td_config {
     int ncpu_devices;
     int max_queued_per_user;  /* queued jobs one uid may have; 0 = unlimited */
     int max_devices_per_user; /* devices one uid's running jobs may hold; 0 = unlimited */
+    int max_conns;            /* connections open at once, at most; default TD_MAX_CONNS */
+    int max_queued;           /* queued jobs of all users together; 0 = unlimited */
+    int log_level;            /* TD_LOG_ERR .. TD_LOG_DEBUG (td_log.h) */
+    char socket_group[64];    /* the group given the socket it binds; "" = the daemon's own */
+    int64_t socket_gid;       /* socket_group's gid, or -1 */
 } td_config;
 
 struct td_daemon {
@@ -102,11 +114,14 @@ struct td_daemon {
     td_event *ev_head, *ev_tail;
     int stopping;
     int exit_code;
+    int server_open;      /* server is initialised and not yet closed */
+    int socket_inherited; /* server came from systemd (LISTEN_FDS): its path is not ours */
 };
 
 /* daemon.c: jobs, scheduler, workers, events. */
 int td_daemon_init(td_daemon *d, uv_loop_t *loop, const td_config *cfg, td_error_t *err);
 void td_daemon_post(td_daemon *d, td_event *ev); /* any thread; takes ev */
+td_event *td_event_new(td_event_kind kind, int64_t job); /* any thread; aborts on ENOMEM */
 int td_daemon_submit(td_daemon *d, const td_pval *job, int64_t uid, int64_t *id, td_error_t *err);
 /* Cancels job id on behalf of uid (its owner or root; else TD_EPERM). */
 int td_daemon_cancel(td_daemon *d, int64_t id, int64_t uid, char *state_out, td_error_t *err);

@@ -1,6 +1,7 @@
 /* Job validation (see jobspec.h). Each section of the job file has one function; each takes
  * the dotted path of its section so that every message names the exact field. */
 #include <errno.h>
+#include <glob.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -142,20 +143,16 @@ static int need_map(const td_pval *v, const char *path, const char *key, td_erro
     return 0;
 }
 
-static int parse_model(const td_pval *m, td_train_config *c, td_error_t *err)
+static int parse_mlp(const td_pval *m, td_train_config *c, td_error_t *err)
 {
     static const char *const keys[] = {"kind", "layers", NULL};
-    static const char *const kinds[] = {"mlp", NULL};
-    const td_pval *layers;
-    int kind = 0, rc;
+    const td_pval *layers = td_pv_get(m, "layers");
     char path[32];
+    int rc;
 
-    if ((rc = need_map(m, "", "model", err)) != 0 || (rc = check_keys(m, "model", keys, err)))
-        return rc;
-    if ((rc = get_choice(m, "model", "kind", kinds, 1, &kind, err)) != 0)
+    if ((rc = check_keys(m, "model", keys, err)) != 0)
         return rc;
     c->model = TD_MODEL_MLP;
-    layers = td_pv_get(m, "layers");
     if (layers == NULL)
         return bad(err, "model", "layers", "is required");
     if (td_pv_type_of(layers) != TD_PV_ARRAY || td_pv_len(layers) < 2 ||
@@ -175,6 +172,51 @@ static int parse_model(const td_pval *m, td_train_config *c, td_error_t *err)
     return 0;
 }
 
+/* GPT dimensions. With init_from they may be left out (the file has them); any given must
+ * agree with the file, which the trainer checks when it opens it. */
+static int parse_gpt(const td_pval *m, td_train_config *c, td_error_t *err)
+{
+    static const char *const keys[] = {"kind",     "n_layer",    "n_head",    "n_embd",
+                                       "seq_len",  "vocab_size", "init_from", NULL};
+    static const char *const dims[] = {"n_layer", "n_head", "n_embd", "seq_len", "vocab_size"};
+    int *vals[] = {&c->n_layer, &c->n_head, &c->n_embd, &c->seq_len, &c->vocab_size};
+    const td_pval *from = td_pv_get(m, "init_from");
+    int rc;
+
+    if ((rc = check_keys(m, "model", keys, err)) != 0)
+        return rc;
+    c->model = TD_MODEL_GPT;
+    if (from != NULL && (rc = get_path(m, "model", "init_from", c->init_from,
+                                       sizeof(c->init_from), err)) != 0)
+        return rc;
+    for (int i = 0; i < 5; i++) {
+        *vals[i] = 0;
+        if ((rc = get_int32(m, "model", dims[i], 1, 1 << 20, "must be a positive integer",
+                            vals[i], err)) != 0)
+            return rc;
+        if (*vals[i] == 0 && from == NULL)
+            return bad(err, "model", dims[i], "is required (or give model.init_from)");
+    }
+    if (c->vocab_size > 65536)
+        return bad(err, "model", "vocab_size", "must be at most 65536 (tokens are uint16)");
+    if (c->n_head > 0 && c->n_embd > 0 && c->n_embd % c->n_head != 0)
+        return td_error_set(err, TD_EJOB, "model.n_embd: %d is not a multiple of n_head %d",
+                            c->n_embd, c->n_head);
+    return 0;
+}
+
+static int parse_model(const td_pval *m, td_train_config *c, td_error_t *err)
+{
+    static const char *const kinds[] = {"mlp", "gpt", NULL};
+    int kind = 0, rc;
+
+    if ((rc = need_map(m, "", "model", err)) != 0)
+        return rc;
+    if ((rc = get_choice(m, "model", "kind", kinds, 1, &kind, err)) != 0)
+        return rc;
+    return kind == 0 ? parse_mlp(m, c, err) : parse_gpt(m, c, err);
+}
+
 static int parse_split(const td_pval *d, const char *key, td_idx_split *s, td_error_t *err)
 {
     static const char *const keys[] = {"images", "labels", NULL};
@@ -190,28 +232,106 @@ static int parse_split(const td_pval *d, const char *key, td_idx_split *s, td_er
     return get_path(m, path, "labels", s->labels, sizeof(s->labels), err);
 }
 
+/* One path or glob of a text/tokens split; it must match at least one readable file now. */
+static int check_pattern(const char *where, const char *pat, td_error_t *err)
+{
+    glob_t g;
+    int rc;
+
+    rc = glob(pat, GLOB_NOSORT, NULL, &g);
+    if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
+        globfree(&g);
+        return td_error_set(err, TD_EJOB, "%s: no file matches %s", where, pat);
+    }
+    if (rc != 0) {
+        globfree(&g);
+        return td_error_set(err, TD_EJOB, "%s: cannot expand %s", where, pat);
+    }
+    for (size_t i = 0; i < g.gl_pathc; i++)
+        if (access(g.gl_pathv[i], R_OK) != 0) {
+            rc = td_error_set(err, TD_EJOB, "%s: cannot read %s: %s", where, g.gl_pathv[i],
+                              strerror(errno));
+            break;
+        }
+    globfree(&g);
+    return rc;
+}
+
+/* A path, glob, or list of them. */
+static int parse_files(const td_pval *d, const char *key, char (*out)[TD_PATH_MAX], int *n,
+                       td_error_t *err)
+{
+    const td_pval *v = td_pv_get(d, key);
+    int list = td_pv_type_of(v) == TD_PV_ARRAY;
+    size_t count = list ? td_pv_len(v) : 1;
+    char where[48];
+
+    *n = 0;
+    if (v == NULL)
+        return 0;
+    if (count == 0 || count > TD_MAX_PATTERNS)
+        return td_error_set(err, TD_EJOB, "data.%s: must list 1 to %d paths or globs", key,
+                            TD_MAX_PATTERNS);
+    for (size_t i = 0; i < count; i++) {
+        const td_pval *p = list ? td_pv_at(v, i) : v;
+        int rc;
+        if (list)
+            snprintf(where, sizeof(where), "data.%s[%zu]", key, i);
+        else
+            snprintf(where, sizeof(where), "data.%s", key);
+        if (td_pv_strcpy(p, out[i], TD_PATH_MAX) != 0 || out[i][0] == '\0')
+            return td_error_set(err, TD_EJOB, "%s: must be a path or glob (a non-empty string)",
+                                where);
+        if ((rc = check_pattern(where, out[i], err)) != 0)
+            return rc;
+        (*n)++;
+    }
+    return 0;
+}
+
 static int parse_data(const td_pval *d, td_train_config *c, td_error_t *err)
 {
-    static const char *const keys[] = {"kind", "train", "test", "shuffle", NULL};
-    static const char *const kinds[] = {"idx", NULL};
+    static const char *const idx_keys[] = {"kind", "train", "test", "shuffle", NULL};
+    static const char *const tok_keys[] = {"kind",  "train",          "valid",
+                                           "shuffle", "valid_fraction", NULL};
+    static const char *const kinds[] = {"idx", "text", "tokens", NULL};
     int kind = 0, rc;
 
-    if ((rc = need_map(d, "", "data", err)) != 0 || (rc = check_keys(d, "data", keys, err)) != 0)
+    if ((rc = need_map(d, "", "data", err)) != 0)
         return rc;
     if ((rc = get_choice(d, "data", "kind", kinds, 1, &kind, err)) != 0)
         return rc;
-    c->data = TD_DATA_IDX;
-    if ((rc = parse_split(d, "train", &c->train, err)) != 0)
+    if ((rc = get_bool(d, "data", "shuffle", &c->shuffle, err)) != 0)
         return rc;
-    if (td_pv_get(d, "test") != NULL && (rc = parse_split(d, "test", &c->test, err)) != 0)
+    if (kind == 0) {
+        c->data = TD_DATA_IDX;
+        if ((rc = check_keys(d, "data", idx_keys, err)) != 0 ||
+            (rc = parse_split(d, "train", &c->train, err)) != 0)
+            return rc;
+        if (td_pv_get(d, "test") != NULL && (rc = parse_split(d, "test", &c->test, err)) != 0)
+            return rc;
+        return 0;
+    }
+    c->data = kind == 1 ? TD_DATA_TEXT : TD_DATA_TOKENS;
+    if ((rc = check_keys(d, "data", tok_keys, err)) != 0)
         return rc;
-    return get_bool(d, "data", "shuffle", &c->shuffle, err);
+    if (td_pv_get(d, "train") == NULL)
+        return bad(err, "data", "train", "is required");
+    if ((rc = parse_files(d, "train", c->train_files, &c->n_train_files, err)) != 0 ||
+        (rc = parse_files(d, "valid", c->valid_files, &c->n_valid_files, err)) != 0)
+        return rc;
+    if ((rc = get_float(d, "data", "valid_fraction", 0, 1, 1, "must be in [0, 1)",
+                        &c->valid_fraction, err)) != 0)
+        return rc;
+    if (c->n_valid_files > 0 && c->valid_fraction > 0)
+        return bad(err, "data", "valid_fraction", "cannot be used together with data.valid");
+    return 0;
 }
 
 static int parse_optim(const td_pval *o, td_train_config *c, td_error_t *err)
 {
-    static const char *const keys[] = {"kind",         "lr",       "beta1", "beta2", "eps",
-                                       "weight_decay", "momentum", NULL};
+    static const char *const keys[] = {"kind",     "lr",       "beta1",     "beta2", "eps",
+                                       "weight_decay", "momentum", "grad_clip", NULL};
     static const char *const kinds[] = {"adamw", "sgd", NULL};
     int kind = 0, rc;
 
@@ -231,7 +351,9 @@ static int parse_optim(const td_pval *o, td_train_config *c, td_error_t *err)
         (rc = get_float(o, "optim", "momentum", 0, 1, 1, "must be in [0, 1)", &c->momentum,
                         err)) ||
         (rc = get_float(o, "optim", "weight_decay", 0, 1e6, 0, "must be a number >= 0",
-                        &c->weight_decay, err)))
+                        &c->weight_decay, err)) ||
+        (rc = get_float(o, "optim", "grad_clip", 0, 1e30, 0,
+                        "must be a number >= 0 (0 turns clipping off)", &c->grad_clip, err)))
         return rc;
     if ((rc = get_float(o, "optim", "eps", 0, 1, 0, "must be a positive number", &c->eps, err)))
         return rc;
@@ -242,8 +364,9 @@ static int parse_optim(const td_pval *o, td_train_config *c, td_error_t *err)
 
 static int parse_schedule(const td_pval *s, td_train_config *c, td_error_t *err)
 {
-    static const char *const keys[] = {"kind", NULL};
-    static const char *const kinds[] = {"constant", NULL};
+    static const char *const keys[] = {"kind", "warmup", "cooldown", "min_lr", NULL};
+    static const char *const kinds[] = {"constant", "cosine", "rsqrt", NULL};
+    static const td_sched_kind map[] = {TD_SCHED_CONSTANT, TD_SCHED_COSINE, TD_SCHED_RSQRT};
     int kind = 0, rc;
 
     if (s == NULL)
@@ -253,16 +376,73 @@ static int parse_schedule(const td_pval *s, td_train_config *c, td_error_t *err)
         return rc;
     if ((rc = get_choice(s, "schedule", "kind", kinds, 1, &kind, err)) != 0)
         return rc;
-    c->schedule = TD_SCHED_CONSTANT;
+    c->schedule = map[kind];
+    if ((rc = get_float(s, "schedule", "warmup", 0, 1, 1, "must be a fraction of the steps in "
+                        "[0, 1)", &c->warmup, err)) ||
+        (rc = get_float(s, "schedule", "cooldown", 0, 1, 1, "must be a fraction of the steps in "
+                        "[0, 1)", &c->cooldown, err)) ||
+        (rc = get_float(s, "schedule", "min_lr", 0, 1e6, 0, "must be a number >= 0", &c->min_lr,
+                        err)))
+        return rc;
+    if (c->warmup + c->cooldown >= 1)
+        return bad(err, "schedule", "cooldown", "warmup + cooldown must be below 1");
+    return 0;
+}
+
+/* debug.fail: {step, device: D or [D, ...], kind}. Kept in the spec; the daemon applies it
+ * to the replicas on the named devices. */
+static int parse_debug(const td_pval *dbg, td_jobspec *out, td_error_t *err)
+{
+    static const char *const keys[] = {"fail", NULL};
+    static const char *const fkeys[] = {"step", "device", "kind", NULL};
+    static const char *const kinds[] = {"panic", "nan", "oom", "data", NULL};
+    static const td_fail_kind map[] = {TD_FAIL_PANIC, TD_FAIL_NAN, TD_FAIL_OOM, TD_FAIL_DATA};
+    const td_pval *f, *dev;
+    int kind = 0, rc;
+
+    if (dbg == NULL)
+        return 0;
+    if ((rc = need_map(dbg, "", "debug", err)) != 0 ||
+        (rc = check_keys(dbg, "debug", keys, err)) != 0)
+        return rc;
+    f = td_pv_get(dbg, "fail");
+    if (f == NULL)
+        return 0;
+    if ((rc = need_map(f, "debug", "fail", err)) != 0 ||
+        (rc = check_keys(f, "debug.fail", fkeys, err)) != 0 ||
+        (rc = get_choice(f, "debug.fail", "kind", kinds, 1, &kind, err)) != 0)
+        return rc;
+    out->fail_kind = map[kind];
+    out->fail_step = 1;
+    if ((rc = get_int(f, "debug.fail", "step", 0, INT64_MAX / 2, "must be an integer >= 0",
+                      &out->fail_step, err)) != 0)
+        return rc;
+    dev = td_pv_get(f, "device");
+    out->fail_devices = 0;
+    if (dev == NULL) {
+        out->fail_devices = ~0ull;
+        return 0;
+    }
+    for (size_t i = 0; i < (td_pv_type_of(dev) == TD_PV_ARRAY ? td_pv_len(dev) : 1); i++) {
+        const td_pval *d = td_pv_type_of(dev) == TD_PV_ARRAY ? td_pv_at(dev, i) : dev;
+        int64_t x;
+        if (td_pv_int(d, &x) != 0 || x < 0 || x >= 64)
+            return bad(err, "debug.fail", "device",
+                       "must be a device number 0-63 or a list of them");
+        out->fail_devices |= 1ull << x;
+    }
     return 0;
 }
 
 int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err)
 {
-    static const char *const keys[] = {"name",       "model",   "data",      "optim",
-                                       "schedule",   "batch_size", "epochs", "max_steps",
-                                       "eval_every", "seed",    "devices",   "priority",
-                                       NULL};
+    static const char *const keys[] = {
+        "name",         "model",      "data",           "optim",            "schedule",
+        "batch_size",   "epochs",     "max_steps",      "eval_every",       "eval_batches",
+        "seed",         "devices",    "priority",       "checkpoint_every", "keep_checkpoints",
+        "on_nan",       "debug",      NULL};
+    static const char *const nan_policies[] = {"fail", "skip", NULL};
+    int on_nan = 0;
     td_train_config *c = &out->train;
     const td_pval *name;
     int64_t seed;
@@ -283,7 +463,20 @@ int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err)
     if ((rc = parse_model(td_pv_get(job, "model"), c, err)) != 0 ||
         (rc = parse_data(td_pv_get(job, "data"), c, err)) != 0 ||
         (rc = parse_optim(td_pv_get(job, "optim"), c, err)) != 0 ||
-        (rc = parse_schedule(td_pv_get(job, "schedule"), c, err)) != 0)
+        (rc = parse_schedule(td_pv_get(job, "schedule"), c, err)) != 0 ||
+        (rc = parse_debug(td_pv_get(job, "debug"), out, err)) != 0)
+        return rc;
+    if ((rc = get_choice(job, "", "on_nan", nan_policies, 0, &on_nan, err)) != 0)
+        return rc;
+    c->on_nan = on_nan == 0 ? TD_ON_NAN_FAIL : TD_ON_NAN_SKIP;
+    if ((rc = get_int32(job, "", "eval_batches", 0, 1 << 30,
+                        "must be an integer >= 0 (0: the whole valid split)", &c->eval_batches,
+                        err)) ||
+        (rc = get_int(job, "", "checkpoint_every", 0, INT64_MAX / 2,
+                      "must be an integer >= 0 (0: only on cancel and shutdown)",
+                      &c->checkpoint_every, err)) ||
+        (rc = get_int32(job, "", "keep_checkpoints", 1, 1000, "must be an integer from 1 to 1000",
+                        &c->keep_checkpoints, err)))
         return rc;
     if ((rc = get_int32(job, "", "batch_size", 1, 1 << 20, "must be a positive integer",
                         &c->batch_size, err)) ||

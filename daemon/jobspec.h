@@ -16,6 +16,10 @@ typedef struct td_jobspec {
     int devices;  /* devices requested; default 1 */
     int priority; /* higher runs first; default 0 */
     td_train_config train;
+    /* debug.fail, applied by the daemon to the replicas on the named devices */
+    td_fail_kind fail_kind; /* TD_FAIL_NONE when the job has no debug.fail */
+    int64_t fail_step;
+    uint64_t fail_devices; /* bit d set: device d fails */
 } td_jobspec;
 
 /* Fills *out from job. Returns 0, or TD_EJOB with err naming the field. */

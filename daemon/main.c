@@ -1,6 +1,11 @@
-/* traind: the training daemon's entry point. Parses the command line, opens the state
- * directory and the store, starts the device workers and the metric store thread, listens
- * on the control socket and runs the libuv loop until SIGTERM or SIGINT. */
+/* traind: the training daemon's entry point. Reads the configuration file and then the
+ * command line (a flag overrides the file), opens the state directory and the store, starts
+ * the device workers and the metric store thread, listens on the control socket (its own, or
+ * the one systemd passed), tells systemd it is ready and feeds systemd's watchdog, and runs
+ * the libuv loop until SIGTERM or SIGINT.
+ *
+ * Exit status: 0 after a clean stop, 64 for a bad command line, 78 for a bad configuration
+ * (systemd does not restart it: RestartPreventExitStatus=78), 1 when it cannot start. */
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -8,48 +13,39 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
+#include "config.h"
 #include "daemon.h"
+#include "notify.h"
 #include "td_log.h"
 
-#define EX_USAGE 64
+#define EX_USAGE  64
 #define EX_CONFIG 78
+
+#ifndef TD_CONFIG_PATH
+#define TD_CONFIG_PATH "/etc/traind/traind.conf"
+#endif
+
+/* What the command line said; NULL or 0 where it said nothing, so the file's value stays. */
+typedef struct flags {
+    const char *config;
+    const char *socket, *state_dir, *devices, *log_level;
+} flags;
 
 static void usage(FILE *to)
 {
-    fprintf(to, "usage: traind [--socket PATH] [--state-dir DIR] [--devices cpu:N] "
-                "[--log-level LEVEL]\n"
+    fprintf(to, "usage: traind [--config FILE] [--socket PATH] [--state-dir DIR] "
+                "[--devices cpu:N] [--log-level LEVEL]\n"
                 "\n"
+                "  --config FILE      configuration file (default " TD_CONFIG_PATH ");\n"
+                "                     the flags below override its keys\n"
                 "  --socket PATH      control socket (default /run/traind/traind.sock)\n"
                 "  --state-dir DIR    where traind.db lives (default /var/lib/traind)\n"
                 "  --devices cpu:N    N CPU devices, each a worker thread with its share of\n"
                 "                     the cores (default cpu:1)\n"
                 "  --log-level LEVEL  err, warning, notice, info or debug (default info)\n"
                 "  --version          print the version and exit\n");
-}
-
-static int parse_devices(const char *s, int *n)
-{
-    char *end;
-    long v;
-
-    if (strncmp(s, "cpu:", 4) != 0)
-        return -1;
-    errno = 0;
-    v = strtol(s + 4, &end, 10);
-    if (errno != 0 || *end != '\0' || v < 1 || v > TD_MAX_DEVICES)
-        return -1;
-    *n = (int)v;
-    return 0;
-}
-
-static int parse_level(const char *s)
-{
-    static const char *const names[] = {"err", "warning", "notice", "info", "debug"};
-    for (int i = 0; i < 5; i++)
-        if (strcmp(s, names[i]) == 0)
-            return TD_LOG_ERR + i;
-    return -1;
 }
 
 /* mkdir -p for the state directory. */
@@ -73,40 +69,32 @@ static int make_dirs(const char *path)
     return 0;
 }
 
-static int parse_args(int argc, char **argv, td_config *cfg)
+/* Reads the command line into f. Returns 0, or the exit status after printing why. */
+static int parse_flags(int argc, char **argv, flags *f)
 {
     static const struct option opts[] = {
         {"socket", required_argument, NULL, 's'},  {"state-dir", required_argument, NULL, 'd'},
         {"devices", required_argument, NULL, 'D'}, {"log-level", required_argument, NULL, 'l'},
-        {"help", no_argument, NULL, 'h'},          {"version", no_argument, NULL, 'V'},
-        {NULL, 0, NULL, 0}};
-    const char *socket = "/run/traind/traind.sock", *state = "/var/lib/traind";
-    int c, level;
+        {"config", required_argument, NULL, 'c'},  {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0}};
+    int c;
 
-    cfg->ncpu_devices = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 's':
-            socket = optarg;
+            f->socket = optarg;
             break;
         case 'd':
-            state = optarg;
+            f->state_dir = optarg;
             break;
         case 'D':
-            if (parse_devices(optarg, &cfg->ncpu_devices) != 0) {
-                fprintf(stderr, "traind: --devices %s: expected cpu:N with N from 1 to %d\n",
-                        optarg, TD_MAX_DEVICES);
-                return EX_USAGE;
-            }
+            f->devices = optarg;
             break;
         case 'l':
-            if ((level = parse_level(optarg)) < 0) {
-                fprintf(stderr, "traind: --log-level %s: expected err, warning, notice, info "
-                                "or debug\n",
-                        optarg);
-                return EX_USAGE;
-            }
-            td_log_set_level(level);
+            f->log_level = optarg;
+            break;
+        case 'c':
+            f->config = optarg;
             break;
         case 'h':
             usage(stdout);
@@ -123,20 +111,89 @@ static int parse_args(int argc, char **argv, td_config *cfg)
         fprintf(stderr, "traind: unexpected argument %s\n", argv[optind]);
         return EX_USAGE;
     }
+    return 0;
+}
+
+/* Puts the command line's values over the file's. Returns 0 or the exit status. */
+static int apply_flags(const flags *f, td_config *cfg)
+{
+    char why[256];
+
+    if (f->devices != NULL && td_config_set_devices(cfg, f->devices, why, sizeof(why)) != 0) {
+        fprintf(stderr, "traind: --devices %s: %s\n", f->devices, why);
+        return EX_USAGE;
+    }
+    if (f->log_level != NULL && td_config_set_log_level(cfg, f->log_level, why, sizeof(why)) != 0) {
+        fprintf(stderr, "traind: --log-level %s: %s\n", f->log_level, why);
+        return EX_USAGE;
+    }
     /* libuv 1.44 silently truncates a long path; refuse it instead. */
-    if (strlen(socket) >= sizeof(cfg->socket_path)) {
-        fprintf(stderr, "traind: socket path %s is %zu bytes; the limit is %zu\n", socket,
-                strlen(socket), sizeof(cfg->socket_path) - 1);
+    if (f->socket != NULL && td_config_set_socket(cfg, f->socket, why, sizeof(why)) != 0) {
+        fprintf(stderr, "traind: socket path %s is %zu bytes; the limit is %zu\n", f->socket,
+                strlen(f->socket), sizeof(cfg->socket_path) - 1);
         return EX_CONFIG;
     }
-    snprintf(cfg->socket_path, sizeof(cfg->socket_path), "%s", socket);
-    if (strlen(state) >= sizeof(cfg->state_dir)) {
+    if (f->state_dir != NULL && td_config_set_state_dir(cfg, f->state_dir, why, sizeof(why)) != 0) {
         fprintf(stderr, "traind: state directory path is too long\n");
         return EX_CONFIG;
     }
-    snprintf(cfg->state_dir, sizeof(cfg->state_dir), "%s", state);
-    snprintf(cfg->db_path, sizeof(cfg->db_path), "%s/traind.db", state);
     return 0;
+}
+
+/* The configuration: defaults, then the file, then the flags. Returns 0 or the exit status. */
+static int configure(int argc, char **argv, td_config *cfg)
+{
+    flags f = {0};
+    td_error_t err = {0};
+    int loaded, rc;
+
+    rc = parse_flags(argc, argv, &f);
+    if (rc != 0)
+        return rc;
+    td_config_defaults(cfg);
+    if (td_config_load(cfg, f.config != NULL ? f.config : TD_CONFIG_PATH, f.config != NULL, &loaded,
+                       &err) != 0) {
+        td_log_err("traind: %s", err.msg);
+        return EX_CONFIG;
+    }
+    rc = apply_flags(&f, cfg);
+    if (rc != 0)
+        return rc;
+    td_log_set_level(cfg->log_level);
+    if (loaded)
+        td_log_debug("configuration read from %s", f.config != NULL ? f.config : TD_CONFIG_PATH);
+    return 0;
+}
+
+static td_notify notify;
+
+static long long mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The watchdog's health check: every busy worker has started or finished a step within the
+ * watchdog interval. An idle worker has nothing to prove. */
+static int workers_fresh(void *ud, int64_t stale_ms, char *why, size_t size)
+{
+    td_daemon *d = ud;
+    long long now = mono_ms();
+
+    for (int i = 0; i < d->nworkers; i++) {
+        td_worker *w = &d->workers[i];
+        long long age;
+        if (w->running == NULL)
+            continue;
+        age = now - atomic_load(&w->heartbeat_ms);
+        if (age > stale_ms) {
+            snprintf(why, size, "device %s (job %lld) has not started or ended a step for %lld ms",
+                     w->name, (long long)w->running->id, age);
+            return 0;
+        }
+    }
+    return 1;
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -144,46 +201,71 @@ static void on_signal(uv_signal_t *h, int signum)
     td_daemon *d = h->data;
 
     td_log_notice("signal %d received", signum);
+    td_notify_send(&notify, "STOPPING=1\nSTATUS=stopping: running jobs go back to the queue");
     uv_close((uv_handle_t *)&d->sigint, NULL);
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     td_daemon_shutdown(d);
 }
 
+/* Tells systemd the daemon is ready (store open, interrupted jobs requeued, socket
+ * listening) and starts feeding its watchdog. */
+static void ready(td_daemon *d)
+{
+    char msg[256];
+    int rc;
+
+    snprintf(msg, sizeof(msg), "READY=1\nSTATUS=listening on %s; %d device(s)", d->cfg.socket_path,
+             d->nworkers);
+    td_notify_send(&notify, msg);
+    rc = td_notify_watchdog_start(&notify, d->loop, workers_fresh, d);
+    if (rc != 0)
+        td_log_err("cannot start the watchdog timer: %s", uv_strerror(rc));
+}
+
 int main(int argc, char **argv)
 {
     static td_daemon d;
-    td_config cfg = {0};
+    td_config cfg;
     td_error_t err = {0};
     uv_loop_t *loop = uv_default_loop();
     int rc;
 
-    rc = parse_args(argc, argv, &cfg);
+    rc = configure(argc, argv, &cfg);
     if (rc != 0)
         return rc;
     signal(SIGPIPE, SIG_IGN);
+    td_notify_open(&notify);
     rc = make_dirs(cfg.state_dir);
     if (rc != 0) {
         td_log_err("cannot create state directory %s: %s", cfg.state_dir, strerror(-rc));
-        return EX_CONFIG;
+        rc = EX_CONFIG;
+        goto out;
     }
     if (td_daemon_init(&d, loop, &cfg, &err) != 0) {
         td_log_err("cannot start: %s", err.msg);
-        return 1;
+        rc = 1;
+        goto out;
     }
     if (td_server_listen(&d, &err) != 0) {
         td_log_err("%s", err.msg);
         td_daemon_shutdown(&d);
         uv_run(loop, UV_RUN_DEFAULT);
-        return 1;
+        rc = 1;
+        goto out;
     }
     uv_signal_init(loop, &d.sigint);
     uv_signal_init(loop, &d.sigterm);
     d.sigint.data = d.sigterm.data = &d;
     uv_signal_start(&d.sigint, on_signal, SIGINT);
     uv_signal_start(&d.sigterm, on_signal, SIGTERM);
-    td_log_notice("traind %s listening on %s; state in %s; %d device(s) cpu:0..%d",
-                  TD_VERSION, cfg.socket_path, cfg.db_path, d.nworkers, d.nworkers - 1);
+    td_log_notice("traind %s listening on %s; state in %s; %d device(s) cpu:0..%d", TD_VERSION,
+                  d.cfg.socket_path, cfg.db_path, d.nworkers, d.nworkers - 1);
+    ready(&d);
     uv_run(loop, UV_RUN_DEFAULT);
+    rc = d.exit_code;
+out:
+    td_notify_close(&notify);
+    uv_run(loop, UV_RUN_DEFAULT); /* the watchdog timer's close callback */
     uv_loop_close(loop);
-    return d.exit_code;
+    return rc;
 }

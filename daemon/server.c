@@ -173,7 +173,7 @@ static void write_job(td_daemon *d, td_pw *w, td_job_row *row, int with_spec)
     td_pw_str(w, "devices");
     td_pw_int(w, row->devices);
     td_pw_str(w, "device_list");
-    td_pw_str(w, live != NULL && live->worker != NULL ? live->worker->name : row->device_list);
+    td_pw_str(w, live != NULL && live->run != NULL ? live->device_list : row->device_list);
     td_pw_str(w, "created");
     td_pw_double(w, row->created);
     td_pw_str(w, "started");
@@ -184,13 +184,18 @@ static void write_job(td_daemon *d, td_pw *w, td_job_row *row, int with_spec)
     if (row->err_code == 0) {
         td_pw_nil(w);
     } else {
-        td_pw_map(w, 3);
+        td_pw_map(w, 4);
         td_pw_str(w, "code");
         td_pw_int(w, row->err_code);
         td_pw_str(w, "name");
         td_pw_str(w, td_errname(row->err_code));
         td_pw_str(w, "message");
         td_pw_str(w, row->err_msg != NULL ? row->err_msg : td_strerror(row->err_code));
+        td_pw_str(w, "devices");
+        if (row->err_devices != NULL)
+            td_pw_raw(w, row->err_devices, row->err_devices_len);
+        else
+            td_pw_array(w, 0);
     }
     td_pw_str(w, "metrics");
     td_pw_map(w, (uint32_t)lv.n);
@@ -533,9 +538,9 @@ static void req_info(td_conn *c, int64_t id)
     uint32_t nq = 0;
 
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
-        nq += j->worker == NULL;
+        nq += j->run == NULL;
     td_pw_reset(&c->w);
-    td_pw_map(&c->w, 7);
+    td_pw_map(&c->w, 8);
     td_pw_str(&c->w, "type");
     td_pw_str(&c->w, "info");
     td_pw_str(&c->w, "id");
@@ -565,13 +570,30 @@ static void req_info(td_conn *c, int64_t id)
         td_pw_str(&c->w, "job_name");
         td_pw_str(&c->w, job != NULL ? job->spec.name : NULL);
     }
+    /* Who is connected, and how much each has not yet read: a stalled watcher shows here. */
+    td_pw_str(&c->w, "clients");
+    td_pw_array(&c->w, (uint32_t)d->nconns);
+    for (td_conn *o = d->conns; o != NULL; o = o->next) {
+        uint32_t nstreams = 0;
+        for (td_stream *s = o->streams; s != NULL; s = s->next)
+            nstreams++;
+        td_pw_map(&c->w, 4);
+        td_pw_str(&c->w, "pid");
+        td_pw_int(&c->w, o->pid);
+        td_pw_str(&c->w, "uid");
+        td_pw_int(&c->w, o->uid);
+        td_pw_str(&c->w, "pending_bytes");
+        td_pw_int(&c->w, (int64_t)o->pending);
+        td_pw_str(&c->w, "streams");
+        td_pw_int(&c->w, nstreams);
+    }
     /* In the order the scheduler takes them: priority, then submission. */
     td_pw_str(&c->w, "queued");
     td_pw_array(&c->w, nq);
     for (int64_t prio = INT32_MAX;;) {
         int64_t next = INT64_MIN;
         for (td_djob *j = d->jobs; j != NULL; j = j->next) {
-            if (j->worker != NULL)
+            if (j->run != NULL)
                 continue;
             if (j->spec.priority == prio)
                 td_pw_int(&c->w, j->id);
@@ -864,15 +886,19 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     }
     peer_creds(c);
-    if (d->nconns > TD_MAX_CONNS) {
+    if (d->nconns > (d->cfg.max_conns > 0 ? d->cfg.max_conns : TD_MAX_CONNS)) {
         td_log_warn("client pid %lld: refused, %d connections open", (long long)c->pid,
-                    TD_MAX_CONNS);
+                    d->nconns - 1);
         send_error(c, -1, TD_E2BIG, "too many connections");
         conn_close(c);
         return;
     }
     uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
 }
+
+#define TD_LISTEN_BACKLOG   128  /* connections the kernel holds for traind before accept */
+#define TD_LISTEN_FDS_START 3    /* sd_listen_fds(3): the first descriptor systemd passes */
+#define TD_SOCKET_MODE      0660 /* owner and group may connect; nobody else */
 
 /* Removes a stale socket file left by a daemon that died, but never a live one. */
 static int clear_stale_socket(const char *path, td_error_t *err)
@@ -886,7 +912,7 @@ static int clear_stale_socket(const char *path, td_error_t *err)
     if (!S_ISSOCK(stt.st_mode))
         return td_error_set(err, TD_EINVAL, "%s exists and is not a socket", path);
     snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-    fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return td_error_set(err, -errno, "socket: %s", strerror(errno));
     live = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
@@ -897,37 +923,132 @@ static int clear_stale_socket(const char *path, td_error_t *err)
     return 0;
 }
 
-int td_server_listen(td_daemon *d, td_error_t *err)
+/* The listening socket systemd passed by socket activation (sd_listen_fds(3)): descriptor 3,
+ * when $LISTEN_PID is this process and $LISTEN_FDS is at least 1. Sets *fd to it, or to -1
+ * when nothing was passed; fails when what was passed is not a listening Unix stream socket.
+ * The variables are left set: they name this pid, so no child takes them for its own, and a
+ * re-exec of traind itself (the same pid) finds the same socket again. */
+static int inherited_socket(td_daemon *d, int *fd, td_error_t *err)
+{
+    const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
+    struct sockaddr_un sa;
+    socklen_t salen = sizeof(sa), len;
+    int type = 0, listening = 0;
+    char *end;
+    long n;
+
+    *fd = -1;
+    if (pid == NULL || fds == NULL || strtol(pid, &end, 10) != (long)getpid() || *end != '\0')
+        return 0;
+    n = strtol(fds, &end, 10);
+    if (*end != '\0' || n < 1)
+        return 0;
+    len = sizeof(type);
+    if (getsockopt(TD_LISTEN_FDS_START, SOL_SOCKET, SO_TYPE, &type, &len) != 0 ||
+        type != SOCK_STREAM)
+        goto bad;
+    len = sizeof(listening);
+    if (getsockopt(TD_LISTEN_FDS_START, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 ||
+        !listening)
+        goto bad;
+    if (getsockname(TD_LISTEN_FDS_START, (struct sockaddr *)&sa, &salen) != 0 ||
+        sa.sun_family != AF_UNIX)
+        goto bad;
+    if (n > 1)
+        td_log_warn("LISTEN_FDS=%ld: traind uses descriptor %d only", n, TD_LISTEN_FDS_START);
+    /* The path systemd bound is the one clients use: report that one, not the configured. */
+    if (salen > offsetof(struct sockaddr_un, sun_path) && sa.sun_path[0] != '\0') {
+        sa.sun_path[sizeof(sa.sun_path) - 1] = '\0';
+        if (strcmp(sa.sun_path, d->cfg.socket_path) != 0)
+            td_log_notice("socket activation: listening on %s, which systemd passed, not on %s",
+                          sa.sun_path, d->cfg.socket_path);
+        snprintf(d->cfg.socket_path, sizeof(d->cfg.socket_path), "%s", sa.sun_path);
+    }
+    *fd = TD_LISTEN_FDS_START;
+    return 0;
+bad:
+    return td_error_set(err, TD_EINVAL,
+                        "LISTEN_FDS=%s: descriptor %d is not a listening Unix stream socket", fds,
+                        TD_LISTEN_FDS_START);
+}
+
+/* Binds the configured path and gives it mode 0660 and the configured group, both set
+ * explicitly: neither the umask nor the daemon's own group decides who may connect. Until
+ * uv_listen() the socket refuses connections, so nobody gets in while the mode is still the
+ * umask's. On failure the path is removed again. */
+static int bind_socket(td_daemon *d, td_error_t *err)
 {
     const char *path = d->cfg.socket_path;
+    size_t max = sizeof(((struct sockaddr_un *)NULL)->sun_path) - 1;
     int rc;
 
+    /* libuv 1.44 would silently cut a longer path and bind somewhere else. */
+    if (strlen(path) > max)
+        return td_error_set(err, TD_EINVAL, "socket path %s is %zu bytes; the limit is %zu", path,
+                            strlen(path), max);
     rc = clear_stale_socket(path, err);
+    if (rc != 0)
+        return rc;
+    rc = uv_pipe_bind(&d->server, path);
+    if (rc != 0)
+        return td_error_set(err, rc, "cannot bind %s: %s", path, uv_strerror(rc));
+    if (d->cfg.socket_group[0] != '\0' && chown(path, (uid_t)-1, (gid_t)d->cfg.socket_gid) != 0)
+        rc = td_error_set(err, -errno, "cannot give %s to group %s: %s", path, d->cfg.socket_group,
+                          strerror(errno));
+    else if (chmod(path, TD_SOCKET_MODE) != 0)
+        rc = td_error_set(err, -errno, "cannot set the mode of %s: %s", path, strerror(errno));
+    if (rc != 0)
+        unlink(path);
+    return rc;
+}
+
+/* Listens on the socket systemd passed, or else on one bound here. */
+int td_server_listen(td_daemon *d, td_error_t *err)
+{
+    int fd, rc;
+
+    rc = inherited_socket(d, &fd, err);
     if (rc != 0)
         return rc;
     rc = uv_pipe_init(d->loop, &d->server, 0);
     if (rc != 0)
         return td_error_set(err, rc, "uv_pipe_init: %s", uv_strerror(rc));
+    d->server_open = 1;
     d->server.data = d;
-    rc = uv_pipe_bind(&d->server, path);
-    if (rc == 0 && chmod(path, 0660) != 0)
-        rc = -errno;
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&d->server, 128, on_connection);
-    if (rc != 0) {
-        td_error_set(err, rc, "cannot listen on %s: %s", path, uv_strerror(rc));
-        uv_close((uv_handle_t *)&d->server, NULL);
-        return rc;
+    if (fd >= 0) {
+        rc = uv_pipe_open(&d->server, fd);
+        if (rc != 0)
+            td_error_set(err, rc, "cannot use the socket systemd passed: %s", uv_strerror(rc));
+        d->socket_inherited = rc == 0;
+    } else {
+        rc = bind_socket(d, err);
     }
-    return 0;
+    if (rc == 0) {
+        rc = uv_listen((uv_stream_t *)&d->server, TD_LISTEN_BACKLOG, on_connection);
+        if (rc != 0) {
+            td_error_set(err, rc, "cannot listen on %s: %s", d->cfg.socket_path, uv_strerror(rc));
+            if (!d->socket_inherited)
+                unlink(d->cfg.socket_path);
+        }
+    }
+    if (rc != 0) {
+        uv_close((uv_handle_t *)&d->server, NULL);
+        d->server_open = 0;
+    }
+    return rc;
 }
 
+/* Closes every connection and the listening socket. The path of a socket traind bound is
+ * removed; that of an inherited one is systemd's, which keeps listening on it and starts
+ * traind again at the next connection. */
 void td_server_close(td_daemon *d)
 {
     for (td_conn *c = d->conns; c != NULL; c = c->next)
         conn_close(c);
-    if (!uv_is_closing((uv_handle_t *)&d->server)) {
+    if (d->server_open) {
         uv_close((uv_handle_t *)&d->server, NULL);
-        unlink(d->cfg.socket_path);
+        d->server_open = 0;
+        if (!d->socket_inherited)
+            unlink(d->cfg.socket_path);
     }
 }

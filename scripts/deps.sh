@@ -13,6 +13,8 @@ packages=(
   libopenblas-dev    # sgemm
   zlib1g-dev         # gzipped IDX datasets
   libjansson-dev     # trainctl: job files, --json
+  libinih-dev        # traind: its configuration file
+  scdoc              # the man pages (built when scdoc is found)
   libcairo2-dev      # trainctl plot: PNG and SVG charts
   dataset-fashion-mnist  # the demo's data
   fortunes           # English text for language-model jobs

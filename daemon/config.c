@@ -1,0 +1,338 @@
+/* traind's configuration file. inih cuts the file into (section, key, value); this file
+ * knows the keys, checks every value and says where a bad one is. inih reports only the
+ * number of the first bad line, so the file is fed to it through a reader that counts lines:
+ * the handler then knows which line it is looking at, and the message for the first error,
+ * whether inih's (syntax) or the handler's (a key or a value), names the right line. Called
+ * from main() only. */
+#include <errno.h>
+#include <grp.h>
+#include <ini.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "td_log.h"
+
+#define GROUP_BUF_MAX (1 << 20) /* bytes getgrnam_r may need for a group with many members */
+#define VALUE_SHOWN   80        /* bytes of a bad value quoted in a message */
+
+typedef enum { K_SOCKET, K_STATE_DIR, K_DEVICES, K_GROUP, K_LOG_LEVEL, K_INT } key_kind;
+
+/* Every key the file may hold. K_INT keys are an int of td_config at off, from lo to hi. */
+static const struct key_def {
+    const char *section, *name;
+    key_kind kind;
+    size_t off;
+    int lo, hi;
+    const char *meaning; /* for the message about a bad integer */
+} keys[] = {
+    {"daemon", "socket", K_SOCKET, 0, 0, 0, NULL},
+    {"daemon", "state_dir", K_STATE_DIR, 0, 0, 0, NULL},
+    {"daemon", "devices", K_DEVICES, 0, 0, 0, NULL},
+    {"daemon", "socket_group", K_GROUP, 0, 0, 0, NULL},
+    {"daemon", "log_level", K_LOG_LEVEL, 0, 0, 0, NULL},
+    {"limits", "max_connections", K_INT, offsetof(td_config, max_conns), 1, 65536,
+     "connections, at least 1"},
+    {"limits", "max_queued", K_INT, offsetof(td_config, max_queued), 0, 1000000,
+     "queued jobs, 0 for no limit"},
+    {"limits", "max_queued_per_user", K_INT, offsetof(td_config, max_queued_per_user), 0, 1000000,
+     "queued jobs, 0 for no limit"},
+    {"limits", "max_devices_per_user", K_INT, offsetof(td_config, max_devices_per_user), 0,
+     TD_MAX_DEVICES, "devices, 0 for no limit"},
+};
+
+typedef struct load_ctx {
+    td_config *cfg;
+    const char *path;
+    FILE *f;
+    int lineno;        /* the line inih is looking at */
+    int max_line;      /* bytes of a line inih takes, its newline left out */
+    int long_line;     /* first line longer than that, or 0 */
+    int err_line;      /* line of the first error the handler found, or 0 */
+    char err_msg[512]; /* that error, without the "path:line: " */
+} load_ctx;
+
+void td_config_defaults(td_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    snprintf(cfg->socket_path, sizeof(cfg->socket_path), "/run/traind/traind.sock");
+    snprintf(cfg->state_dir, sizeof(cfg->state_dir), "/var/lib/traind");
+    snprintf(cfg->db_path, sizeof(cfg->db_path), "/var/lib/traind/traind.db");
+    cfg->ncpu_devices = 1;
+    cfg->max_conns = TD_MAX_CONNS;
+    cfg->log_level = TD_LOG_INFO;
+    cfg->socket_gid = -1;
+}
+
+/* The socket path must fit sockaddr_un's sun_path with its NUL: libuv 1.44 would silently
+ * cut a longer one and bind somewhere else. */
+int td_config_set_socket(td_config *cfg, const char *path, char *why, size_t size)
+{
+    size_t n = strlen(path);
+
+    if (n == 0) {
+        snprintf(why, size, "expected the path of the control socket");
+        return -1;
+    }
+    if (n >= sizeof(cfg->socket_path)) {
+        snprintf(why, size, "the path is %zu bytes; the limit is %zu", n,
+                 sizeof(cfg->socket_path) - 1);
+        return -1;
+    }
+    memcpy(cfg->socket_path, path, n + 1);
+    return 0;
+}
+
+/* Sets the state directory and the database path inside it. */
+int td_config_set_state_dir(td_config *cfg, const char *dir, char *why, size_t size)
+{
+    size_t n = strlen(dir);
+
+    if (n == 0) {
+        snprintf(why, size, "expected the directory that holds traind.db");
+        return -1;
+    }
+    if (n >= sizeof(cfg->state_dir)) {
+        snprintf(why, size, "the path is %zu bytes; the limit is %zu", n,
+                 sizeof(cfg->state_dir) - 1);
+        return -1;
+    }
+    memcpy(cfg->state_dir, dir, n + 1);
+    snprintf(cfg->db_path, sizeof(cfg->db_path), "%s/traind.db", dir);
+    return 0;
+}
+
+int td_config_set_devices(td_config *cfg, const char *spec, char *why, size_t size)
+{
+    char *end;
+    long v;
+
+    if (strncmp(spec, "cpu:", 4) != 0)
+        goto bad;
+    errno = 0;
+    v = strtol(spec + 4, &end, 10);
+    if (errno != 0 || end == spec + 4 || *end != '\0' || v < 1 || v > TD_MAX_DEVICES)
+        goto bad;
+    cfg->ncpu_devices = (int)v;
+    return 0;
+bad:
+    snprintf(why, size, "expected cpu:N with N from 1 to %d", TD_MAX_DEVICES);
+    return -1;
+}
+
+int td_config_set_log_level(td_config *cfg, const char *name, char *why, size_t size)
+{
+    static const char *const names[] = {"err", "warning", "notice", "info", "debug"};
+
+    for (int i = 0; i < 5; i++)
+        if (strcmp(name, names[i]) == 0) {
+            cfg->log_level = TD_LOG_ERR + i;
+            return 0;
+        }
+    snprintf(why, size, "expected err, warning, notice, info or debug");
+    return -1;
+}
+
+/* A group name, or a number taken as a gid as it is; empty for the daemon's own group. The
+ * name is resolved now, so that a typo stops the start instead of leaving a socket nobody
+ * may use. */
+int td_config_set_group(td_config *cfg, const char *group, char *why, size_t size)
+{
+    struct group gr, *found = NULL;
+    size_t buflen = 4096;
+    char *buf = NULL, *end;
+    int rc = -1, e;
+    long v;
+
+    if (group[0] == '\0') {
+        cfg->socket_group[0] = '\0';
+        cfg->socket_gid = -1;
+        return 0;
+    }
+    if (strlen(group) >= sizeof(cfg->socket_group)) {
+        snprintf(why, size, "expected a group name or number");
+        return -1;
+    }
+    errno = 0;
+    v = strtol(group, &end, 10);
+    if (*end == '\0' && errno == 0 && v >= 0 && v < INT_MAX) {
+        cfg->socket_gid = v;
+        snprintf(cfg->socket_group, sizeof(cfg->socket_group), "%s", group);
+        return 0;
+    }
+    for (;;) {
+        char *nbuf = realloc(buf, buflen);
+        if (nbuf == NULL) {
+            snprintf(why, size, "out of memory looking up the group");
+            goto out;
+        }
+        buf = nbuf;
+        e = getgrnam_r(group, &gr, buf, buflen, &found);
+        if (e != ERANGE || buflen >= GROUP_BUF_MAX)
+            break;
+        buflen *= 2;
+    }
+    if (found == NULL) {
+        if (e != 0)
+            snprintf(why, size, "cannot look the group up: %s", strerror(e));
+        else
+            snprintf(why, size, "no such group");
+        goto out;
+    }
+    cfg->socket_gid = found->gr_gid;
+    snprintf(cfg->socket_group, sizeof(cfg->socket_group), "%s", group);
+    rc = 0;
+out:
+    free(buf);
+    return rc;
+}
+
+static int set_int(td_config *cfg, const struct key_def *k, const char *value, char *why,
+                   size_t size)
+{
+    char *end;
+    long v;
+
+    errno = 0;
+    v = strtol(value, &end, 10);
+    if (errno != 0 || end == value || *end != '\0' || v < k->lo || v > k->hi) {
+        snprintf(why, size, "expected an integer from %d to %d (%s)", k->lo, k->hi, k->meaning);
+        return -1;
+    }
+    *(int *)((char *)cfg + k->off) = (int)v;
+    return 0;
+}
+
+static int set_key(td_config *cfg, const struct key_def *k, const char *value, char *why,
+                   size_t size)
+{
+    switch (k->kind) {
+    case K_SOCKET:
+        return td_config_set_socket(cfg, value, why, size);
+    case K_STATE_DIR:
+        return td_config_set_state_dir(cfg, value, why, size);
+    case K_DEVICES:
+        return td_config_set_devices(cfg, value, why, size);
+    case K_GROUP:
+        return td_config_set_group(cfg, value, why, size);
+    case K_LOG_LEVEL:
+        return td_config_set_log_level(cfg, value, why, size);
+    case K_INT:
+        return set_int(cfg, k, value, why, size);
+    }
+    return -1;
+}
+
+/* Copies at most VALUE_SHOWN bytes of s into out with anything unprintable as '?', so a
+ * message about a binary or endless value stays one readable line. */
+static void shown(char *out, size_t size, const char *s)
+{
+    size_t i = 0;
+
+    for (; s[i] != '\0' && i < VALUE_SHOWN && i + 4 < size; i++)
+        out[i] = (s[i] >= 0x20 && s[i] < 0x7f) ? s[i] : '?';
+    if (s[i] != '\0' && i + 4 < size) {
+        memcpy(out + i, "...", 3);
+        i += 3;
+    }
+    out[i] = '\0';
+}
+
+/* inih's handler: one key. Returns 1 to go on, 0 for an error (inih keeps reading, but
+ * only the first error is kept). */
+static int on_key(void *user, const char *section, const char *name, const char *value)
+{
+    load_ctx *c = user;
+    char why[256], v[VALUE_SHOWN + 4];
+    int section_known = 0;
+
+    if (c->err_line != 0)
+        return 1;
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        if (strcmp(section, keys[i].section) != 0)
+            continue;
+        section_known = 1;
+        if (strcmp(name, keys[i].name) != 0)
+            continue;
+        if (set_key(c->cfg, &keys[i], value, why, sizeof(why)) == 0)
+            return 1;
+        shown(v, sizeof(v), value);
+        snprintf(c->err_msg, sizeof(c->err_msg), "bad value \"%s\" for key \"%s\" in [%s]: %s", v,
+                 name, section, why);
+        c->err_line = c->lineno;
+        return 0;
+    }
+    if (section[0] == '\0')
+        snprintf(c->err_msg, sizeof(c->err_msg),
+                 "key \"%s\" is outside any section; put it under [daemon] or [limits]", name);
+    else if (!section_known)
+        snprintf(c->err_msg, sizeof(c->err_msg),
+                 "unknown section [%s] (key \"%s\"); the sections are [daemon] and [limits]",
+                 section, name);
+    else
+        snprintf(c->err_msg, sizeof(c->err_msg), "unknown key \"%s\" in [%s]", name, section);
+    c->err_line = c->lineno;
+    return 0;
+}
+
+/* inih's reader: fgets that counts lines. A line longer than inih's buffer is swallowed
+ * whole and handed on as "!", which inih rejects, so it stops being two half lines. */
+static char *read_line(char *str, int num, void *stream)
+{
+    load_ctx *c = stream;
+    size_t n;
+    int ch;
+
+    if (fgets(str, num, c->f) == NULL)
+        return NULL;
+    c->lineno++;
+    c->max_line = num - 1;
+    n = strlen(str);
+    if (n + 1 < (size_t)num || str[n - 1] == '\n')
+        return str;
+    ch = fgetc(c->f);
+    if (ch == EOF || ch == '\n')
+        return str; /* the line just fits */
+    while (ch != EOF && ch != '\n')
+        ch = fgetc(c->f);
+    if (c->long_line == 0)
+        c->long_line = c->lineno;
+    snprintf(str, (size_t)num, "!\n");
+    return str;
+}
+
+int td_config_load(td_config *cfg, const char *path, int must_exist, int *loaded, td_error_t *err)
+{
+    load_ctx c = {.cfg = cfg, .path = path};
+    int line, rc = 0;
+
+    *loaded = 0;
+    c.f = fopen(path, "re");
+    if (c.f == NULL) {
+        if (errno == ENOENT && !must_exist)
+            return 0;
+        return td_error_set(err, TD_EINVAL, "%s: cannot open: %s", path, strerror(errno));
+    }
+    line = ini_parse_stream(read_line, &c, on_key, &c);
+    if (ferror(c.f))
+        rc = td_error_set(err, TD_EINVAL, "%s: cannot read: %s", path, strerror(errno));
+    else if (line < 0)
+        rc = td_error_set(err, TD_EINVAL, "%s: cannot read: out of memory", path);
+    else if (line > 0 && line == c.err_line)
+        rc = td_error_set(err, TD_EINVAL, "%s:%d: %s", path, line, c.err_msg);
+    else if (line > 0 && line == c.long_line)
+        rc = td_error_set(err, TD_EINVAL, "%s:%d: the line is longer than %d bytes", path, line,
+                          c.max_line);
+    else if (line > 0)
+        rc = td_error_set(err, TD_EINVAL,
+                          "%s:%d: syntax error: expected \"key = value\", \"[section]\" or a "
+                          "comment starting with ; or #",
+                          path, line);
+    fclose(c.f);
+    *loaded = rc == 0;
+    return rc;
+}

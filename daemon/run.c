@@ -1,0 +1,428 @@
+/* A job running on its devices (see run.h), and the device worker threads. Everything here
+ * runs on worker threads, except td_run_new/start/free, which the loop thread calls. The
+ * run's mutex guards its barrier and outcomes; no lock is held across a call that may panic,
+ * and the all-reduce panics only after dropping it, so a jump leaks nothing. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "run.h"
+#include "td_log.h"
+#include "td_panic.h"
+
+enum { GO = 0, STOP_CANCEL = 1, STOP_INTERRUPT = 2 };
+
+struct td_run {
+    td_daemon *d;
+    td_djob *job; /* the loop's; workers read only its spec and atomic flags */
+    int world;
+    td_worker *workers[TD_MAX_DEVICES];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    /* the barrier */
+    int arrived;
+    uint64_t gen;
+    int aborted; /* a replica failed: every barrier from now on refuses */
+    int decision; /* what the last barrier agreed: GO or STOP_* */
+    float *bufs[TD_MAX_DEVICES];
+    /* outcomes, by rank */
+    td_error_t errs[TD_MAX_DEVICES];
+    int failed[TD_MAX_DEVICES];
+    int finished;
+    int stopped; /* the decision that ended a run without failure */
+    int succeeded;
+    int64_t steps;
+    td_error_t store_err; /* rank 0's metric write errors */
+    td_error_t note;      /* e.g. a checkpoint that could not be written */
+};
+
+static double mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+int td_run_new(td_run **out, td_daemon *d, td_djob *job, td_worker **workers, int n)
+{
+    td_run *r = calloc(1, sizeof(*r));
+
+    if (r == NULL)
+        return TD_ENOMEM;
+    r->d = d;
+    r->job = job;
+    r->world = n;
+    memcpy(r->workers, workers, (size_t)n * sizeof(*workers));
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    *out = r;
+    return 0;
+}
+
+void td_run_start(td_run *r)
+{
+    for (int i = 0; i < r->world; i++) {
+        td_worker *w = r->workers[i];
+        pthread_mutex_lock(&w->mu);
+        w->assigned = r;
+        w->rank = i;
+        pthread_cond_signal(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+    }
+}
+
+void td_run_free(td_run *r)
+{
+    if (r == NULL)
+        return;
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+/* Waits until every replica has arrived. Returns 0, or -1 when the run was aborted (a
+ * replica failed) before everyone arrived. The last to arrive runs decide() under the lock. */
+static int barrier(td_run *r, void (*decide)(td_run *))
+{
+    uint64_t gen;
+    int ok;
+
+    pthread_mutex_lock(&r->mu);
+    if (r->aborted) {
+        pthread_mutex_unlock(&r->mu);
+        return -1;
+    }
+    gen = r->gen;
+    if (++r->arrived == r->world) {
+        if (decide != NULL)
+            decide(r);
+        r->arrived = 0;
+        r->gen++;
+        pthread_cond_broadcast(&r->cv);
+    } else {
+        while (r->gen == gen && !r->aborted)
+            pthread_cond_wait(&r->cv, &r->mu);
+    }
+    ok = r->gen != gen;
+    pthread_mutex_unlock(&r->mu);
+    return ok ? 0 : -1;
+}
+
+/* Called by the last replica at a step boundary: one decision for all. */
+static void decide_stop(td_run *r)
+{
+    if (atomic_load(&r->job->cancel))
+        r->decision = STOP_CANCEL;
+    else if (atomic_load(&r->job->interrupt))
+        r->decision = STOP_INTERRUPT;
+    else
+        r->decision = GO;
+}
+
+/* Records rank's failure and releases every replica waiting on the run. */
+static void run_fail(td_run *r, int rank, const td_error_t *e)
+{
+    pthread_mutex_lock(&r->mu);
+    r->errs[rank] = *e;
+    r->failed[rank] = 1;
+    r->aborted = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+typedef struct replica {
+    td_run *r;
+    td_worker *w;
+    int rank;
+    td_mq_sink *sink; /* rank 0 only */
+} replica;
+
+/* The host all-reduce: every replica averages its share of the elements across all
+ * replicas' buffers, between two barriers. Sums run in rank order, so the result does not
+ * depend on timing. Runs under the step's panic boundary. */
+static void hook_allreduce(void *ud, float *buf, size_t n)
+{
+    replica *p = ud;
+    td_run *r = p->r;
+    size_t lo, hi;
+    float inv = 1.0f / (float)r->world;
+
+    pthread_mutex_lock(&r->mu);
+    r->bufs[p->rank] = buf;
+    pthread_mutex_unlock(&r->mu);
+    if (barrier(r, NULL) != 0)
+        td_panic(TD_EABORTED, "stopped: another device of the job failed");
+    lo = n * (size_t)p->rank / (size_t)r->world;
+    hi = n * (size_t)(p->rank + 1) / (size_t)r->world;
+    for (size_t i = lo; i < hi; i++) {
+        float s = 0;
+        for (int k = 0; k < r->world; k++)
+            s += r->bufs[k][i];
+        s *= inv;
+        for (int k = 0; k < r->world; k++)
+            r->bufs[k][i] = s;
+    }
+    if (barrier(r, NULL) != 0)
+        td_panic(TD_EABORTED, "stopped: another device of the job failed");
+}
+
+/* Metric samples: only rank 0 records (the trainer emits only there). A store error is kept
+ * for the end, so the job cannot end "succeeded" with rows missing. */
+static void hook_metric(void *ud, const char *key, int64_t step, double value)
+{
+    replica *p = ud;
+    td_error_t e;
+
+    if (p->sink != NULL && td_mq_push(p->sink, key, step, value, &e) != 0 &&
+        p->r->store_err.code == 0)
+        p->r->store_err = e;
+}
+
+/* Publishes the job's step; posts an event only when the loop has taken the last one, so
+ * a fast job costs the loop one wake-up per turn, not one per step. */
+static void post_progress(td_daemon *d, td_djob *job, int64_t step)
+{
+    atomic_store(&job->live_step, step);
+    if (atomic_exchange(&job->progress_pending, 1) == 0)
+        td_daemon_post(d, td_event_new(TD_EV_PROGRESS, job->id));
+}
+
+/* The configuration of this replica: its slice, its threads, its injected fault. */
+static void replica_config(const replica *p, td_train_config *cfg)
+{
+    const td_jobspec *spec = &p->r->job->spec;
+
+    *cfg = spec->train;
+    cfg->rank = p->rank;
+    cfg->world = p->r->world;
+    cfg->threads = p->w->threads;
+    if (spec->fail_kind != TD_FAIL_NONE && p->w->index < 64 &&
+        (spec->fail_devices >> p->w->index) & 1) {
+        cfg->debug_fail_kind = spec->fail_kind;
+        cfg->debug_fail_step = spec->fail_step;
+    }
+}
+
+/* Writes a checkpoint on rank 0 before a cancelled or interrupted run stops. */
+static void stop_checkpoint(replica *p, td_trainer *t)
+{
+    td_error_t e = {0};
+
+    if (p->rank != 0 || p->r->job->spec.train.checkpoint_dir[0] == '\0')
+        return;
+    if (td_trainer_checkpoint(t, &e) != 0)
+        td_error_set(&p->r->note, e.code, "the checkpoint could not be written: %s", e.msg);
+}
+
+/* One training step inside the panic boundary: 1 when the job is done, 0 when steps remain,
+ * -1 after a panic (err holds it). Its own function, so that no caller's local lives across
+ * the setjmp. */
+static int step_once(td_trainer *t, td_error_t *err)
+{
+    td_boundary b;
+    int done;
+
+    if (TD_TRY(&b)) {
+        done = td_trainer_step(t);
+        td_boundary_leave(&b);
+        return done;
+    }
+    *err = b.err;
+    return -1;
+}
+
+/* Trains this replica until the run succeeds, stops or fails. */
+static void replica_train(replica *p)
+{
+    td_run *r = p->r;
+    td_worker *w = p->w;
+    td_train_config cfg;
+    td_train_hooks hooks = {.ud = p, .metric = hook_metric};
+    td_trainer *t = NULL;
+    td_error_t e = {0};
+    double blocked = 0;
+    int finished = 0;
+
+    /* Loading a dataset is work too: the watchdog must not take it for a hang. */
+    atomic_store(&w->heartbeat_ms, (long long)mono_ms());
+    replica_config(p, &cfg);
+    if (r->world > 1)
+        hooks.allreduce = hook_allreduce;
+    if (td_trainer_new(&t, &cfg, &hooks, &e) != 0) {
+        run_fail(r, p->rank, &e);
+        return;
+    }
+    atomic_store(&w->heartbeat_ms, (long long)mono_ms());
+    if (p->rank == 0) {
+        td_event *ev = td_event_new(TD_EV_STARTED, r->job->id);
+        ev->total_steps = td_trainer_total_steps(t);
+        ev->step = td_trainer_steps_done(t);
+        td_daemon_post(r->d, ev);
+    }
+    while (!finished) {
+        if (barrier(r, decide_stop) != 0)
+            break;
+        if (r->decision != GO) {
+            stop_checkpoint(p, t);
+            if (p->rank == 0)
+                r->stopped = r->decision;
+            break;
+        }
+        atomic_store(&w->heartbeat_ms, (long long)mono_ms());
+        finished = step_once(t, &e);
+        atomic_store(&w->heartbeat_ms, (long long)mono_ms());
+        if (finished < 0) {
+            if (e.code != TD_EABORTED)
+                run_fail(r, p->rank, &e);
+            break;
+        }
+        if (p->rank != 0)
+            continue;
+        if (td_mq_sink_blocked_ms(p->sink) != blocked) {
+            blocked = td_mq_sink_blocked_ms(p->sink);
+            hook_metric(p, "metrics_blocked_ms", td_trainer_steps_done(t), blocked);
+        }
+        post_progress(r->d, r->job, td_trainer_steps_done(t));
+    }
+    if (p->rank == 0) {
+        r->steps = td_trainer_steps_done(t);
+        r->succeeded = finished == 1;
+    }
+    td_trainer_free(t);
+}
+
+/* The one-line form of a failure: dataset errors are their own kind (DESIGN.md). */
+static void failure_line(char *out, size_t size, const td_worker *w, const td_error_t *e)
+{
+    if (e->code == TD_EDATA)
+        snprintf(out, size, "dataset error during training step: %s", e->msg);
+    else
+        snprintf(out, size, "training worker on device %d failed: %s", w->index, e->msg);
+}
+
+/* Builds the job's error from every failed replica, in device order, and the msgpack list
+ * {device, code, message} the store keeps for `status --json`. */
+static void collect_failures(td_run *r, td_event *done)
+{
+    int nfail = 0, first = -1;
+    size_t len = 0;
+    char line[1200];
+    td_pw w;
+
+    for (int i = 0; i < r->world; i++)
+        if (r->failed[i]) {
+            nfail++;
+            first = first < 0 ? i : first;
+        }
+    if (nfail == 1) {
+        failure_line(line, sizeof(line), r->workers[first], &r->errs[first]);
+        td_error_set(&done->err, r->errs[first].code, "%s", line);
+    } else {
+        len = (size_t)snprintf(done->err.msg, sizeof(done->err.msg),
+                               "%d training workers failed:", nfail);
+        done->err.code = TD_EWORKERS;
+        for (int i = 0; i < r->world && len < sizeof(done->err.msg); i++)
+            if (r->failed[i]) {
+                failure_line(line, sizeof(line), r->workers[i], &r->errs[i]);
+                len += (size_t)snprintf(done->err.msg + len, sizeof(done->err.msg) - len,
+                                        "\n  %s", line);
+            }
+    }
+    td_pw_init(&w);
+    td_pw_array(&w, (uint32_t)nfail);
+    for (int i = 0; i < r->world; i++)
+        if (r->failed[i]) {
+            td_pw_map(&w, 3);
+            td_pw_str(&w, "device");
+            td_pw_int(&w, r->workers[i]->index);
+            td_pw_str(&w, "code");
+            td_pw_int(&w, r->errs[i].code);
+            td_pw_str(&w, "message");
+            td_pw_str(&w, r->errs[i].msg);
+        }
+    const void *body = td_pw_body(&w, &len);
+    if (body != NULL && (done->devices = malloc(len)) != NULL) {
+        memcpy(done->devices, body, len);
+        done->devices_len = len;
+    }
+    td_pw_free(&w);
+}
+
+/* The run's single DONE event, built by the last replica to finish. */
+static td_event *run_outcome(td_run *r)
+{
+    td_event *done = td_event_new(TD_EV_DONE, r->job->id);
+    int any_failed = 0;
+
+    done->step = r->steps;
+    for (int i = 0; i < r->world; i++)
+        any_failed |= r->failed[i];
+    if (any_failed) {
+        snprintf(done->state, sizeof(done->state), TD_JOB_FAILED);
+        collect_failures(r, done);
+    } else if (r->stopped == STOP_CANCEL) {
+        snprintf(done->state, sizeof(done->state), TD_JOB_CANCELLED);
+        td_error_set(&done->err, TD_ECANCELLED, "cancelled at step %lld%s%s",
+                     (long long)r->steps, r->note.code ? "; " : "", r->note.msg);
+    } else if (r->stopped == STOP_INTERRUPT) {
+        snprintf(done->state, sizeof(done->state), TD_JOB_QUEUED);
+    } else if (r->store_err.code != 0) {
+        snprintf(done->state, sizeof(done->state), TD_JOB_FAILED);
+        td_error_set(&done->err, r->store_err.code, "metrics could not be stored: %s",
+                     r->store_err.msg);
+    } else {
+        snprintf(done->state, sizeof(done->state), r->succeeded ? TD_JOB_SUCCEEDED
+                                                                : TD_JOB_FAILED);
+        if (!r->succeeded)
+            td_error_set(&done->err, TD_EPANIC, "the job stopped without an error");
+    }
+    return done;
+}
+
+/* Runs this worker's replica of r, then counts it finished; the last one posts DONE. */
+static void replica_run(td_worker *w, td_run *r, int rank)
+{
+    replica p = {.r = r, .w = w, .rank = rank};
+    td_error_t e;
+    int last;
+
+    if (rank == 0 && td_mq_sink_open(r->d->mq, r->job->id, &p.sink) != 0) {
+        td_error_set(&e, TD_ENOMEM, "out of memory opening the metric sink");
+        run_fail(r, rank, &e);
+    } else {
+        replica_train(&p);
+    }
+    if (p.sink != NULL) {
+        /* The job ends only once every row it produced is durable. */
+        if (td_mq_flush(p.sink, &e) != 0 && r->store_err.code == 0)
+            r->store_err = e;
+        td_mq_sink_close(p.sink);
+    }
+    pthread_mutex_lock(&r->mu);
+    last = ++r->finished == r->world;
+    pthread_mutex_unlock(&r->mu);
+    if (last)
+        td_daemon_post(r->d, run_outcome(r));
+}
+
+void *td_worker_main(void *arg)
+{
+    td_worker *w = arg;
+
+    for (;;) {
+        td_run *r;
+        int rank;
+        pthread_mutex_lock(&w->mu);
+        while (w->assigned == NULL && !w->stop)
+            pthread_cond_wait(&w->cv, &w->mu);
+        r = w->assigned;
+        rank = w->rank;
+        w->assigned = NULL;
+        pthread_mutex_unlock(&w->mu);
+        if (r == NULL)
+            break;
+        replica_run(w, r, rank);
+    }
+    return NULL;
+}

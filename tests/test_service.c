@@ -1,0 +1,1051 @@
+/* Integration tests of traind as a service: each starts a real traind (TRAIND_BIN) the way
+ * systemd would and checks what systemd and an operator see. The configuration file (every
+ * kind of bad file exits 78 naming the file, line and key; flags override keys); the socket
+ * (mode 0660 and the configured group whatever the umask, and who may connect); socket
+ * activation (a listening socket passed as descriptor 3 with LISTEN_FDS/LISTEN_PID); the
+ * notification protocol (READY=1 only once the socket serves, WATCHDOG=1 while healthy,
+ * none while a busy worker's heartbeat is stale, STOPPING=1 at SIGTERM); and
+ * `systemd-analyze verify` on the generated units, when systemd-analyze exists.
+ *
+ * A stale heartbeat is made for real, not by a debug switch: under a 20 ms watchdog, a job
+ * whose every step is ~250 GFLOP (an MLP 784-4096-4096-10 on batches of 2048) takes well over
+ * 100 ms a step on any CPU, so the worker's heartbeat (set at each step's start and end)
+ * goes stale inside every step, and the pings must stop until the job ends. */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <pwd.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "proto.h"
+
+#define FMNIST           "/usr/share/datasets/fashion-mnist"
+#define RECV_TIMEOUT_MS  120000  /* a frame the daemon owes us; generous for a loaded CI box */
+#define START_TIMEOUT_MS 20000   /* traind's start, up to READY=1 or a listening socket */
+#define EXIT_TIMEOUT_MS  60000   /* traind's exit after SIGTERM or a bad configuration */
+#define WATCHDOG_USEC    "20000" /* the watchdog the notify test asks for: 20 ms */
+#define WATCHDOG_MS      20      /* the same, in ms */
+#define HEAVY_HIDDEN     4096    /* the slow job's hidden width: ~250 GFLOP a step... */
+#define HEAVY_BATCH      2048    /* ...with this batch */
+#define SOCK_LIMIT       107     /* bytes of a socket path, the kernel's sun_path less its NUL */
+#define EX_CONFIG        78
+
+/* A temporary directory with the paths a test's traind uses. */
+typedef struct svc {
+    char dir[128];
+    char sock[256];
+    char conf[256];
+    char log[256];
+    pid_t pid;
+} svc;
+
+/* What a spawned traind gets besides its arguments. */
+typedef struct spawn_opts {
+    const char *const *env; /* "NAME=value" to set, NULL-terminated; may be NULL */
+    int listen_fd;          /* passed as descriptor 3 with LISTEN_FDS=1, or -1 */
+    const char *listen_pid; /* LISTEN_PID to set instead of the child's own, or NULL */
+    mode_t umask;
+} spawn_opts;
+
+/* The daemon a failed test left behind, killed by the teardown so that nothing outlives the
+ * run (an orphan would also hold meson's output pipe open). */
+static pid_t live_pid = -1;
+
+static const char *env_or(const char *name, const char *dflt)
+{
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' ? v : dflt;
+}
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int kill_leftover(void **state)
+{
+    if (live_pid > 0) {
+        kill(live_pid, SIGKILL);
+        waitpid(live_pid, NULL, 0);
+        live_pid = -1;
+    }
+    return 0;
+}
+
+static void svc_init(svc *s)
+{
+    memset(s, 0, sizeof(*s));
+    snprintf(s->dir, sizeof(s->dir), "/tmp/traind-svc.XXXXXX");
+    assert_non_null(mkdtemp(s->dir));
+    snprintf(s->sock, sizeof(s->sock), "%s/traind.sock", s->dir);
+    snprintf(s->conf, sizeof(s->conf), "%s/traind.conf", s->dir);
+    snprintf(s->log, sizeof(s->log), "%s/traind.log", s->dir);
+    s->pid = -1;
+}
+
+/* Removes a test's directory once the test has passed; a failed test leaves it to read. */
+static void svc_remove(const svc *s)
+{
+    char cmd[160];
+
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", s->dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(fputs(text, f) >= 0, 1);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* The whole of a small file, NUL-terminated; empty when it cannot be read. */
+static void read_file(const char *path, char *buf, size_t size)
+{
+    FILE *f = fopen(path, "r");
+    size_t n = 0;
+
+    if (f != NULL) {
+        n = fread(buf, 1, size - 1, f);
+        fclose(f);
+    }
+    buf[n] = '\0';
+}
+
+/* In the child: sets the environment spawn_opts asks for, systemd's variables unset first so
+ * that the test's own environment cannot leak into the daemon's. */
+static void child_env(const spawn_opts *o)
+{
+    static const char *const sd_vars[] = {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID",
+                                          "LISTEN_FDS",    "LISTEN_PID",    "LISTEN_FDNAMES"};
+    char buf[512];
+
+    for (size_t i = 0; i < sizeof(sd_vars) / sizeof(sd_vars[0]); i++)
+        unsetenv(sd_vars[i]);
+    for (size_t i = 0; o->env != NULL && o->env[i] != NULL; i++) {
+        const char *eq = strchr(o->env[i], '=');
+        if (eq == NULL || (size_t)(eq - o->env[i]) >= sizeof(buf))
+            _exit(125);
+        memcpy(buf, o->env[i], (size_t)(eq - o->env[i]));
+        buf[eq - o->env[i]] = '\0';
+        setenv(buf, eq + 1, 1);
+    }
+    if (o->listen_fd >= 0) {
+        snprintf(buf, sizeof(buf), "%ld", (long)getpid());
+        setenv("LISTEN_FDS", "1", 1);
+        setenv("LISTEN_PID", o->listen_pid != NULL ? o->listen_pid : buf, 1);
+        if (o->listen_fd != 3) {
+            if (dup2(o->listen_fd, 3) != 3)
+                _exit(124);
+            close(o->listen_fd);
+        }
+    }
+}
+
+/* Starts traind with args (NULL-terminated, after the binary); stderr goes to s->log. */
+static void spawn_traind(svc *s, const char *const *args, const spawn_opts *o)
+{
+    const char *bin = env_or("TRAIND_BIN", "build/daemon/traind");
+    const char *argv[24];
+    size_t n = 0;
+
+    argv[n++] = bin;
+    for (size_t i = 0; args[i] != NULL && n + 1 < sizeof(argv) / sizeof(argv[0]); i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    s->pid = fork();
+    assert_true(s->pid >= 0);
+    if (s->pid == 0) {
+        if (freopen(s->log, "a", stderr) == NULL || freopen("/dev/null", "w", stdout) == NULL)
+            _exit(126);
+        umask(o->umask);
+        child_env(o);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    live_pid = s->pid;
+}
+
+/* Waits for the child to exit and returns its wait status; fails the test on timeout. */
+static int wait_exit(svc *s, int timeout_ms)
+{
+    long long until = now_ms() + timeout_ms;
+    int status = 0;
+
+    for (;;) {
+        pid_t r = waitpid(s->pid, &status, WNOHANG);
+        if (r == s->pid)
+            break;
+        assert_int_equal(r, 0);
+        if (now_ms() > until)
+            fail_msg("traind (pid %d) did not exit within %d ms", (int)s->pid, timeout_ms);
+        usleep(10 * 1000);
+    }
+    live_pid = -1;
+    s->pid = -1;
+    return status;
+}
+
+static int stop_traind(svc *s)
+{
+    kill(s->pid, SIGTERM);
+    return wait_exit(s, EXIT_TIMEOUT_MS);
+}
+
+static int can_connect(const char *sock)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0), ok;
+
+    if (strlen(sock) >= sizeof(sa.sun_path))
+        return 0;
+    memcpy(sa.sun_path, sock, strlen(sock) + 1);
+    ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    close(fd);
+    return ok;
+}
+
+static void wait_listening(svc *s, const char *sock)
+{
+    for (long long until = now_ms() + START_TIMEOUT_MS; now_ms() < until;) {
+        if (can_connect(sock))
+            return;
+        if (waitpid(s->pid, NULL, WNOHANG) == s->pid) {
+            char log[4096];
+            live_pid = s->pid = -1;
+            read_file(s->log, log, sizeof(log));
+            fail_msg("traind exited before listening on %s; its log:\n%s", sock, log);
+        }
+        usleep(20 * 1000);
+    }
+    fail_msg("traind did not listen on %s within %d ms", sock, START_TIMEOUT_MS);
+}
+
+/* ---- a minimal blocking client ---- */
+
+typedef struct client {
+    int fd;
+    td_proto_reader *r;
+    td_pw w;
+    int64_t next_id;
+} client;
+
+static int client_connect(client *c, const char *sock)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+
+    memset(c, 0, sizeof(*c));
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
+    c->fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(c->fd >= 0);
+    if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        close(c->fd);
+        return -errno;
+    }
+    assert_int_equal(td_proto_reader_new(&c->r, 0), 0);
+    td_pw_init(&c->w);
+    c->next_id = 1;
+    return 0;
+}
+
+static void client_close(client *c)
+{
+    close(c->fd);
+    td_proto_reader_free(c->r);
+    td_pw_free(&c->w);
+}
+
+static void client_send(client *c)
+{
+    const char *frame;
+    size_t len;
+
+    assert_int_equal(td_pw_finish(&c->w, &frame, &len), 0);
+    while (len > 0) {
+        ssize_t n = write(c->fd, frame, len);
+        assert_true(n > 0);
+        frame += n;
+        len -= (size_t)n;
+    }
+}
+
+/* Next frame, or NULL when the daemon closed the connection. Fails the test on timeout. */
+static td_proto_frame *client_recv(client *c)
+{
+    char buf[65536];
+    td_proto_frame *f = NULL;
+    td_error_t err;
+    int rc;
+
+    for (;;) {
+        rc = td_proto_reader_next(c->r, &f, &err);
+        assert_true(rc >= 0);
+        if (rc == 1)
+            return f;
+        struct pollfd p = {.fd = c->fd, .events = POLLIN};
+        if (poll(&p, 1, RECV_TIMEOUT_MS) == 0)
+            fail_msg("no frame from traind within %d ms", RECV_TIMEOUT_MS);
+        ssize_t n = read(c->fd, buf, sizeof(buf));
+        if (n <= 0)
+            return NULL;
+        assert_int_equal(td_proto_reader_feed(c->r, buf, (size_t)n), 0);
+    }
+}
+
+static int str_is(const td_pval *v, const char *s)
+{
+    size_t len;
+    const char *p = td_pv_str(v, &len);
+    return p != NULL && len == strlen(s) && memcmp(p, s, len) == 0;
+}
+
+static int64_t get_i(const td_pval *m, const char *key)
+{
+    int64_t v = -999;
+    assert_int_equal(td_pv_int(td_pv_get(m, key), &v), 0);
+    return v;
+}
+
+static void begin(client *c, const char *type, uint32_t extra)
+{
+    td_pw_reset(&c->w);
+    td_pw_map(&c->w, 2 + extra);
+    td_pw_str(&c->w, "type");
+    td_pw_str(&c->w, type);
+    td_pw_str(&c->w, "id");
+    td_pw_int(&c->w, c->next_id++);
+}
+
+/* Connects and says hello; fails the test unless traind answers with its version. */
+static void connect_hello(client *c, const char *sock)
+{
+    td_proto_frame *f;
+
+    assert_int_equal(client_connect(c, sock), 0);
+    begin(c, "hello", 1);
+    td_pw_str(&c->w, "version");
+    td_pw_int(&c->w, TD_PROTO_VERSION);
+    client_send(c);
+    f = client_recv(c);
+    assert_non_null(f);
+    assert_true(str_is(td_pv_get(td_proto_frame_root(f), "type"), "hello"));
+    td_proto_frame_free(f);
+}
+
+/* Submits an MLP 784-hidden-10 on Fashion-MNIST; returns the job id. */
+static int64_t submit(client *c, int hidden, int batch, int64_t max_steps)
+{
+    td_proto_frame *f;
+    int64_t id;
+
+    begin(c, "submit", 1);
+    td_pw_str(&c->w, "job");
+    td_pw_map(&c->w, 5);
+    td_pw_str(&c->w, "name");
+    td_pw_str(&c->w, "service-test");
+    td_pw_str(&c->w, "model");
+    td_pw_map(&c->w, 2);
+    td_pw_str(&c->w, "kind");
+    td_pw_str(&c->w, "mlp");
+    td_pw_str(&c->w, "layers");
+    td_pw_array(&c->w, hidden == HEAVY_HIDDEN ? 4 : 3);
+    td_pw_int(&c->w, 784);
+    td_pw_int(&c->w, hidden);
+    if (hidden == HEAVY_HIDDEN)
+        td_pw_int(&c->w, hidden);
+    td_pw_int(&c->w, 10);
+    td_pw_str(&c->w, "data");
+    td_pw_map(&c->w, 2);
+    td_pw_str(&c->w, "kind");
+    td_pw_str(&c->w, "idx");
+    td_pw_str(&c->w, "train");
+    td_pw_map(&c->w, 2);
+    td_pw_str(&c->w, "images");
+    td_pw_str(&c->w, FMNIST "/train-images-idx3-ubyte.gz");
+    td_pw_str(&c->w, "labels");
+    td_pw_str(&c->w, FMNIST "/train-labels-idx1-ubyte.gz");
+    td_pw_str(&c->w, "batch_size");
+    td_pw_int(&c->w, batch);
+    td_pw_str(&c->w, "max_steps");
+    td_pw_int(&c->w, max_steps);
+    client_send(c);
+    f = client_recv(c);
+    assert_non_null(f);
+    if (!str_is(td_pv_get(td_proto_frame_root(f), "type"), "submitted")) {
+        char msg[512] = "";
+        td_pv_strcpy(td_pv_get(td_proto_frame_root(f), "message"), msg, sizeof(msg));
+        fail_msg("submit refused: %s", msg);
+    }
+    id = get_i(td_proto_frame_root(f), "job_id");
+    td_proto_frame_free(f);
+    return id;
+}
+
+/* The job's state into state and its last completed step. */
+static int64_t job_status(client *c, int64_t id, char *state, size_t size)
+{
+    td_proto_frame *f;
+    const td_pval *job;
+    int64_t step;
+
+    begin(c, "status", 1);
+    td_pw_str(&c->w, "job_id");
+    td_pw_int(&c->w, id);
+    client_send(c);
+    f = client_recv(c);
+    assert_non_null(f);
+    job = td_pv_get(td_proto_frame_root(f), "job");
+    assert_int_equal(td_pv_strcpy(td_pv_get(job, "state"), state, size), 0);
+    step = get_i(job, "step");
+    td_proto_frame_free(f);
+    return step;
+}
+
+static void cancel(client *c, int64_t id)
+{
+    td_proto_frame *f;
+
+    begin(c, "cancel", 1);
+    td_pw_str(&c->w, "job_id");
+    td_pw_int(&c->w, id);
+    client_send(c);
+    f = client_recv(c);
+    assert_non_null(f);
+    assert_true(str_is(td_pv_get(td_proto_frame_root(f), "type"), "cancelled"));
+    td_proto_frame_free(f);
+}
+
+/* Waits until job id has completed at least one step while running; fails on timeout. */
+static void wait_running_step(client *c, int64_t id, int timeout_s)
+{
+    char state[32];
+
+    for (long long until = now_ms() + timeout_s * 1000LL; now_ms() < until;) {
+        int64_t step = job_status(c, id, state, sizeof(state));
+        if (strcmp(state, "running") == 0 && step >= 1)
+            return;
+        if (strcmp(state, "running") != 0 && strcmp(state, "queued") != 0)
+            fail_msg("job %lld ended (%s) before its first step", (long long)id, state);
+        usleep(50 * 1000);
+    }
+    fail_msg("job %lld did not complete a step within %d s", (long long)id, timeout_s);
+}
+
+static void wait_state(client *c, int64_t id, const char *want, int timeout_s)
+{
+    char state[32] = "";
+
+    for (long long until = now_ms() + timeout_s * 1000LL; now_ms() < until;) {
+        job_status(c, id, state, sizeof(state));
+        if (strcmp(state, want) == 0)
+            return;
+        usleep(50 * 1000);
+    }
+    fail_msg("job %lld is %s, not %s, after %d s", (long long)id, state, want, timeout_s);
+}
+
+/* ---- the notification socket, as systemd holds it ---- */
+
+/* A datagram socket bound at name: a path, or an abstract name given with a leading '@'. */
+static int notify_listen(const char *name)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    size_t len = strlen(name);
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+
+    assert_true(fd >= 0);
+    assert_true(len < sizeof(sa.sun_path));
+    memcpy(sa.sun_path, name, len);
+    if (name[0] == '@')
+        sa.sun_path[0] = '\0';
+    assert_int_equal(
+        bind(fd, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len)),
+        0);
+    return fd;
+}
+
+/* The next datagram within timeout_ms into buf, NUL-terminated; 0 on timeout. */
+static int notify_recv(int fd, char *buf, size_t size, int timeout_ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    ssize_t n;
+
+    if (poll(&p, 1, timeout_ms < 0 ? 0 : timeout_ms) <= 0)
+        return 0;
+    n = recv(fd, buf, size - 1, 0);
+    assert_true(n >= 0);
+    buf[n] = '\0';
+    return 1;
+}
+
+/* Whether msg holds line as one of its "\n"-separated lines. */
+static int has_line(const char *msg, const char *line)
+{
+    size_t n = strlen(line);
+
+    for (const char *p = msg; p != NULL; p = strchr(p, '\n') != NULL ? strchr(p, '\n') + 1 : NULL)
+        if (strncmp(p, line, n) == 0 && (p[n] == '\n' || p[n] == '\0'))
+            return 1;
+    return 0;
+}
+
+/* Reads datagrams until one holds line; its text goes to out. 0 when none did in time. */
+static int notify_wait_for(int fd, const char *line, int timeout_ms, char *out, size_t size)
+{
+    char buf[1024];
+
+    for (long long until = now_ms() + timeout_ms; now_ms() < until;)
+        if (notify_recv(fd, buf, sizeof(buf), (int)(until - now_ms())) && has_line(buf, line)) {
+            if (out != NULL)
+                snprintf(out, size, "%s", buf);
+            return 1;
+        }
+    return 0;
+}
+
+/* Throws away what was sent so far: a measurement starts from now. */
+static void notify_drain(int fd)
+{
+    char buf[1024];
+    while (notify_recv(fd, buf, sizeof(buf), 0))
+        ;
+}
+
+/* Counts WATCHDOG=1 datagrams over ms. */
+static int watchdog_count(int fd, int ms)
+{
+    char buf[1024];
+    int n = 0;
+
+    notify_drain(fd);
+    for (long long until = now_ms() + ms; now_ms() < until;)
+        if (notify_recv(fd, buf, sizeof(buf), (int)(until - now_ms())))
+            n += has_line(buf, "WATCHDOG=1");
+    return n;
+}
+
+/* Watches for up to ms and returns the longest silence (no WATCHDOG=1) seen, stopping as
+ * soon as one lasts want ms. */
+static long long watchdog_longest_gap(int fd, int ms, int want)
+{
+    char buf[1024];
+    long long last, longest = 0, until;
+
+    notify_drain(fd);
+    last = now_ms();
+    until = last + ms;
+    while (now_ms() < until && longest < want) {
+        int got = notify_recv(fd, buf, sizeof(buf), 10);
+        long long t = now_ms();
+        if (t - last > longest)
+            longest = t - last;
+        if (got && has_line(buf, "WATCHDOG=1"))
+            last = t;
+    }
+    return longest;
+}
+
+/* ---- configuration ---- */
+
+/* Runs traind on a configuration file holding text (plus args) and checks it exits 78 with
+ * want in its log. A "%s" in want is replaced by the file's path. */
+static void expect_config_error(const char *text, const char *const *args, const char *want)
+{
+    spawn_opts o = {.listen_fd = -1, .umask = 022};
+    const char *argv[12];
+    char expected[512], log[8192], state[300];
+    svc s;
+    int status, n = 0;
+
+    svc_init(&s);
+    snprintf(state, sizeof(state), "%s/state", s.dir);
+    if (text != NULL)
+        write_file(s.conf, text);
+    argv[n++] = "--config";
+    argv[n++] = s.conf;
+    argv[n++] = "--state-dir";
+    argv[n++] = state;
+    for (size_t i = 0; args != NULL && args[i] != NULL; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    spawn_traind(&s, argv, &o);
+    status = wait_exit(&s, EXIT_TIMEOUT_MS);
+    read_file(s.log, log, sizeof(log));
+    snprintf(expected, sizeof(expected), want, s.conf);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != EX_CONFIG)
+        fail_msg("expected exit %d for\n%s\ngot status 0x%x; log:\n%s", EX_CONFIG,
+                 text != NULL ? text : "(no file)", status, log);
+    if (strstr(log, expected) == NULL)
+        fail_msg("expected \"%s\" in traind's log; got:\n%s", expected, log);
+    /* It stops before it binds or creates anything. */
+    assert_false(can_connect(s.sock));
+    svc_remove(&s);
+}
+
+static void test_config_errors(void **state)
+{
+    char long_socket[256], text[512], long_line[512];
+    const char *long_flag[] = {"--socket", long_socket, NULL};
+
+    expect_config_error("[daemon]\n# a comment\nsokcet = /tmp/x.sock\n", NULL,
+                        "traind: %s:3: unknown key \"sokcet\" in [daemon]");
+    expect_config_error("[daemon]\ndevices = gpu:2\n", NULL,
+                        "traind: %s:2: bad value \"gpu:2\" for key \"devices\" in [daemon]: "
+                        "expected cpu:N with N from 1 to 64");
+    expect_config_error("[daemon]\nlog_level = loud\n", NULL,
+                        "%s:2: bad value \"loud\" for key \"log_level\" in [daemon]");
+    expect_config_error("[limits]\nmax_queued_per_user = -1\n", NULL,
+                        "%s:2: bad value \"-1\" for key \"max_queued_per_user\" in [limits]");
+    expect_config_error("[limits]\nmax_connections = lots\n", NULL,
+                        "%s:2: bad value \"lots\" for key \"max_connections\" in [limits]");
+    expect_config_error("[limits]\nmax_devices_per_user = 65\n", NULL,
+                        "%s:2: bad value \"65\" for key \"max_devices_per_user\" in [limits]");
+    expect_config_error("[daemon]\nsocket_group = traind-test-no-such-group\n", NULL,
+                        "%s:2: bad value \"traind-test-no-such-group\" for key "
+                        "\"socket_group\" in [daemon]: no such group");
+    expect_config_error("[gpu]\ncount = 2\n", NULL, "%s:2: unknown section [gpu]");
+    expect_config_error("socket = /tmp/x.sock\n", NULL,
+                        "%s:1: key \"socket\" is outside any section");
+    expect_config_error("[daemon]\nthis line is not ini\n", NULL, "%s:2: syntax error");
+    /* The first error is the one reported, whichever kind it is. */
+    expect_config_error("[daemon]\nnot ini\nsokcet = 1\n", NULL, "%s:2: syntax error");
+    expect_config_error("[daemon]\nsokcet = 1\nnot ini\n", NULL,
+                        "%s:2: unknown key \"sokcet\" in [daemon]");
+    memset(long_line, 'x', 300);
+    long_line[0] = '#';
+    snprintf(long_line + 300, sizeof(long_line) - 300, "\n[daemon]\n");
+    expect_config_error(long_line, NULL, "%s:1: the line is longer than");
+
+    /* A socket path the kernel cannot hold (108 bytes and more), in the file or a flag. */
+    memset(long_socket, 'a', sizeof(long_socket));
+    memcpy(long_socket, "/tmp/", 5);
+    long_socket[SOCK_LIMIT + 1] = '\0';
+    snprintf(text, sizeof(text), "[daemon]\nsocket = %s\n", long_socket);
+    expect_config_error(text, NULL,
+                        "%s:2: bad value \"/tmp/aaa"); /* the rest: "...the limit is 107" */
+    expect_config_error(text, NULL, "the path is 108 bytes; the limit is 107");
+    expect_config_error("[daemon]\n", long_flag, "is 108 bytes; the limit is 107");
+
+    /* A file named by --config must exist; the default one need not. */
+    expect_config_error(NULL, NULL, "traind: %s: cannot open: No such file or directory");
+}
+
+/* Keys apply, and a flag overrides the key it names. */
+static void test_config_applies_and_flags_override(void **state)
+{
+    spawn_opts o = {.listen_fd = -1, .umask = 022};
+    char text[1024], other[300], db[300];
+    const char *args[] = {"--config", NULL, NULL, NULL, NULL};
+    struct stat st;
+    svc s;
+
+    svc_init(&s);
+    snprintf(other, sizeof(other), "%s/flag.sock", s.dir);
+    snprintf(db, sizeof(db), "%s/state/traind.db", s.dir);
+    snprintf(text, sizeof(text),
+             "; traind test configuration\n"
+             "[daemon]\n"
+             "socket = %s\n"
+             "state_dir = %s/state\n"
+             "devices = cpu:2 ; two workers\n"
+             "log_level = debug\n"
+             "socket_group =\n"
+             "[limits]\n"
+             "max_connections = 16\n"
+             "max_queued = 100\n"
+             "max_queued_per_user = 10\n"
+             "max_devices_per_user = 1\n",
+             s.sock, s.dir);
+    write_file(s.conf, text);
+    args[1] = s.conf;
+    spawn_traind(&s, args, &o);
+    wait_listening(&s, s.sock);
+    assert_int_equal(stat(db, &st), 0);
+    assert_int_equal(stop_traind(&s), 0);
+
+    args[2] = "--socket";
+    args[3] = other;
+    spawn_traind(&s, args, &o);
+    wait_listening(&s, other);
+    assert_false(can_connect(s.sock));
+    assert_int_equal(stop_traind(&s), 0);
+    /* A socket traind bound itself is gone once it has stopped. */
+    assert_int_not_equal(stat(other, &st), 0);
+    svc_remove(&s);
+}
+
+/* ---- the socket's mode, group and who may connect ---- */
+
+/* A group to give the socket: one the test may chown to (any, as root; else one of its own
+ * supplementary groups) other than its own primary group. Returns -1 when there is none. */
+static gid_t pick_group(char *name, size_t size)
+{
+    static const char *const candidates[] = {"daemon", "adm", "users", "sys", "bin", "staff"};
+    gid_t groups[256];
+    int n;
+
+    if (geteuid() == 0) {
+        for (size_t i = 0; i < sizeof(candidates) / sizeof(candidates[0]); i++) {
+            struct group *g = getgrnam(candidates[i]);
+            if (g != NULL && g->gr_gid != getegid()) {
+                snprintf(name, size, "%s", g->gr_name);
+                return g->gr_gid;
+            }
+        }
+    }
+    n = getgroups(256, groups);
+    for (int i = 0; i < n; i++)
+        if (groups[i] != getegid()) {
+            snprintf(name, size, "%u", (unsigned)groups[i]);
+            return groups[i];
+        }
+    return (gid_t)-1;
+}
+
+/* In a child running as uid/gid with the given supplementary groups, connects to sock:
+ * 0 when it could, 1 when refused with EACCES, 2 for any other failure. */
+static int connects_as(const char *sock, uid_t uid, gid_t gid, const gid_t *groups, int n)
+{
+    pid_t pid = fork();
+    int status;
+
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (setgroups((size_t)n, groups) != 0 || setgid(gid) != 0 || setuid(uid) != 0)
+            _exit(3);
+        _exit(can_connect(sock) ? 0 : (errno == EACCES ? 1 : 2));
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_not_equal(WEXITSTATUS(status), 3);
+    return WEXITSTATUS(status);
+}
+
+static void test_socket_mode_and_group(void **state)
+{
+    static const mode_t umasks[] = {0, 077};
+    spawn_opts o = {.listen_fd = -1};
+    char group[64], text[600];
+    const char *args[] = {"--config", NULL, NULL};
+    struct stat st;
+    gid_t gid = pick_group(group, sizeof(group));
+    svc s;
+
+    if (gid == (gid_t)-1) {
+        print_message("no group to give the socket (not root, no supplementary group): "
+                      "skipped\n");
+        skip();
+    }
+    for (size_t i = 0; i < sizeof(umasks) / sizeof(umasks[0]); i++) {
+        svc_init(&s);
+        snprintf(text, sizeof(text), "[daemon]\nsocket = %s\nstate_dir = %s\nsocket_group = %s\n",
+                 s.sock, s.dir, group);
+        write_file(s.conf, text);
+        args[1] = s.conf;
+        o.umask = umasks[i];
+        spawn_traind(&s, args, &o);
+        wait_listening(&s, s.sock);
+        assert_int_equal(stat(s.sock, &st), 0);
+        assert_true(S_ISSOCK(st.st_mode));
+        if ((st.st_mode & 07777) != 0660)
+            fail_msg("socket mode %04o under umask %03o; want 0660", st.st_mode & 07777, umasks[i]);
+        assert_int_equal(st.st_gid, gid);
+
+        /* As root: a user outside the group is refused, the same user in the group is not. */
+        if (geteuid() == 0 && i == 0) {
+            struct passwd *nobody = getpwnam("nobody");
+            gid_t in_group[1] = {gid};
+            if (nobody != NULL && nobody->pw_gid != gid) {
+                assert_int_equal(chmod(s.dir, 0711), 0);
+                assert_int_equal(connects_as(s.sock, nobody->pw_uid, nobody->pw_gid, NULL, 0), 1);
+                assert_int_equal(connects_as(s.sock, nobody->pw_uid, nobody->pw_gid, in_group, 1),
+                                 0);
+            }
+        }
+        assert_int_equal(stop_traind(&s), 0);
+        svc_remove(&s);
+    }
+}
+
+/* ---- socket activation ---- */
+
+static int listen_at(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+
+    assert_true(fd >= 0);
+    assert_true(strlen(path) < sizeof(sa.sun_path));
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(fd, 16), 0);
+    return fd;
+}
+
+static void test_socket_activation(void **state)
+{
+    spawn_opts o = {.umask = 022};
+    char activated[300], text[600], log[8192];
+    const char *args[] = {"--config", NULL, NULL};
+    struct stat st;
+    client c;
+    svc s;
+    int lfd, fd;
+
+    svc_init(&s);
+    snprintf(activated, sizeof(activated), "%s/activated.sock", s.dir);
+    snprintf(text, sizeof(text), "[daemon]\nsocket = %s\nstate_dir = %s\n", s.sock, s.dir);
+    write_file(s.conf, text);
+    args[1] = s.conf;
+    lfd = listen_at(activated);
+
+    /* Twice on the same socket, as systemd restarts a service: traind serves on what it was
+     * passed, never binds its configured path, and leaves the passed one in place. */
+    for (int round = 0; round < 2; round++) {
+        o.listen_fd = lfd;
+        spawn_traind(&s, args, &o);
+        connect_hello(&c, activated);
+        client_close(&c);
+        assert_int_not_equal(stat(s.sock, &st), 0);
+        assert_int_equal(stop_traind(&s), 0);
+        assert_int_equal(stat(activated, &st), 0);
+    }
+    read_file(s.log, log, sizeof(log));
+    assert_non_null(strstr(log, "socket activation: listening on"));
+
+    /* LISTEN_PID names another process: the variables are not for traind, which binds its
+     * own socket. */
+    o.listen_fd = lfd;
+    o.listen_pid = "1";
+    spawn_traind(&s, args, &o);
+    wait_listening(&s, s.sock);
+    assert_int_equal(stop_traind(&s), 0);
+    close(lfd);
+
+    /* Descriptor 3 is not a listening socket: refused with a message, exit 1. */
+    fd = open("/dev/null", O_RDONLY);
+    assert_true(fd >= 0);
+    o.listen_fd = fd;
+    o.listen_pid = NULL;
+    spawn_traind(&s, args, &o);
+    close(fd);
+    assert_int_equal(WEXITSTATUS(wait_exit(&s, EXIT_TIMEOUT_MS)), 1);
+    read_file(s.log, log, sizeof(log));
+    assert_non_null(strstr(log, "LISTEN_FDS=1: descriptor 3 is not a listening Unix stream "
+                                "socket"));
+    svc_remove(&s);
+}
+
+/* ---- the notification protocol ---- */
+
+/* READY=1 once the socket serves; WATCHDOG=1 every half interval while healthy, also while a
+ * job with quick steps runs; none while a step outlasts the interval; again once that job
+ * ended; STOPPING=1 at SIGTERM. */
+static void test_notify_ready_watchdog_stopping(void **state)
+{
+    char notify_path[300], notify_env[340], text[600], msg[1024];
+    const char *env[] = {notify_env, "WATCHDOG_USEC=" WATCHDOG_USEC, NULL};
+    const char *args[] = {"--config", NULL, NULL};
+    spawn_opts o = {.env = env, .listen_fd = -1, .umask = 022};
+    long long gap;
+    client c;
+    int64_t id;
+    svc s;
+    int nfd, n;
+
+    if (access(FMNIST "/train-images-idx3-ubyte.gz", R_OK) != 0) {
+        print_message("%s missing (scripts/deps.sh installs it): skipped\n", FMNIST);
+        skip();
+    }
+    svc_init(&s);
+    snprintf(notify_path, sizeof(notify_path), "%s/notify", s.dir);
+    snprintf(notify_env, sizeof(notify_env), "NOTIFY_SOCKET=%s", notify_path);
+    snprintf(text, sizeof(text), "[daemon]\nsocket = %s\nstate_dir = %s\n", s.sock, s.dir);
+    write_file(s.conf, text);
+    args[1] = s.conf;
+    nfd = notify_listen(notify_path);
+    spawn_traind(&s, args, &o);
+
+    /* READY=1 means the socket serves at that moment: no polling for it first. */
+    if (!notify_wait_for(nfd, "READY=1", START_TIMEOUT_MS, msg, sizeof(msg)))
+        fail_msg("no READY=1 within %d ms", START_TIMEOUT_MS);
+    assert_true(can_connect(s.sock));
+    assert_non_null(strstr(msg, "STATUS=listening on "));
+    connect_hello(&c, s.sock);
+
+    /* Idle: a ping every 10 ms. A loaded box may hold some back; most must come. */
+    n = watchdog_count(nfd, 1000);
+    if (n < 10)
+        fail_msg("only %d WATCHDOG=1 in 1 s with a %d ms watchdog", n, WATCHDOG_MS);
+
+    /* A job with quick steps keeps its heartbeat fresh: the pings go on while it trains. */
+    id = submit(&c, 32, 32, 1000000);
+    wait_running_step(&c, id, 120);
+    n = watchdog_count(nfd, 2000);
+    if (n < 10)
+        fail_msg("only %d WATCHDOG=1 in 2 s while a job with quick steps ran", n);
+    cancel(&c, id);
+
+    /* A job whose every step outlasts the interval: the pings stop during its steps. */
+    id = submit(&c, HEAVY_HIDDEN, HEAVY_BATCH, 1000000);
+    wait_running_step(&c, id, 300);
+    gap = watchdog_longest_gap(nfd, 60000, 5 * WATCHDOG_MS);
+    if (gap < 5 * WATCHDOG_MS)
+        fail_msg("WATCHDOG=1 never paused for %d ms while a step outlasted the %d ms watchdog "
+                 "(longest silence %lld ms)",
+                 5 * WATCHDOG_MS, WATCHDOG_MS, gap);
+    /* Once the job has ended, the idle worker has nothing to prove: the pings come back. */
+    cancel(&c, id);
+    wait_state(&c, id, "cancelled", 300);
+    n = watchdog_count(nfd, 1000);
+    if (n < 10)
+        fail_msg("only %d WATCHDOG=1 in 1 s after the slow job ended", n);
+    client_close(&c);
+
+    kill(s.pid, SIGTERM);
+    if (!notify_wait_for(nfd, "STOPPING=1", EXIT_TIMEOUT_MS, NULL, 0))
+        fail_msg("no STOPPING=1 after SIGTERM");
+    assert_int_equal(wait_exit(&s, EXIT_TIMEOUT_MS), 0);
+    close(nfd);
+    svc_remove(&s);
+}
+
+/* NOTIFY_SOCKET may name an abstract socket ("@name"); a watchdog meant for another pid
+ * (WATCHDOG_PID) is not fed. */
+static void test_notify_abstract_socket(void **state)
+{
+    char name[64], notify_env[96], text[600], buf[1024];
+    const char *env[] = {notify_env, "WATCHDOG_USEC=" WATCHDOG_USEC, "WATCHDOG_PID=1", NULL};
+    const char *args[] = {"--config", NULL, NULL};
+    spawn_opts o = {.env = env, .listen_fd = -1, .umask = 022};
+    svc s;
+    int nfd, pings = 0;
+
+    svc_init(&s);
+    snprintf(name, sizeof(name), "@traind-test-notify-%ld", (long)getpid());
+    snprintf(notify_env, sizeof(notify_env), "NOTIFY_SOCKET=%s", name);
+    snprintf(text, sizeof(text), "[daemon]\nsocket = %s\nstate_dir = %s\n", s.sock, s.dir);
+    write_file(s.conf, text);
+    args[1] = s.conf;
+    nfd = notify_listen(name);
+    spawn_traind(&s, args, &o);
+    if (!notify_wait_for(nfd, "READY=1", START_TIMEOUT_MS, NULL, 0))
+        fail_msg("no READY=1 on the abstract socket %s", name);
+    for (long long until = now_ms() + 300; now_ms() < until;)
+        if (notify_recv(nfd, buf, sizeof(buf), (int)(until - now_ms())))
+            pings += has_line(buf, "WATCHDOG=1");
+    assert_int_equal(pings, 0);
+    assert_int_equal(stop_traind(&s), 0);
+    close(nfd);
+    svc_remove(&s);
+}
+
+/* ---- the units ---- */
+
+/* Runs a shell command; its exit status, and its output (stdout and stderr) in out. */
+static int run_capture(const char *cmd, char *out, size_t size)
+{
+    char full[2048];
+    FILE *p;
+    size_t n;
+    int status;
+
+    snprintf(full, sizeof(full), "%s 2>&1", cmd);
+    p = popen(full, "r");
+    assert_non_null(p);
+    n = fread(out, 1, size - 1, p);
+    out[n] = '\0';
+    status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* systemd-analyze verify on the units the build made. ExecStart= is pointed at the built
+ * binary, since verify checks that the command exists and the install path may not yet;
+ * --man=no, since the man pages are not installed either. */
+static void test_units_verify(void **state)
+{
+    const char *bin = env_or("TRAIND_BIN", "build/daemon/traind");
+    char root[512], cmd[1536], out[16384], dir[128] = "/tmp/traind-units.XXXXXX";
+    char *slash;
+    int rc;
+
+    if (system("command -v systemd-analyze >/dev/null 2>&1") != 0) {
+        print_message("systemd-analyze not found: the units are not verified\n");
+        skip();
+    }
+    /* TRAIND_BIN is BUILD/daemon/traind; the units are in BUILD/systemd. */
+    snprintf(root, sizeof(root), "%s", bin);
+    for (int i = 0; i < 2; i++) {
+        slash = strrchr(root, '/');
+        assert_non_null(slash);
+        *slash = '\0';
+    }
+    assert_non_null(mkdtemp(dir));
+    snprintf(cmd, sizeof(cmd),
+             "cp '%s/systemd/traind.socket' '%s/' && "
+             "sed 's|^ExecStart=[^ ]*|ExecStart=%s|' '%s/systemd/traind.service' "
+             "> '%s/traind.service'",
+             root, dir, bin, root, dir);
+    rc = run_capture(cmd, out, sizeof(out));
+    if (rc != 0)
+        fail_msg("cannot copy the units from %s/systemd: %s", root, out);
+    snprintf(cmd, sizeof(cmd),
+             "systemd-analyze verify --man=no '%s/traind.socket' "
+             "'%s/traind.service'",
+             dir, dir);
+    rc = run_capture(cmd, out, sizeof(out));
+    if (rc != 0 || out[0] != '\0')
+        fail_msg("%s: exit %d:\n%s", cmd, rc, out);
+
+    /* The exposure score, for the record; it must stay "OK" or better (below 4.5). */
+    snprintf(cmd, sizeof(cmd),
+             "systemd-analyze security --offline=yes '%s/traind.service' | "
+             "grep 'Overall exposure level'",
+             dir);
+    rc = run_capture(cmd, out, sizeof(out));
+    if (rc == 0) {
+        const char *colon = strstr(out, ": ");
+        double score = colon != NULL ? strtod(colon + 2, NULL) : 99;
+        print_message("%s", out);
+        if (score >= 4.5)
+            fail_msg("traind.service's exposure level rose to %.1f", score);
+    } else {
+        print_message("systemd-analyze security --offline=yes unavailable: no score\n");
+    }
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_config_errors, kill_leftover),
+        cmocka_unit_test_teardown(test_config_applies_and_flags_override, kill_leftover),
+        cmocka_unit_test_teardown(test_socket_mode_and_group, kill_leftover),
+        cmocka_unit_test_teardown(test_socket_activation, kill_leftover),
+        cmocka_unit_test_teardown(test_notify_abstract_socket, kill_leftover),
+        cmocka_unit_test_teardown(test_notify_ready_watchdog_stopping, kill_leftover),
+        cmocka_unit_test_teardown(test_units_verify, kill_leftover),
+    };
+    signal(SIGPIPE, SIG_IGN);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
