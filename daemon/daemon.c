@@ -445,7 +445,7 @@ static int queued_by(td_daemon *d, int64_t uid)
     return n;
 }
 
-int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t *id,
+int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t gid, int64_t *id,
                      td_error_t *err)
 {
     td_djob *job = calloc(1, sizeof(*job));
@@ -459,6 +459,8 @@ int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t *
         return td_error_set(err, TD_ENOMEM, "out of memory");
     td_pw_init(&w);
     rc = td_jobspec_parse(jobval, &job->spec, err);
+    if (rc == 0)
+        rc = td_jobspec_check_access(&job->spec, uid, gid, err);
     if (rc != 0)
         goto out;
     if (job->spec.devices > d->nworkers) {

@@ -122,7 +122,9 @@ struct td_daemon {
 int td_daemon_init(td_daemon *d, uv_loop_t *loop, const td_config *cfg, td_error_t *err);
 void td_daemon_post(td_daemon *d, td_event *ev); /* any thread; takes ev */
 td_event *td_event_new(td_event_kind kind, int64_t job); /* any thread; aborts on ENOMEM */
-int td_daemon_submit(td_daemon *d, const td_pval *job, int64_t uid, int64_t *id, td_error_t *err);
+/* Validates and queues a job for the user (uid, gid) who sent it. */
+int td_daemon_submit(td_daemon *d, const td_pval *job, int64_t uid, int64_t gid, int64_t *id,
+                     td_error_t *err);
 /* Cancels job id on behalf of uid (its owner or root; else TD_EPERM). */
 int td_daemon_cancel(td_daemon *d, int64_t id, int64_t uid, char *state_out, td_error_t *err);
 /* Appends a line to a job's log in the store (lifecycle events, warnings). */

@@ -2,9 +2,14 @@
  * the dotted path of its section so that every message names the exact field. */
 #include <errno.h>
 #include <glob.h>
+#include <grp.h>
+#include <limits.h>
+#include <pwd.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "jobspec.h"
@@ -496,4 +501,111 @@ int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err)
         return rc;
     c->seed = (uint64_t)seed;
     return 0;
+}
+
+/* The groups of uid: its primary gid and its supplementary groups. */
+static int user_groups(int64_t uid, int64_t gid, gid_t *groups, int *n)
+{
+    struct passwd pw, *found = NULL;
+    char buf[2048];
+
+    groups[0] = (gid_t)gid;
+    if (getpwuid_r((uid_t)uid, &pw, buf, sizeof(buf), &found) != 0 || found == NULL) {
+        *n = 1; /* a uid without a passwd entry has only the group it connected with */
+        return 0;
+    }
+    if (getgrouplist(pw.pw_name, (gid_t)gid, groups, n) < 0)
+        return -1;
+    return 0;
+}
+
+/* Whether a (uid, groups) process may access st with the rwx bit (4, 2 or 1) given. */
+static int may(const struct stat *st, int64_t uid, const gid_t *groups, int ngroups, int bit)
+{
+    if ((int64_t)st->st_uid == uid)
+        return (st->st_mode >> 6) & bit;
+    for (int i = 0; i < ngroups; i++)
+        if (st->st_gid == groups[i])
+            return (st->st_mode >> 3) & bit;
+    return st->st_mode & bit;
+}
+
+#define TD_MAX_GROUPS 256 /* supplementary groups looked at per user */
+
+/* Whether uid could read path: search on every directory of its resolved path, read on it. */
+static int readable_as(const char *path, int64_t uid, const gid_t *groups, int ngroups)
+{
+    char real[PATH_MAX];
+    struct stat st;
+
+    if (realpath(path, real) == NULL)
+        return 0;
+    for (char *p = real + 1;; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (stat(real, &st) != 0)
+                return 0;
+            if (c == '\0')
+                return may(&st, uid, groups, ngroups, 4);
+            if (!may(&st, uid, groups, ngroups, 1))
+                return 0;
+            *p = c;
+        }
+    }
+}
+
+/* Checks one path or glob of the job's field as the submitter. */
+static int check_one(const char *what, const char *pat, int64_t uid, const gid_t *groups,
+                     int ngroups, td_error_t *err)
+{
+    glob_t g;
+    int rc = 0;
+
+    if (glob(pat, GLOB_NOSORT, NULL, &g) != 0) {
+        globfree(&g);
+        return td_error_set(err, TD_EJOB, "%s: no file matches %s", what, pat);
+    }
+    for (size_t i = 0; i < g.gl_pathc && rc == 0; i++)
+        if (!readable_as(g.gl_pathv[i], uid, groups, ngroups))
+            rc = td_error_set(err, TD_EPERM, "%s: permission denied: uid %lld cannot read %s",
+                              what, (long long)uid, g.gl_pathv[i]);
+    globfree(&g);
+    return rc;
+}
+
+int td_jobspec_check_access(const td_jobspec *spec, int64_t uid, int64_t gid, td_error_t *err)
+{
+    const td_train_config *c = &spec->train;
+    gid_t groups[TD_MAX_GROUPS];
+    int ngroups = TD_MAX_GROUPS, rc = 0;
+    char name[48];
+
+    if (uid == 0)
+        return 0;
+    if (uid < 0 || gid < 0)
+        return td_error_set(err, TD_EPERM, "permission denied: the submitter is unknown");
+    if (user_groups(uid, gid, groups, &ngroups) != 0)
+        return td_error_set(err, TD_EPERM, "permission denied: uid %lld is in too many groups",
+                            (long long)uid);
+    if (c->data == TD_DATA_IDX) {
+        if ((rc = check_one("data.train.images", c->train.images, uid, groups, ngroups, err)) ||
+            (rc = check_one("data.train.labels", c->train.labels, uid, groups, ngroups, err)))
+            return rc;
+        if (c->test.images[0] != '\0' &&
+            ((rc = check_one("data.test.images", c->test.images, uid, groups, ngroups, err)) ||
+             (rc = check_one("data.test.labels", c->test.labels, uid, groups, ngroups, err))))
+            return rc;
+    }
+    for (int i = 0; i < c->n_train_files && rc == 0; i++) {
+        snprintf(name, sizeof(name), "data.train[%d]", i);
+        rc = check_one(name, c->train_files[i], uid, groups, ngroups, err);
+    }
+    for (int i = 0; i < c->n_valid_files && rc == 0; i++) {
+        snprintf(name, sizeof(name), "data.valid[%d]", i);
+        rc = check_one(name, c->valid_files[i], uid, groups, ngroups, err);
+    }
+    if (rc == 0 && c->init_from[0] != '\0')
+        rc = check_one("model.init_from", c->init_from, uid, groups, ngroups, err);
+    return rc;
 }

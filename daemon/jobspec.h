@@ -25,4 +25,11 @@ typedef struct td_jobspec {
 /* Fills *out from job. Returns 0, or TD_EJOB with err naming the field. */
 int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err);
 
+/* Refuses a job naming a file its submitter could not read. The daemon (often root) opens
+ * datasets and init_from files itself, so it checks, as the submitting user (uid, gid and the
+ * user's supplementary groups), the read bit of each file and the search bit of every
+ * directory on its resolved path. ACLs are not consulted: a file readable only through an
+ * ACL is refused, never the reverse. uid 0 may read anything. TD_EPERM naming the field. */
+int td_jobspec_check_access(const td_jobspec *spec, int64_t uid, int64_t gid, td_error_t *err);
+
 #endif

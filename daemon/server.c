@@ -37,7 +37,7 @@ struct td_conn {
     size_t pending; /* bytes handed to uv_write and not yet written */
     int hello;
     int closing;
-    int64_t uid, pid;
+    int64_t uid, gid, pid;
     td_stream *streams;
     td_conn *next;
 };
@@ -439,7 +439,7 @@ static void req_submit(td_conn *c, const td_pval *root, int64_t id)
     td_error_t err = {0};
     int64_t job = 0;
 
-    if (td_daemon_submit(c->d, td_pv_get(root, "job"), c->uid, &job, &err) != 0) {
+    if (td_daemon_submit(c->d, td_pv_get(root, "job"), c->uid, c->gid, &job, &err) != 0) {
         td_log_info("client pid %lld uid %lld: job refused: %s", (long long)c->pid,
                     (long long)c->uid, err.msg);
         send_error(c, id, err.code, err.msg);
@@ -853,10 +853,12 @@ static void peer_creds(td_conn *c)
     uv_os_fd_t fd;
 
     c->uid = -1;
+    c->gid = -1;
     c->pid = -1;
     if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
         getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
         c->uid = cred.uid;
+        c->gid = cred.gid;
         c->pid = cred.pid;
     }
 }

@@ -786,6 +786,213 @@ static void test_socket_mode_and_group(void **state)
     }
 }
 
+/* ---- another user: owner checks and dataset access ---- */
+
+/* One request as whoever runs this (a forked child that dropped to another user): no cmocka
+ * asserts here, since a failing one would unwind into the parent's copy of the test runner.
+ * Sends hello, then the request built by build(), and copies the reply's "type" and
+ * "message" (or the JOB count of a list). Returns 0, or a non-zero step number. */
+typedef void (*build_fn)(td_pw *w, void *ud);
+
+static int raw_request(const char *sock, build_fn build, void *ud, char *type, char *msg,
+                       size_t size, size_t *njobs)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    td_proto_reader *r = NULL;
+    td_proto_frame *f = NULL;
+    td_error_t err;
+    td_pw w;
+    const char *frame;
+    size_t len;
+    char buf[65536];
+    int fd, got = 0;
+
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
+    fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
+        return 1;
+    if (td_proto_reader_new(&r, 0) != 0)
+        return 2;
+    td_pw_init(&w);
+    td_pw_map(&w, 3);
+    td_pw_str(&w, "type");
+    td_pw_str(&w, "hello");
+    td_pw_str(&w, "id");
+    td_pw_int(&w, 1);
+    td_pw_str(&w, "version");
+    td_pw_int(&w, TD_PROTO_VERSION);
+    if (td_pw_finish(&w, &frame, &len) != 0 || write(fd, frame, len) != (ssize_t)len)
+        return 3;
+    td_pw_reset(&w);
+    build(&w, ud);
+    if (td_pw_finish(&w, &frame, &len) != 0 || write(fd, frame, len) != (ssize_t)len)
+        return 4;
+    while (got < 2) {
+        int rc = td_proto_reader_next(r, &f, &err);
+        if (rc < 0)
+            return 5;
+        if (rc == 1) {
+            if (++got == 2) {
+                const td_pval *root = td_proto_frame_root(f);
+                td_pv_strcpy(td_pv_get(root, "type"), type, 32);
+                msg[0] = '\0';
+                td_pv_strcpy(td_pv_get(root, "message"), msg, size);
+                *njobs = td_pv_len(td_pv_get(root, "jobs"));
+            }
+            td_proto_frame_free(f);
+            continue;
+        }
+        ssize_t n = read(fd, buf, sizeof(buf));
+        if (n <= 0 || td_proto_reader_feed(r, buf, (size_t)n) != 0)
+            return 6;
+    }
+    td_pw_free(&w);
+    td_proto_reader_free(r);
+    close(fd);
+    return 0;
+}
+
+static void build_list(td_pw *w, void *ud)
+{
+    td_pw_map(w, 2);
+    td_pw_str(w, "type");
+    td_pw_str(w, "list");
+    td_pw_str(w, "id");
+    td_pw_int(w, 2);
+}
+
+static void build_cancel(td_pw *w, void *ud)
+{
+    td_pw_map(w, 3);
+    td_pw_str(w, "type");
+    td_pw_str(w, "cancel");
+    td_pw_str(w, "id");
+    td_pw_int(w, 2);
+    td_pw_str(w, "job_id");
+    td_pw_int(w, *(int64_t *)ud);
+}
+
+/* A job whose training images are the given path (labels are Fashion-MNIST's). */
+static void build_submit_private(td_pw *w, void *ud)
+{
+    td_pw_map(w, 3);
+    td_pw_str(w, "type");
+    td_pw_str(w, "submit");
+    td_pw_str(w, "id");
+    td_pw_int(w, 2);
+    td_pw_str(w, "job");
+    td_pw_map(w, 2);
+    td_pw_str(w, "model");
+    td_pw_map(w, 2);
+    td_pw_str(w, "kind");
+    td_pw_str(w, "mlp");
+    td_pw_str(w, "layers");
+    td_pw_array(w, 2);
+    td_pw_int(w, 784);
+    td_pw_int(w, 10);
+    td_pw_str(w, "data");
+    td_pw_map(w, 2);
+    td_pw_str(w, "kind");
+    td_pw_str(w, "idx");
+    td_pw_str(w, "train");
+    td_pw_map(w, 2);
+    td_pw_str(w, "images");
+    td_pw_str(w, (const char *)ud);
+    td_pw_str(w, "labels");
+    td_pw_str(w, FMNIST "/train-labels-idx1-ubyte.gz");
+}
+
+typedef struct as_other {
+    const char *sock;
+    int64_t job;
+    const char *private_path;
+    char want_cancel[160];
+    char want_submit[600];
+} as_other;
+
+/* The checks another user makes, in a child: exit 0 when all held, else the failed step. */
+static int other_user_checks(const as_other *o)
+{
+    char type[32], msg[1024];
+    size_t njobs = 0;
+    int64_t job = o->job;
+
+    if (raw_request(o->sock, build_list, NULL, type, msg, sizeof(msg), &njobs) != 0 ||
+        strcmp(type, "jobs") != 0 || njobs < 1)
+        return 10;
+    if (raw_request(o->sock, build_cancel, &job, type, msg, sizeof(msg), &njobs) != 0 ||
+        strcmp(type, "error") != 0 || strcmp(msg, o->want_cancel) != 0) {
+        fprintf(stderr, "cancel as another user: got %s \"%s\"\n", type, msg);
+        return 11;
+    }
+    if (raw_request(o->sock, build_submit_private, (void *)o->private_path, type, msg,
+                    sizeof(msg), &njobs) != 0 ||
+        strcmp(type, "error") != 0 || strcmp(msg, o->want_submit) != 0) {
+        fprintf(stderr, "private dataset as another user: got %s \"%s\"\n", type, msg);
+        return 12;
+    }
+    return 0;
+}
+
+/* As root: another user in the socket's group lists root's jobs but cannot cancel them
+ * (named owner), and cannot make the daemon read a file it could not read itself. */
+static void test_other_user_owner_and_access(void **state)
+{
+    spawn_opts o = {.listen_fd = -1};
+    char group[64], text[600], private_dir[200], private_path[240];
+    const char *args[] = {"--config", NULL, NULL};
+    gid_t gid = pick_group(group, sizeof(group));
+    struct passwd *nobody = getpwnam("nobody");
+    as_other a;
+    client c;
+    pid_t pid;
+    int status;
+    svc s;
+
+    if (geteuid() != 0 || gid == (gid_t)-1 || nobody == NULL) {
+        print_message("needs root, a spare group and the nobody user: skipped\n");
+        skip();
+    }
+    svc_init(&s);
+    snprintf(text, sizeof(text), "[daemon]\nsocket = %s\nstate_dir = %s\nsocket_group = %s\n",
+             s.sock, s.dir, group);
+    write_file(s.conf, text);
+    args[1] = s.conf;
+    spawn_traind(&s, args, &o);
+    wait_listening(&s, s.sock);
+    assert_int_equal(chmod(s.dir, 0711), 0);
+    snprintf(private_dir, sizeof(private_dir), "%s/private", s.dir);
+    assert_int_equal(mkdir(private_dir, 0700), 0);
+    snprintf(private_path, sizeof(private_path), "%s/images.gz", private_dir);
+    write_file(private_path, "not for nobody");
+
+    connect_hello(&c, s.sock);
+    a = (as_other){.sock = s.sock, .private_path = private_path};
+    a.job = submit(&c, 32, 64, 1000000);
+    snprintf(a.want_cancel, sizeof(a.want_cancel), "permission denied: job %lld belongs to root",
+             (long long)a.job);
+    snprintf(a.want_submit, sizeof(a.want_submit),
+             "data.train.images: permission denied: uid %u cannot read %s",
+             (unsigned)nobody->pw_uid, private_path);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        gid_t in_group[1] = {gid};
+        if (setgroups(1, in_group) != 0 || setgid(nobody->pw_gid) != 0 ||
+            setuid(nobody->pw_uid) != 0)
+            _exit(3);
+        _exit(other_user_checks(&a));
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    /* Its owner may cancel it. */
+    cancel(&c, a.job);
+    client_close(&c);
+    assert_int_equal(stop_traind(&s), 0);
+    svc_remove(&s);
+}
+
 /* ---- socket activation ---- */
 
 static int listen_at(const char *path)
@@ -1041,6 +1248,7 @@ int main(void)
         cmocka_unit_test_teardown(test_config_errors, kill_leftover),
         cmocka_unit_test_teardown(test_config_applies_and_flags_override, kill_leftover),
         cmocka_unit_test_teardown(test_socket_mode_and_group, kill_leftover),
+        cmocka_unit_test_teardown(test_other_user_owner_and_access, kill_leftover),
         cmocka_unit_test_teardown(test_socket_activation, kill_leftover),
         cmocka_unit_test_teardown(test_notify_abstract_socket, kill_leftover),
         cmocka_unit_test_teardown(test_notify_ready_watchdog_stopping, kill_leftover),
