@@ -14,8 +14,11 @@ build: deps
 	@[ -f $(BUILD)/build.ninja ] || meson setup $(BUILD) $(MESON_OPTS)
 	@ninja -C $(BUILD)
 
+# Every suite, then the integration suite again against a thread-sanitizer build of traind.
 test: build
 	meson test -C $(BUILD) --print-errorlogs
+	tests/tsan.sh $(BUILD)-tsan
+	@scripts/test-summary.py $(BUILD) $(BUILD)-tsan
 
 demo: build
 	@scripts/demo.sh $(BUILD)
@@ -24,4 +27,4 @@ bench: build
 	@$(BUILD)/bench/bench_mlp
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(BUILD)-tsan
