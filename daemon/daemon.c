@@ -319,15 +319,23 @@ static int running_jobs(td_daemon *d)
 
 static void finish_shutdown(td_daemon *d);
 
-static void on_async(uv_async_t *h)
+/* Takes every posted event, oldest first; the caller frees them. */
+static td_event *take_events(td_daemon *d)
 {
-    td_daemon *d = h->data;
     td_event *ev;
 
     pthread_mutex_lock(&d->ev_mu);
     ev = d->ev_head;
     d->ev_head = d->ev_tail = NULL;
     pthread_mutex_unlock(&d->ev_mu);
+    return ev;
+}
+
+static void on_async(uv_async_t *h)
+{
+    td_daemon *d = h->data;
+    td_event *ev = take_events(d);
+
     while (ev != NULL) {
         td_event *next = ev->next;
         handle_event(d, ev);
@@ -588,10 +596,7 @@ static void finish_shutdown(td_daemon *d)
     td_mq_stop(d->mq);
     d->mq = NULL;
     /* Durable notices the store thread posted last have nobody left to tell. */
-    pthread_mutex_lock(&d->ev_mu);
-    ev = d->ev_head;
-    d->ev_head = d->ev_tail = NULL;
-    pthread_mutex_unlock(&d->ev_mu);
+    ev = take_events(d);
     while (ev != NULL) {
         td_event *next = ev->next;
         event_free(ev);

@@ -215,23 +215,6 @@ static void stop_checkpoint(replica *p, td_trainer *t)
         td_error_set(&p->r->note, e.code, "the checkpoint could not be written: %s", e.msg);
 }
 
-/* One training step inside the panic boundary: 1 when the job is done, 0 when steps remain,
- * -1 after a panic (err holds it). Its own function, so that no caller's local lives across
- * the setjmp. */
-static int step_once(td_trainer *t, td_error_t *err)
-{
-    td_boundary b;
-    int done;
-
-    if (TD_TRY(&b)) {
-        done = td_trainer_step(t);
-        td_boundary_leave(&b);
-        return done;
-    }
-    *err = b.err;
-    return -1;
-}
-
 /* Trains this replica until the run succeeds, stops or fails. */
 static void replica_train(replica *p)
 {
@@ -270,7 +253,7 @@ static void replica_train(replica *p)
             break;
         }
         atomic_store(&w->heartbeat_ms, (long long)mono_ms());
-        finished = step_once(t, &e);
+        finished = td_trainer_step_caught(t, &e);
         atomic_store(&w->heartbeat_ms, (long long)mono_ms());
         if (finished < 0) {
             if (e.code != TD_EABORTED)

@@ -170,22 +170,6 @@ static int values_of(const recorder *r, const char *key, double *out, int64_t *s
     return k;
 }
 
-/* One td_trainer_step() under a panic boundary: what it returned, or -1 after a panic with
- * the error in *e. Nothing here changes after setjmp, so no local needs volatile. */
-static int try_step(td_trainer *t, td_error_t *e)
-{
-    td_boundary b;
-    int done;
-
-    if (TD_TRY(&b)) {
-        done = td_trainer_step(t);
-        td_boundary_leave(&b);
-        return done;
-    }
-    *e = b.err;
-    return -1;
-}
-
 /* Runs steps until done or max steps; fails the test on a panic. Returns steps taken. */
 static int64_t run_steps(td_trainer *t, int64_t max)
 {
@@ -194,7 +178,7 @@ static int64_t run_steps(td_trainer *t, int64_t max)
     int done = 0;
 
     while (!done && n < max) {
-        done = try_step(t, &e);
+        done = td_trainer_step_caught(t, &e);
         if (done < 0)
             fail_msg("panic at step %lld: %s: %s", (long long)td_trainer_steps_done(t) + 1,
                      td_errname(e.code), e.msg);
@@ -702,7 +686,7 @@ static void *replica_main(void *arg)
         hooks.metric = replica_record;
     me->rc = td_trainer_new(&t, &me->cfg, &hooks, &me->err);
     while (me->rc == 0 && !done) {
-        done = try_step(t, &me->err);
+        done = td_trainer_step_caught(t, &me->err);
         me->rc = done < 0 ? me->err.code : 0;
     }
     td_trainer_free(t);
@@ -934,7 +918,7 @@ static void test_nan_policy(void **state)
     cfg.debug_fail_kind = TD_FAIL_NAN;
     t = new_trainer(&cfg, &r);
     run_steps(t, 2);
-    assert_int_equal(try_step(t, &e), -1);
+    assert_int_equal(td_trainer_step_caught(t, &e), -1);
     assert_int_equal(e.code, TD_ENAN);
     assert_string_equal(e.msg, "loss is NaN at step 3");
     assert_int_equal(td_trainer_steps_done(t), 2);
@@ -968,7 +952,7 @@ static void test_real_nan_panics(void **state)
     gpt_config(&cfg);
     t = new_trainer(&cfg, NULL);
     td_trainer_params(t)->data[0] = NAN; /* wte[0][0]: every row of logits sees it */
-    assert_int_equal(try_step(t, &e), -1);
+    assert_int_equal(td_trainer_step_caught(t, &e), -1);
     assert_int_equal(e.code, TD_ENAN);
     assert_string_equal(e.msg, "loss is NaN at step 1");
     td_trainer_free(t);
@@ -997,7 +981,7 @@ static void test_injected_faults(void **state)
         cfg.debug_fail_kind = cases[k].kind;
         t = new_trainer(&cfg, NULL);
         run_steps(t, 1);
-        assert_int_equal(try_step(t, &e), -1);
+        assert_int_equal(td_trainer_step_caught(t, &e), -1);
         assert_int_equal(e.code, cases[k].code);
         assert_string_equal(e.msg, cases[k].msg);
         assert_int_equal(td_trainer_steps_done(t), 1);

@@ -165,23 +165,6 @@ static int values_of(const recorder *r, const char *key, double *out, int64_t *s
     return k;
 }
 
-/* One td_trainer_step() under a panic boundary, as a device worker runs it: returns what the
- * step returned, or -1 after a panic with the error in *e. Nothing here changes after
- * setjmp, so no local needs volatile. */
-static int try_step(td_trainer *t, td_error_t *e)
-{
-    td_boundary b;
-    int done;
-
-    if (TD_TRY(&b)) {
-        done = td_trainer_step(t);
-        td_boundary_leave(&b);
-        return done;
-    }
-    *e = b.err;
-    return -1;
-}
-
 /* Runs every step; fails the test on a panic. Returns steps taken. */
 static int64_t run_all(td_trainer *t)
 {
@@ -190,7 +173,7 @@ static int64_t run_all(td_trainer *t)
     int done = 0;
 
     while (!done) {
-        done = try_step(t, &e);
+        done = td_trainer_step_caught(t, &e);
         if (done < 0)
             fail_msg("panic at step %lld: %s: %s", (long long)td_trainer_steps_done(t) + 1,
                      td_errname(e.code), e.msg);
@@ -665,7 +648,7 @@ static td_error_t step_until_panic(td_trainer *t, int64_t *at)
     td_error_t e = {0};
 
     for (int i = 0; i < 100; i++) {
-        int done = try_step(t, &e);
+        int done = td_trainer_step_caught(t, &e);
         if (done < 0) {
             *at = td_trainer_steps_done(t) + 1;
             return e;
@@ -793,7 +776,7 @@ static void test_mlp_resume(void **state)
     cfg.checkpoint_every = 10;
     assert_int_equal(td_trainer_new(&t, &cfg, &h2, &err), 0);
     for (int i = 0; i < 11; i++)
-        assert_true(try_step(t, &err) >= 0);
+        assert_true(td_trainer_step_caught(t, &err) >= 0);
     td_trainer_free(t);
     memset(&r2, 0, sizeof(r2));
     assert_int_equal(td_trainer_new(&t, &cfg, &h2, &err), 0);

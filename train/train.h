@@ -179,6 +179,11 @@ int64_t td_trainer_steps_done(const td_trainer *t);
  * mlp's test_loss, test_accuracy when it evaluates (no tape). */
 int td_trainer_step(td_trainer *t);
 
+/* td_trainer_step() inside a panic boundary of its own, as a device worker runs it: returns
+ * what the step returned, or -1 after a panic with its code and message in *err. A function
+ * of its own so that no caller's local lives across the setjmp. */
+int td_trainer_step_caught(td_trainer *t, td_error_t *err);
+
 /* Writes a checkpoint of the trainer's state now, into cfg.checkpoint_dir (rank 0 only;
  * other ranks and jobs without a checkpoint_dir return 0 doing nothing). For cancel and
  * shutdown; the step loop writes its own every checkpoint_every steps. Returns 0 or an error

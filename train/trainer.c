@@ -859,6 +859,20 @@ static float allreduce(td_trainer *t, const pass *p, float value)
     return g[n];
 }
 
+int td_trainer_step_caught(td_trainer *t, td_error_t *err)
+{
+    td_boundary b;
+    int done;
+
+    if (TD_TRY(&b)) {
+        done = td_trainer_step(t);
+        td_boundary_leave(&b);
+        return done;
+    }
+    *err = b.err;
+    return -1;
+}
+
 int td_trainer_step(td_trainer *t)
 {
     const td_train_config *cfg = &t->cfg;
