@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pwd.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +64,27 @@ static void on_durable(void *ud, int64_t job, int64_t step)
     td_daemon_post(ud, ev);
 }
 
+/* Pins worker i to its own share of the cores, [i*per, (i+1)*per), when the devices divide
+ * the cores (so that two cpu: devices never fight over one core). The BLAS calls a worker
+ * makes with one thread run on the worker's own thread, so they stay on its cores; a share of
+ * several cores is used by OpenBLAS's own pool, which the worker cannot pin. Best effort: a
+ * refusal (a cpuset, a container) is logged and training goes on unpinned. */
+static void pin_worker(const td_worker *w, int per, long cores)
+{
+    cpu_set_t set;
+    int rc;
+
+    if ((long)(w->index + 1) * per > cores)
+        return;
+    CPU_ZERO(&set);
+    for (int c = w->index * per; c < (w->index + 1) * per; c++)
+        CPU_SET(c, &set);
+    rc = pthread_setaffinity_np(w->thread, sizeof(set), &set);
+    if (rc != 0)
+        td_log_info("%s: not pinned to cores %d-%d: %s", w->name, w->index * per,
+                    (w->index + 1) * per - 1, strerror(rc));
+}
+
 static int workers_start(td_daemon *d, td_error_t *err)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -80,6 +102,8 @@ static int workers_start(td_daemon *d, td_error_t *err)
         rc = pthread_create(&w->thread, NULL, td_worker_main, w);
         if (rc != 0)
             return td_error_set(err, -rc, "cannot start worker %s: %s", w->name, strerror(rc));
+        if (per > 0)
+            pin_worker(w, per, cores);
         d->nworkers++;
     }
     return 0;
