@@ -205,4 +205,37 @@ int td_export_llmc(const td_train_config *cfg, const char *out_path, td_error_t 
 int td_sample(const td_train_config *cfg, const char *prompt, int ntokens, float temperature,
               uint64_t seed, char *out, size_t outsize, td_error_t *err);
 
+/* ---- memory estimate (memest.c) ---------------------------------------------------------- */
+
+/* What one replica of a job holds on its device, in bytes, by what it is for. The parameter
+ * buffers and the activation arena are sized by the same functions the trainer sizes its own
+ * with (td_params, td_gpt_arena_bytes, td_mlp_arena_bytes), so on the CPU they are what the
+ * trainer allocates; the evaluation batch is taken at its largest (an mlp's: 1000 samples,
+ * a gpt's: the whole batch_size) since the dataset is not read. */
+typedef struct td_mem_estimate {
+    int batch;          /* rows this replica computes per step: batch_size split over world */
+    size_t n_floats;    /* floats in each flat buffer, padding included (td_params.n) */
+    size_t params;      /* the parameter buffer */
+    size_t grads;       /* the gradient buffer (with the all-reduce's loss slot) */
+    size_t optim;       /* the optimizer's moments: AdamW two buffers, SGD with momentum one */
+    size_t activations; /* the activation arena: the larger of a training step (batch rows,
+                         * with gradients and attention's backward scratch) and an evaluation */
+    size_t attention;   /* of activations: a training step's attention scores, L times the
+                         * (batch, n_head, T, T) matrix kept for the backward (gpt; mlp 0) */
+    size_t workspace;   /* the CUDA backend's context: cuBLAS workspace, scratch, fixed buffers */
+    size_t total;       /* params + grads + optim + activations + workspace */
+} td_mem_estimate;
+
+/* Estimates cfg's memory on one device into *out (no file is read but init_from's header). Errors
+ * as td_trainer_new's for a bad model (TD_EINVAL, TD_ESHAPE, TD_EDATA), TD_E2BIG when the
+ * numbers do not fit in a size_t. */
+int td_train_memory_estimate(const td_train_config *cfg, td_mem_estimate *out, td_error_t *err);
+
+/* The largest global batch_size (at least cfg->world, at most TD_MEM_MAX_BATCH) whose estimate
+ * fits in bytes, every other field of cfg as it is, into *batch. TD_ENOMEM when even a batch of
+ * world rows does not fit, with err giving both numbers ("a batch of 1 needs 6012 MiB, 4096 MiB
+ * available"); the estimate's errors. */
+#define TD_MEM_MAX_BATCH (1 << 24) /* rows */
+int td_train_largest_batch(const td_train_config *cfg, size_t bytes, int *batch, td_error_t *err);
+
 #endif

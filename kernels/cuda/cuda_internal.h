@@ -1,0 +1,90 @@
+/* Inside the CUDA backend (context.c, ops.cu, nccl.c): the context's body and the macros that
+ * check every CUDA and cuBLAS call. Compiled as C (context.c, nccl.c) and as C++ (nvcc, ops.cu),
+ * so it uses only what both accept. */
+#ifndef TD_CUDA_INTERNAL_H
+#define TD_CUDA_INTERNAL_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "td_cuda.h"
+
+#ifdef __cplusplus
+#define TD_NORETURN [[noreturn]]
+extern "C" {
+#else
+#define TD_NORETURN _Noreturn
+#endif
+
+struct td_cuda_ctx {
+    int device;
+    int sm_count; /* multiprocessors: sizes the grids of the grid-stride kernels */
+    int tf32;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *blas_ws;        /* TD_CUDA_CUBLAS_WORKSPACE bytes, cuBLAS's */
+    float *scratch;       /* scratch_bytes */
+    size_t scratch_bytes; /* bytes */
+    double *partial;      /* TD_CUDA_REDUCE_BLOCKS doubles */
+    float *ones;          /* TD_CUDA_ONES floats of 1 */
+};
+
+/* The calling thread's context; panics (TD_ESTATE) when there is none. */
+td_cuda_ctx *td__cuda_ctx(void);
+
+/* Panics with TD_ECUDA and "file:line: cudaErrorX: message (expr)"; marks the process
+ * poisoned first when the error is sticky. */
+TD_NORETURN void td__cuda_fail(cudaError_t e, const char *file, int line, const char *expr);
+
+/* The same for a cuBLAS status ("file:line: CUBLAS_STATUS_X: message (expr)"), with the CUDA
+ * runtime's pending error appended when there is one (a sticky error under a failed gemm). */
+TD_NORETURN void td__cublas_fail(cublasStatus_t s, const char *file, int line, const char *expr);
+
+/* For functions that return errors: sets err to TD_ECUDA and "file:line: cudaErrorX: message
+ * (what)"; marks the process poisoned when sticky. Returns TD_ECUDA. */
+int td__cuda_error_set(td_error_t *err, cudaError_t e, const char *file, int line,
+                       const char *what);
+int td__cublas_error_set(td_error_t *err, cublasStatus_t s, const char *file, int line,
+                         const char *what);
+
+/* Records a sticky error seen outside the macros (nccl.c's cudaEventQuery). */
+void td__cuda_note(cudaError_t e);
+
+/* file without its leading "../" (meson compiles from the build folder). */
+const char *td__cuda_file(const char *file);
+
+/* ops.cu: p[0..n) = v on stream, for the context's ones. Returns the launch's error. */
+cudaError_t td__cuda_fill(float *p, float v, size_t n, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* Checks one CUDA runtime call; panics on failure (under a worker's boundary). */
+#define TD_CUDA_CHECK(call)                                  \
+    do {                                                     \
+        cudaError_t td_e_ = (call);                          \
+        if (td_e_ != cudaSuccess)                            \
+            td__cuda_fail(td_e_, __FILE__, __LINE__, #call); \
+    } while (0)
+
+/* Checks one cuBLAS call; panics on failure. */
+#define TD_CUBLAS_CHECK(call)                                  \
+    do {                                                       \
+        cublasStatus_t td_s_ = (call);                         \
+        if (td_s_ != CUBLAS_STATUS_SUCCESS)                    \
+            td__cublas_fail(td_s_, __FILE__, __LINE__, #call); \
+    } while (0)
+
+/* After a kernel launch: a bad configuration shows up here at once, a fault in the kernel at
+ * the next synchronizing call. */
+#define TD_CUDA_CHECK_LAUNCH(name) TD_CUDA_CHECK_NAMED(cudaGetLastError(), name)
+
+#define TD_CUDA_CHECK_NAMED(call, name)                     \
+    do {                                                    \
+        cudaError_t td_e_ = (call);                         \
+        if (td_e_ != cudaSuccess)                           \
+            td__cuda_fail(td_e_, __FILE__, __LINE__, name); \
+    } while (0)
+
+#endif

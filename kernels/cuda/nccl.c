@@ -1,0 +1,266 @@
+/* NCCL for data-parallel jobs (td_cuda.h): one non-blocking communicator per job, one rank per
+ * worker thread (so one per GPU), an in-place averaging all-reduce on the worker's stream, and
+ * the watchdog that turns a collective that never completes into a failure (DESIGN.md,
+ * "Failures"). Non-blocking (config.blocking = 0) means no NCCL call waits on a peer: the
+ * init and the collective return at once, possibly with ncclInProgress, and the watchdog
+ * polls ncclCommGetAsyncError and an event recorded after the collective until both say done,
+ * or aborts the communicator (ncclCommAbort also stops its kernels) when the timeout passes.
+ * A td_nccl is used by the thread that owns its rank. */
+/* nccl.h declares a few functions as f() rather than f(void) */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#include <nccl.h>
+#pragma GCC diagnostic pop
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_internal.h"
+#include "td_panic.h"
+
+#define POLL_NS 100000 /* nanoseconds between two polls of the watchdog: 0.1 ms */
+
+_Static_assert(sizeof(ncclUniqueId) == TD_NCCL_ID_BYTES, "td_nccl_id must hold an ncclUniqueId");
+
+struct td_nccl {
+    ncclComm_t comm;
+    td_cuda_ctx *ctx;
+    cudaEvent_t done; /* recorded after each collective */
+    double timeout_s;
+    int rank, nranks;
+    int aborted;
+};
+
+/* NCCL has ncclGetErrorString but no names; these are nccl.h's. */
+static const char *nccl_name(ncclResult_t r)
+{
+    switch (r) {
+    case ncclSuccess:
+        return "ncclSuccess";
+    case ncclUnhandledCudaError:
+        return "ncclUnhandledCudaError";
+    case ncclSystemError:
+        return "ncclSystemError";
+    case ncclInternalError:
+        return "ncclInternalError";
+    case ncclInvalidArgument:
+        return "ncclInvalidArgument";
+    case ncclInvalidUsage:
+        return "ncclInvalidUsage";
+    case ncclRemoteError:
+        return "ncclRemoteError";
+    case ncclInProgress:
+        return "ncclInProgress";
+    default:
+        return "ncclError";
+    }
+}
+
+/* "file:line: ncclX: NCCL's string (what): NCCL's last error" into err. */
+static int nccl_error(td_error_t *err, ncclResult_t r, const td_nccl *c, const char *file, int line,
+                      const char *what)
+{
+    const char *last = ncclGetLastError(c != NULL ? c->comm : NULL);
+
+    return td_error_set(err, TD_ECUDA, "%s:%d: %s: %s (%s)%s%s", td__cuda_file(file), line,
+                        nccl_name(r), ncclGetErrorString(r), what,
+                        last != NULL && last[0] != '\0' ? ": " : "", last != NULL ? last : "");
+}
+
+#define NCCL_ERR(r, c, what) nccl_error(err, (r), (c), __FILE__, __LINE__, (what))
+
+static double now_s(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void nap(void)
+{
+    struct timespec ts = {0, POLL_NS};
+
+    nanosleep(&ts, NULL);
+}
+
+static void abort_comm(td_nccl *c)
+{
+    if (!c->aborted) {
+        (void)ncclCommAbort(c->comm);
+        c->aborted = 1;
+    }
+}
+
+int td_nccl_unique_id(td_nccl_id *id, td_error_t *err)
+{
+    ncclUniqueId u;
+    ncclResult_t r = ncclGetUniqueId(&u);
+
+    if (r != ncclSuccess)
+        return NCCL_ERR(r, NULL, "ncclGetUniqueId");
+    memcpy(id->bytes, u.internal, sizeof(id->bytes));
+    return 0;
+}
+
+/* Polls the communicator's state until it is no longer ncclInProgress, at most the timeout.
+ * what names the operation in the messages. */
+static int wait_state(td_nccl *c, const char *what, td_error_t *err)
+{
+    double start = now_s();
+    ncclResult_t state;
+
+    for (;;) {
+        ncclResult_t r = ncclCommGetAsyncError(c->comm, &state);
+        if (r != ncclSuccess) {
+            NCCL_ERR(r, c, "ncclCommGetAsyncError");
+            abort_comm(c);
+            return TD_ECUDA;
+        }
+        if (state == ncclSuccess)
+            return 0;
+        if (state != ncclInProgress) {
+            NCCL_ERR(state, c, what);
+            abort_comm(c);
+            return TD_ECUDA;
+        }
+        if (now_s() - start > c->timeout_s) {
+            abort_comm(c);
+            return td_error_set(err, TD_ECUDA,
+                                "NCCL %s did not complete within %g s (rank %d of %d)", what,
+                                c->timeout_s, c->rank, c->nranks);
+        }
+        nap();
+    }
+}
+
+int td_nccl_init(td_nccl **out, const td_nccl_id *id, int nranks, int rank, td_cuda_ctx *ctx,
+                 double timeout_s, td_error_t *err)
+{
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    ncclUniqueId u;
+    td_nccl *c;
+    ncclResult_t r;
+    cudaError_t e;
+    int rc;
+
+    *out = NULL;
+    if (nranks < 1 || rank < 0 || rank >= nranks || !(timeout_s > 0.0))
+        return td_error_set(err, TD_EINVAL, "NCCL: rank %d of %d, timeout %g s", rank, nranks,
+                            timeout_s);
+    c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return td_error_set(err, TD_ENOMEM, "no memory for an NCCL communicator");
+    c->ctx = ctx;
+    c->rank = rank;
+    c->nranks = nranks;
+    c->timeout_s = timeout_s;
+    e = cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        rc = td__cuda_error_set(err, e, __FILE__, __LINE__, "cudaEventCreateWithFlags");
+        free(c);
+        return rc;
+    }
+    config.blocking = 0;
+    memcpy(u.internal, id->bytes, sizeof(u.internal));
+    r = ncclCommInitRankConfig(&c->comm, nranks, u, rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        rc = NCCL_ERR(r, NULL, "ncclCommInitRankConfig");
+        if (c->comm != NULL)
+            abort_comm(c);
+        goto fail;
+    }
+    rc = wait_state(c, "communicator init", err);
+    if (rc != 0)
+        goto fail;
+    *out = c;
+    return 0;
+
+fail:
+    (void)cudaEventDestroy(c->done);
+    free(c);
+    return rc;
+}
+
+int td_nccl_aborted(const td_nccl *c)
+{
+    return c->aborted;
+}
+
+int td_nccl_wait(td_nccl *c, td_error_t *err)
+{
+    double start = now_s();
+    cudaError_t e;
+    int rc;
+
+    if (c->aborted)
+        return td_error_set(err, TD_ECUDA, "NCCL communicator of rank %d was aborted", c->rank);
+    /* the collective may still be being enqueued (ncclInProgress) */
+    rc = wait_state(c, "all-reduce", err);
+    if (rc != 0)
+        return rc;
+    e = cudaEventRecord(c->done, c->ctx->stream);
+    if (e != cudaSuccess)
+        return td__cuda_error_set(err, e, __FILE__, __LINE__, "cudaEventRecord");
+    for (;;) {
+        ncclResult_t state, r;
+        e = cudaEventQuery(c->done);
+        if (e == cudaSuccess)
+            return 0;
+        if (e != cudaErrorNotReady) {
+            rc = td__cuda_error_set(err, e, __FILE__, __LINE__, "cudaEventQuery after all-reduce");
+            abort_comm(c);
+            return rc;
+        }
+        r = ncclCommGetAsyncError(c->comm, &state);
+        if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+            rc = NCCL_ERR(r != ncclSuccess ? r : state, c, "all-reduce");
+            abort_comm(c);
+            return rc;
+        }
+        if (now_s() - start > c->timeout_s) {
+            abort_comm(c);
+            return td_error_set(err, TD_ECUDA,
+                                "NCCL all-reduce did not complete within %g s (rank %d of %d)",
+                                c->timeout_s, c->rank, c->nranks);
+        }
+        nap();
+    }
+}
+
+void td_nccl_allreduce_avg(td_nccl *c, float *buf, size_t n)
+{
+    td_error_t e = {0}, *err = &e;
+    ncclResult_t r;
+
+    if (c->aborted)
+        td_panic(TD_ECUDA, "NCCL communicator of rank %d was aborted", c->rank);
+    r = ncclAllReduce(buf, buf, n, ncclFloat32, ncclAvg, c->comm, c->ctx->stream);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        NCCL_ERR(r, c, "ncclAllReduce");
+        abort_comm(c);
+        td_panic(e.code, "%s", e.msg);
+    }
+    if (td_nccl_wait(c, err) != 0)
+        td_panic(e.code, "%s", e.msg);
+}
+
+/* Finalize flushes what the communicator still has queued; non-blocking, so it is waited for
+ * like the init, and aborted when it does not finish in time. */
+void td_nccl_free(td_nccl *c)
+{
+    td_error_t err = {0};
+
+    if (c == NULL)
+        return;
+    if (!c->aborted) {
+        ncclResult_t r = ncclCommFinalize(c->comm);
+        if ((r == ncclSuccess || r == ncclInProgress) && wait_state(c, "finalize", &err) == 0)
+            (void)ncclCommDestroy(c->comm);
+        else
+            abort_comm(c);
+    }
+    (void)cudaEventDestroy(c->done);
+    free(c);
+}

@@ -1,0 +1,1052 @@
+/* The CUDA backend's ops (td_kernels_cuda(), td_cuda.h): every op of kernels.h as a CUDA
+ * kernel or cuBLAS call on the calling thread's context (stream, cuBLAS handle, scratch).
+ * Each op is the twin of its cpu.c namesake, same arguments and semantics, all pointers in
+ * device memory; tests/test_gpu.c holds each pair together.
+ *
+ * Built with -fmad=false: nvcc would otherwise fuse a*b+c into one rounding, where cpu.c
+ * (compiled without FMA) rounds twice. With it, the elementwise ops (ReLU, GELU with the same
+ * fexp, the residual, the encoder, scale, AdamW, SGD) do exactly cpu.c's float operations in
+ * cpu.c's order; they are memory-bound, so the lost FMAs cost nothing. The sums differ in
+ * order only: per-warp tree sums for layernorm and the attention softmax, fixed-shape two-
+ * stage sums for sumsq, the loss and layernorm's weight and bias gradients, cuBLAS for the
+ * matmuls. No atomics on floats, so every op gives the same bits every run.
+ *
+ * Ops run asynchronously on the context's stream; a launch is checked at once, a fault in a
+ * kernel at the next synchronizing call. Owns nothing. */
+#include <cfloat>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "cuda_internal.h"
+
+extern "C" {
+/* td_panic.h is C11 (_Noreturn), so its one function is declared here for C++. */
+[[noreturn]] void td_panic(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+}
+
+#define THREADS    256  /* threads per block of the elementwise and column kernels */
+#define ROW_WARPS  8    /* rows per block of the warp-per-row kernels */
+#define ROW_BLOCK  512  /* threads per block of the block-per-row kernels (softmax, argmax) */
+#define ID_TILE    1024 /* token ids staged in shared memory by encoder_backward */
+#define COL_CHUNKS 64   /* row chunks of a column sum (layernorm's weight and bias gradients) */
+#define FULL_MASK  0xffffffffu
+
+/* cpu.c's constants, the same values */
+#define LN_EPS      1e-5f
+#define GELU_K      0.7978845608028654f
+#define GELU_C      0.044715f
+#define EXP_LO      -87.3f
+#define EXP_HI      88.3f
+#define ROUND_MAGIC 12582912.0f
+
+// ---- helpers --------------------------------------------------------------------------------
+
+/* Blocks for a grid-stride loop over n elements: enough to fill the device, no more. */
+static unsigned blocks_for(const td_cuda_ctx *c, size_t n, int threads)
+{
+    size_t b = (n + (size_t)threads - 1) / (size_t)threads;
+    size_t cap = (size_t)c->sm_count * 32;
+    return (unsigned)(b < cap ? (b > 0 ? b : 1) : cap);
+}
+
+#define GRID_STRIDE(i, n)                                                   \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/* cpu.c's fexp, operation for operation (see there): the same bits, given -fmad=false. */
+__device__ __forceinline__ float fexp(float x)
+{
+    float n, r, z, p;
+
+    x = x > EXP_HI ? EXP_HI : x;
+    x = x < EXP_LO ? EXP_LO : x;
+    n = (x * 1.44269504088896341f + ROUND_MAGIC) - ROUND_MAGIC;
+    r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    z = r * r;
+    p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r +
+          4.1665795894e-2f) *
+             r +
+         1.6666665459e-1f) *
+            r +
+        5.0000001201e-1f;
+    p = p * z + r + 1.0f;
+    return p * __int_as_float(((int)(n == n ? n : 0.0f) + 127) << 23);
+}
+
+/* Sum and max over a warp, every lane getting the result; a fixed butterfly order. */
+__device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double warp_sum_d(double v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+/* cpu.c's comparison (a NaN never wins unless it came first) */
+__device__ __forceinline__ float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        float w = __shfl_xor_sync(FULL_MASK, v, o);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+
+/* Over the block (a multiple of 32 threads), every thread getting the result; sm holds one
+ * value per warp. The two __syncthreads let the caller reuse sm at once. */
+__device__ float block_max(float v, float *sm)
+{
+    int nw = (int)(blockDim.x >> 5);
+
+    v = warp_max(v);
+    if ((threadIdx.x & 31) == 0)
+        sm[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = sm[0];
+    for (int k = 1; k < nw; k++)
+        v = sm[k] > v ? sm[k] : v;
+    __syncthreads();
+    return v;
+}
+
+__device__ double block_sum_d(double v, double *sm)
+{
+    int nw = (int)(blockDim.x >> 5);
+
+    v = warp_sum_d(v);
+    if ((threadIdx.x & 31) == 0)
+        sm[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = sm[0];
+    for (int k = 1; k < nw; k++)
+        v += sm[k];
+    __syncthreads();
+    return v;
+}
+
+// ---- elementwise kernels --------------------------------------------------------------------
+
+__global__ void fill_kernel(float *p, float v, size_t n)
+{
+    GRID_STRIDE(i, n)
+    p[i] = v;
+}
+
+// out[i,:] = bias, the bias gemm then adds to (beta 1), as cpu.c's memcpy
+// out is (N,OC), bias is (OC)
+__global__ void bias_rows_kernel(float *out, const float *bias, size_t n, int OC)
+{
+    GRID_STRIDE(i, n)
+    out[i] = bias[i % (size_t)OC];
+}
+
+// out = inp + bias by row; out is (N,C), inp is (N,C), bias is (C)
+__global__ void bias_forward_kernel(float *out, const float *inp, const float *bias, size_t n,
+                                    int C)
+{
+    GRID_STRIDE(i, n)
+    out[i] = inp[i] + bias[i % (size_t)C];
+}
+
+// dst += src; dst, src are (n)
+__global__ void add_kernel(float *dst, const float *src, size_t n)
+{
+    GRID_STRIDE(i, n)
+    dst[i] += src[i];
+}
+
+__global__ void relu_forward_kernel(float *out, const float *inp, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float x = inp[i];
+        out[i] = x < 0.0f ? 0.0f : x;
+    }
+}
+
+__global__ void relu_backward_kernel(float *dinp, const float *dout, const float *out, size_t n)
+{
+    GRID_STRIDE(i, n)
+    dinp[i] += out[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+__global__ void gelu_forward_kernel(float *out, const float *inp, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float x = inp[i];
+        float u = GELU_K * (x + GELU_C * x * x * x);
+        out[i] = x / (1.0f + fexp(-2.0f * u));
+    }
+}
+
+__global__ void gelu_backward_kernel(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float x = inp[i];
+        float u = GELU_K * (x + GELU_C * x * x * x);
+        float s = 1.0f / (1.0f + fexp(-2.0f * u));
+        float du = GELU_K * (1.0f + 3.0f * GELU_C * x * x);
+        dinp[i] += (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
+    }
+}
+
+__global__ void residual_forward_kernel(float *out, const float *a, const float *b, size_t n)
+{
+    GRID_STRIDE(i, n)
+    out[i] = a[i] + b[i];
+}
+
+__global__ void scale_kernel(float *p, float s, size_t n)
+{
+    GRID_STRIDE(i, n)
+    p[i] *= s;
+}
+
+// cpu.c's adamw_update loop body; the scalars computed on the host as cpu.c computes them
+__global__ void adamw_kernel(float *param, float *m, float *v, const float *grad, size_t n,
+                             float beta2, float eps, float step_size, float bc2_sqrt, float decay,
+                             float w1, float w2)
+{
+    GRID_STRIDE(i, n)
+    {
+        float g = grad[i];
+        float mi = m[i] + w1 * (g - m[i]);
+        float vi = beta2 * v[i] + w2 * g * g;
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        m[i] = mi;
+        v[i] = vi;
+        param[i] = param[i] * decay - step_size * mi / denom;
+    }
+}
+
+__global__ void sgd_kernel(float *param, float *buf, const float *grad, size_t n, float lr,
+                           float momentum, float weight_decay)
+{
+    GRID_STRIDE(i, n)
+    {
+        float g = grad[i] + weight_decay * param[i];
+        if (buf != NULL) {
+            buf[i] = momentum * buf[i] + g;
+            g = buf[i];
+        }
+        param[i] -= lr * g;
+    }
+}
+
+// ---- softmax cross-entropy, argmax ------------------------------------------------------------
+
+// Rows blockIdx.x, +gridDim.x, ... of the stable softmax over the first V of Vp columns, with
+// cpu.c's arithmetic (expf, the sum in double); the block's rows' losses summed in row order
+// into partial[blockIdx.x]. A target outside [0,V) gives a NaN loss instead of a wild read.
+// partial is (gridDim.x), probs and logits are (N,Vp), targets is (N)
+__global__ void softmax_xent_kernel(double *partial, float *probs, const float *logits,
+                                    const int *targets, int N, int V, int Vp)
+{
+    __shared__ float smax[32];
+    __shared__ double ssum[32];
+    double acc = 0.0;
+
+    for (int i = blockIdx.x; i < N; i += gridDim.x) {
+        const float *x = logits + (size_t)i * Vp;
+        float *p = probs + (size_t)i * Vp;
+        float maxv = x[0], inv;
+        double sum = 0.0;
+
+        for (int j = threadIdx.x; j < V; j += blockDim.x)
+            maxv = x[j] > maxv ? x[j] : maxv;
+        maxv = block_max(maxv, smax);
+        for (int j = threadIdx.x; j < V; j += blockDim.x) {
+            float e = expf(x[j] - maxv);
+            p[j] = e;
+            sum += e;
+        }
+        sum = block_sum_d(sum, ssum);
+        inv = (float)(1.0 / sum);
+        for (int j = threadIdx.x; j < V; j += blockDim.x)
+            p[j] *= inv;
+        for (int j = V + threadIdx.x; j < Vp; j += blockDim.x)
+            p[j] = 0.0f;
+        if (threadIdx.x == 0) {
+            int t = targets[i];
+            double xt = t >= 0 && t < V ? (double)x[t] : (double)NAN;
+            acc += log(sum) - (xt - maxv);
+        }
+    }
+    if (threadIdx.x == 0)
+        partial[blockIdx.x] = acc;
+}
+
+// loss = the mean of the rows' losses: partial[0..G) added in order, then cpu.c's cast
+__global__ void finish_loss_kernel(float *loss, const double *partial, int G, int N)
+{
+    double total = 0.0;
+
+    for (int g = 0; g < G; g++)
+        total += partial[g];
+    total /= N;
+    *loss = total > FLT_MAX ? INFINITY : (float)total;
+}
+
+// dlogits[:, :V] += dloss/N * (probs - onehot(targets)); dlogits, probs are (N,Vp)
+__global__ void softmax_xent_backward_kernel(float *dlogits, const float *dloss, const float *probs,
+                                             const int *targets, int N, int V, int Vp)
+{
+    float scale = *dloss / (float)N;
+    size_t n = (size_t)N * V;
+
+    GRID_STRIDE(k, n)
+    {
+        size_t i = k / (size_t)V;
+        int j = (int)(k % (size_t)V);
+        size_t at = i * Vp + j;
+        dlogits[at] += scale * (probs[at] - (j == targets[i] ? 1.0f : 0.0f));
+    }
+}
+
+// One block per row (strided): cpu.c's answer, the first largest logit, where a NaN never
+// wins unless it is the first logit. The block's count is added once to *correct (integers:
+// the order does not matter). correct is (1), logits is (N,V), targets is (N)
+__global__ void argmax_correct_kernel(unsigned long long *correct, const float *logits,
+                                      const int *targets, int N, int V)
+{
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    unsigned long long count = 0;
+
+    for (int i = blockIdx.x; i < N; i += gridDim.x) {
+        const float *x = logits + (size_t)i * V;
+        float bv = 0.0f;
+        int bi = INT_MAX; /* none yet */
+
+        for (int j = threadIdx.x; j < V; j += blockDim.x)
+            if (x[j] == x[j] && (bi == INT_MAX || x[j] > bv))
+                bv = x[j], bi = j;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+            int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+            if (oi != INT_MAX && (bi == INT_MAX || ov > bv || (ov == bv && oi < bi)))
+                bv = ov, bi = oi;
+        }
+        if ((threadIdx.x & 31) == 0)
+            sv[threadIdx.x >> 5] = bv, si[threadIdx.x >> 5] = bi;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int k = 1; k < (int)(blockDim.x >> 5); k++)
+                if (si[k] != INT_MAX &&
+                    (bi == INT_MAX || sv[k] > bv || (sv[k] == bv && si[k] < bi)))
+                    bv = sv[k], bi = si[k];
+            if (x[0] != x[0] || bi == INT_MAX)
+                bi = 0;
+            count += bi == targets[i];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0 && count > 0)
+        atomicAdd(correct, count);
+}
+
+// ---- encoder ----------------------------------------------------------------------------------
+
+// out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]; out is (B,T,C)
+__global__ void encoder_forward_kernel(float *out, const int *inp, const float *wte,
+                                       const float *wpe, int T, int C, size_t n)
+{
+    GRID_STRIDE(k, n)
+    {
+        size_t bt = k / (size_t)C;
+        int c = (int)(k % (size_t)C), t = (int)(bt % (size_t)T);
+        out[k] = wte[(size_t)inp[bt] * C + c] + wpe[(size_t)t * C + c];
+    }
+}
+
+// dwte[id,c] += dout[bt,c] over the positions bt in order, as cpu.c does: thread (c, r) owns
+// the rows id of dwte with id % R == r (R a power of two), so no two threads touch one float
+// and each adds in cpu.c's order (the same bits, no atomics). Every thread reads every id,
+// staged in shared memory, ID_TILE at a time.
+// dwte is (V,C), dout is (BT,C), inp is (BT); grid (ceil(C/THREADS), R)
+__global__ void encoder_backward_wte_kernel(float *dwte, const float *dout, const int *inp, int BT,
+                                            int C, int R)
+{
+    __shared__ int ids[ID_TILE];
+    int c = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+
+    for (int b0 = 0; b0 < BT; b0 += ID_TILE) {
+        int len = BT - b0 < ID_TILE ? BT - b0 : ID_TILE;
+        __syncthreads();
+        for (int k = threadIdx.x; k < len; k += blockDim.x)
+            ids[k] = inp[b0 + k];
+        __syncthreads();
+        if (c >= C)
+            continue;
+        for (int k = 0; k < len; k++) {
+            int id = ids[k];
+            if ((id & (R - 1)) == r)
+                dwte[(size_t)id * C + c] += dout[(size_t)(b0 + k) * C + c];
+        }
+    }
+}
+
+// dwpe[t,c] += dout[b,t,c] for b in order (cpu.c's order); dwpe is (maxT,C), thread per (t,c)
+__global__ void encoder_backward_wpe_kernel(float *dwpe, const float *dout, int B, int T, int C)
+{
+    size_t n = (size_t)T * C;
+
+    GRID_STRIDE(k, n)
+    {
+        float v = dwpe[k];
+        for (int b = 0; b < B; b++)
+            v += dout[(size_t)b * n + k];
+        dwpe[k] = v;
+    }
+}
+
+// ---- layernorm --------------------------------------------------------------------------------
+
+// A warp per row: mean, the biased variance around it, rstd = 1/sqrt(var + eps)
+// out is (N,C), mean and rstd are (N), inp is (N,C), weight and bias are (C)
+__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
+                                         const float *weight, const float *bias, int N, int C)
+{
+    int lane = threadIdx.x & 31;
+    size_t row = (size_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+    const float *x = inp + row * C;
+    float *o = out + row * C;
+    float m = 0.0f, v = 0.0f, s;
+
+    if (row >= (size_t)N)
+        return;
+    for (int j = lane; j < C; j += 32)
+        m += x[j];
+    m = warp_sum(m) / (float)C;
+    for (int j = lane; j < C; j += 32)
+        v += (x[j] - m) * (x[j] - m);
+    v = warp_sum(v) / (float)C;
+    s = 1.0f / sqrtf(v + LN_EPS);
+    for (int j = lane; j < C; j += 32)
+        o[j] = (s * (x[j] - m)) * weight[j] + bias[j];
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = s;
+    }
+}
+
+// dinp += rstd (dnorm - mean(dnorm) - norm mean(dnorm norm)), dnorm = weight * dout; a warp per row
+__global__ void layernorm_backward_dinp_kernel(float *dinp, const float *dout, const float *inp,
+                                               const float *weight, const float *mean,
+                                               const float *rstd, int N, int C)
+{
+    int lane = threadIdx.x & 31;
+    size_t row = (size_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+    const float *d = dout + row * C, *x = inp + row * C;
+    float a1 = 0.0f, a2 = 0.0f, m, s;
+
+    if (row >= (size_t)N)
+        return;
+    m = mean[row];
+    s = rstd[row];
+    for (int j = lane; j < C; j += 32) {
+        float dn = weight[j] * d[j];
+        a1 += dn;
+        a2 += dn * ((x[j] - m) * s);
+    }
+    a1 = warp_sum(a1) / (float)C;
+    a2 = warp_sum(a2) / (float)C;
+    for (int j = lane; j < C; j += 32) {
+        float norm = (x[j] - m) * s;
+        dinp[row * C + j] += (weight[j] * d[j] - a1 - norm * a2) * s;
+    }
+}
+
+// The first stage of dbias += sum of dout and dweight += sum of norm * dout over rows: thread
+// (c, g) sums rows [g N/G, (g+1) N/G) of column c in order into part[g][c] (dbias) and
+// part[G + g][c] (dweight). part is (2G, C); grid (ceil(C/THREADS), G)
+__global__ void layernorm_backward_partial_kernel(float *part, const float *dout, const float *inp,
+                                                  const float *mean, const float *rstd, int N,
+                                                  int C, int G)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x, g = blockIdx.y;
+    int r0 = (int)((int64_t)g * N / G), r1 = (int)((int64_t)(g + 1) * N / G);
+    float sb = 0.0f, sw = 0.0f;
+
+    if (c >= C)
+        return;
+    for (int r = r0; r < r1; r++) {
+        float d = dout[(size_t)r * C + c];
+        sb += d;
+        sw += ((inp[(size_t)r * C + c] - mean[r]) * rstd[r]) * d;
+    }
+    part[(size_t)g * C + c] = sb;
+    part[(size_t)(G + g) * C + c] = sw;
+}
+
+// The second stage: dst[c] += the sum of part[g][c] over g in order; part is (G, C)
+__global__ void column_finish_kernel(float *dst, const float *part, int G, int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    float s = 0.0f;
+
+    if (c >= C)
+        return;
+    for (int g = 0; g < G; g++)
+        s += part[(size_t)g * C + c];
+    dst[c] += s;
+}
+
+// ---- attention ------------------------------------------------------------------------------
+
+// Causal softmax of each (T) row in place, a warp per row: row r is position t = r % T of its
+// head; entries past t become 0. cpu.c's causal_softmax_row with fexp.
+// att is (rows, T)
+__global__ void causal_softmax_kernel(float *att, size_t rows, int T)
+{
+    int lane = threadIdx.x & 31;
+    size_t row = (size_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+    float *a = att + row * T;
+    float maxv, sum = 0.0f, inv;
+    int t;
+
+    if (row >= rows)
+        return;
+    t = (int)(row % (size_t)T);
+    maxv = a[0];
+    for (int j = lane; j <= t; j += 32)
+        maxv = a[j] > maxv ? a[j] : maxv;
+    maxv = warp_max(maxv);
+    for (int j = lane; j <= t; j += 32) {
+        float e = fexp(a[j] - maxv);
+        a[j] = e;
+        sum += e;
+    }
+    sum = warp_sum(sum);
+    inv = 1.0f / sum;
+    for (int j = lane; j <= t; j += 32)
+        a[j] *= inv;
+    for (int j = t + 1 + lane; j < T; j += 32)
+        a[j] = 0.0f;
+}
+
+// The softmax's backward in place over datt, a warp per row: with s = att . datt over [0..t],
+// dpreatt[j] = scale * att[j] (datt[j] - s) for j <= t, 0 past t.
+// d is (rows, T) (datt in, dpreatt out), att is (rows, T)
+__global__ void causal_softmax_backward_kernel(float *d, const float *att, float scale, size_t rows,
+                                               int T)
+{
+    int lane = threadIdx.x & 31;
+    size_t row = (size_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+    float *dr = d + row * T;
+    const float *a = att + row * T;
+    float s = 0.0f;
+    int t;
+
+    if (row >= rows)
+        return;
+    t = (int)(row % (size_t)T);
+    for (int j = lane; j <= t; j += 32)
+        s += a[j] * dr[j];
+    s = warp_sum(s);
+    for (int j = lane; j <= t; j += 32)
+        dr[j] = scale * (a[j] * (dr[j] - s));
+    for (int j = t + 1 + lane; j < T; j += 32)
+        dr[j] = 0.0f;
+}
+
+// ---- sumsq ----------------------------------------------------------------------------------
+
+// Sum of squares in double: each block's grid-stride share, tree-summed, into partial[block]
+__global__ void sumsq_partial_kernel(double *partial, const float *p, size_t n)
+{
+    __shared__ double sm[32];
+    double acc = 0.0;
+
+    GRID_STRIDE(i, n)
+    acc += (double)p[i] * (double)p[i];
+    acc = block_sum_d(acc, sm);
+    if (threadIdx.x == 0)
+        partial[blockIdx.x] = acc;
+}
+
+__global__ void sumsq_finish_kernel(double *out, const double *partial, int G)
+{
+    double s = 0.0;
+
+    for (int g = 0; g < G; g++)
+        s += partial[g];
+    *out = s;
+}
+
+__global__ void fault_kernel(volatile int *p)
+{
+    *p = 1;
+}
+
+// ---- the table's functions --------------------------------------------------------------------
+
+#define LAUNCH_CHECK(name) TD_CUDA_CHECK_LAUNCH(name)
+
+/* The usual launch of a grid-stride kernel over n elements on the context's stream. */
+#define LAUNCH_N(x, kernel, n, ...)                                                        \
+    do {                                                                                   \
+        if ((n) > 0) {                                                                     \
+            kernel<<<blocks_for(x, (n), THREADS), THREADS, 0, (x)->stream>>>(__VA_ARGS__); \
+            LAUNCH_CHECK(#kernel);                                                         \
+        }                                                                                  \
+    } while (0)
+
+static unsigned row_blocks(size_t rows)
+{
+    return (unsigned)((rows + ROW_WARPS - 1) / ROW_WARPS);
+}
+
+/* The CPU's thread count means nothing here. */
+static void set_threads(int n)
+{
+    (void)n;
+}
+
+static void zero(float *p, size_t n)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+
+    if (n > 0)
+        TD_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), x->stream));
+}
+
+// dbias += sum over rows of dout, as a gemv with the context's ones, TD_CUDA_ONES rows a call
+// dbias is (C), dout is (N,C)
+static void sum_rows(td_cuda_ctx *x, float *dbias, const float *dout, int N, int C)
+{
+    const float one = 1.0f;
+
+    for (int r = 0; r < N; r += TD_CUDA_ONES) {
+        int rows = N - r < TD_CUDA_ONES ? N - r : TD_CUDA_ONES;
+        TD_CUBLAS_CHECK(cublasSgemv(x->blas, CUBLAS_OP_N, C, rows, &one, dout + (size_t)r * C, C,
+                                    x->ones, 1, &one, dbias, 1));
+    }
+}
+
+// out = inp . weight^T + bias: the bias copied into every row, then one gemm with beta 1. In
+// column-major terms out^T (OC,N) = weight^T^T . inp^T.
+// out is (N,OC), inp is (N,C), weight is (OC,C), bias is (OC) or NULL
+static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                           int N, int C, int OC)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+    const float one = 1.0f;
+    float beta = 0.0f;
+
+    if (N == 0 || OC == 0)
+        return;
+    if (bias != NULL) {
+        LAUNCH_N(x, bias_rows_kernel, (size_t)N * OC, out, bias, (size_t)N * OC, OC);
+        beta = 1.0f;
+    }
+    TD_CUBLAS_CHECK(cublasSgemm(x->blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, C, inp,
+                                C, &beta, out, OC));
+}
+
+// dinp += dout . weight; dweight += dout^T . inp; dbias += ones . dout
+// dinp is (N,C) or NULL, dweight is (OC,C) or NULL, dbias is (OC) or NULL,
+// dout is (N,OC), inp is (N,C), weight is (OC,C)
+static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int N, int C, int OC)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+    const float one = 1.0f;
+
+    if (N == 0)
+        return;
+    if (dinp != NULL)
+        TD_CUBLAS_CHECK(cublasSgemm(x->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C,
+                                    dout, OC, &one, dinp, C));
+    if (dweight != NULL)
+        TD_CUBLAS_CHECK(cublasSgemm(x->blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout,
+                                    OC, &one, dweight, C));
+    if (dbias != NULL)
+        sum_rows(x, dbias, dout, N, OC);
+}
+
+static void bias_forward(float *out, const float *inp, const float *bias, int N, int C)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+    size_t n = (size_t)N * C;
+
+    LAUNCH_N(x, bias_forward_kernel, n, out, inp, bias, n, C);
+}
+
+static void bias_backward(float *dinp, float *dbias, const float *dout, int N, int C)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+    size_t n = (size_t)N * C;
+
+    if (dinp != NULL)
+        LAUNCH_N(x, add_kernel, n, dinp, dout, n);
+    if (dbias != NULL && N > 0)
+        sum_rows(x, dbias, dout, N, C);
+}
+
+static void relu_forward(float *out, const float *inp, size_t n)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+
+    LAUNCH_N(x, relu_forward_kernel, n, out, inp, n);
+}
+
+static void relu_backward(float *dinp, const float *dout, const float *out, size_t n)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+
+    LAUNCH_N(x, relu_backward_kernel, n, dinp, dout, out, n);
+}
+
+// The rows' losses go through the context's partial sums: at most TD_CUDA_REDUCE_BLOCKS blocks,
+// each summing its rows in order, then one thread summing the blocks in order. The grid
+// depends on N only, so the loss has the same bits every call.
+static void softmax_xent_forward(float *loss, float *probs, const float *logits, const int *targets,
+                                 int N, int V, int Vp)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+    int G = N < TD_CUDA_REDUCE_BLOCKS ? N : TD_CUDA_REDUCE_BLOCKS;
+
+    if (N <= 0)
+        td_panic(TD_ESHAPE, "softmax_xent: %d rows", N);
+    softmax_xent_kernel<<<G, ROW_BLOCK, 0, x->stream>>>(x->partial, probs, logits, targets, N, V,
+                                                        Vp);
+    LAUNCH_CHECK("softmax_xent_kernel");
+    finish_loss_kernel<<<1, 1, 0, x->stream>>>(loss, x->partial, G, N);
+    LAUNCH_CHECK("finish_loss_kernel");
+}
+
+static void softmax_xent_backward(float *dlogits, const float *dloss, const float *probs,
+                                  const int *targets, int N, int V, int Vp)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+    size_t n = (size_t)N * V;
+
+    LAUNCH_N(x, softmax_xent_backward_kernel, n, dlogits, dloss, probs, targets, N, V, Vp);
+}
+
+static void argmax_correct(int64_t *correct, const float *logits, const int *targets, int N, int V)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+    int G = N < TD_CUDA_REDUCE_BLOCKS ? N : TD_CUDA_REDUCE_BLOCKS;
+
+    TD_CUDA_CHECK(cudaMemsetAsync(correct, 0, sizeof(*correct), x->stream));
+    if (N <= 0 || V <= 0)
+        return;
+    argmax_correct_kernel<<<G, ROW_BLOCK, 0, x->stream>>>((unsigned long long *)correct, logits,
+                                                          targets, N, V);
+    LAUNCH_CHECK("argmax_correct_kernel");
+}
+
+static void encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B,
+                            int T, int C)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+    size_t n = (size_t)B * T * C;
+
+    LAUNCH_N(x, encoder_forward_kernel, n, out, inp, wte, wpe, T, C, n);
+}
+
+// R, the number of id classes of encoder_backward_wte_kernel: a power of two, about 64K
+// threads in all (C of them per class), at most 256 classes.
+static int id_classes(int C)
+{
+    int R = 1;
+
+    while (R < 256 && (int64_t)R * 2 * C <= 65536)
+        R *= 2;
+    return R;
+}
+
+static void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B,
+                             int T, int C)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+
+    if ((size_t)B * T * C == 0)
+        return;
+    if (dwte != NULL) {
+        int R = id_classes(C);
+        dim3 grid((unsigned)((C + THREADS - 1) / THREADS), (unsigned)R);
+        encoder_backward_wte_kernel<<<grid, THREADS, 0, x->stream>>>(dwte, dout, inp, B * T, C, R);
+        LAUNCH_CHECK("encoder_backward_wte_kernel");
+    }
+    if (dwpe != NULL)
+        LAUNCH_N(x, encoder_backward_wpe_kernel, (size_t)T * C, dwpe, dout, B, T, C);
+}
+
+static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int N, int C)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+
+    if (N <= 0)
+        return;
+    layernorm_forward_kernel<<<row_blocks((size_t)N), ROW_WARPS * 32, 0, x->stream>>>(
+        out, mean, rstd, inp, weight, bias, N, C);
+    LAUNCH_CHECK("layernorm_forward_kernel");
+}
+
+// dinp a warp per row; dweight and dbias by the two-stage column sum, its (2G, C) partial sums
+// in the context's scratch (G row chunks, as many up to COL_CHUNKS as fit)
+static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int N, int C)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+
+    if (N <= 0)
+        return;
+    if (dinp != NULL) {
+        layernorm_backward_dinp_kernel<<<row_blocks((size_t)N), ROW_WARPS * 32, 0, x->stream>>>(
+            dinp, dout, inp, weight, mean, rstd, N, C);
+        LAUNCH_CHECK("layernorm_backward_dinp_kernel");
+    }
+    if (dweight != NULL || dbias != NULL) {
+        size_t fit = x->scratch_bytes / (2 * (size_t)C * sizeof(float));
+        int G = N < COL_CHUNKS ? N : COL_CHUNKS;
+        unsigned cols = (unsigned)((C + THREADS - 1) / THREADS);
+        if (fit < 1)
+            td_panic(TD_E2BIG,
+                     "layernorm backward: C = %d needs %zu bytes of CUDA scratch, the "
+                     "context has %zu",
+                     C, 2 * (size_t)C * sizeof(float), x->scratch_bytes);
+        if ((size_t)G > fit)
+            G = (int)fit;
+        layernorm_backward_partial_kernel<<<dim3(cols, (unsigned)G), THREADS, 0, x->stream>>>(
+            x->scratch, dout, inp, mean, rstd, N, C, G);
+        LAUNCH_CHECK("layernorm_backward_partial_kernel");
+        if (dbias != NULL) {
+            column_finish_kernel<<<cols, THREADS, 0, x->stream>>>(dbias, x->scratch, G, C);
+            LAUNCH_CHECK("column_finish_kernel");
+        }
+        if (dweight != NULL) {
+            column_finish_kernel<<<cols, THREADS, 0, x->stream>>>(dweight,
+                                                                  x->scratch + (size_t)G * C, G, C);
+            LAUNCH_CHECK("column_finish_kernel");
+        }
+    }
+}
+
+static void gelu_forward(float *out, const float *inp, size_t n)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+
+    LAUNCH_N(x, gelu_forward_kernel, n, out, inp, n);
+}
+
+static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+
+    LAUNCH_N(x, gelu_backward_kernel, n, dinp, inp, dout, n);
+}
+
+static void residual_forward(float *out, const float *inp1, const float *inp2, size_t n)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+
+    LAUNCH_N(x, residual_forward_kernel, n, out, inp1, inp2, n);
+}
+
+static void residual_backward(float *dinp1, float *dinp2, const float *dout, size_t n)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+
+    if (dinp1 != NULL)
+        LAUNCH_N(x, add_kernel, n, dinp1, dout, n);
+    if (dinp2 != NULL)
+        LAUNCH_N(x, add_kernel, n, dinp2, dout, n);
+}
+
+// The heads of sequence b, NH at once by strided-batched gemms (head h's q, k, v sit hs floats
+// after head h-1's; its (T,T) attention T*T after): preatt = q k^T / sqrt(hs) for every head,
+// then the causal softmax of all B*NH*T rows, then out = att v. The whole (T,T) product is
+// computed and the softmax zeroes its upper triangle, simpler than cpu.c's causal blocks and
+// the same values.
+// out is (B,T,C), att is (B,NH,T,T), qkv is (B,T,3C)
+static void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+    int hs = C / NH, C3 = 3 * C;
+    long long TT = (long long)T * T;
+    float scale = 1.0f / sqrtf((float)hs);
+    const float one = 1.0f, zero = 0.0f;
+    size_t rows = (size_t)B * NH * T;
+
+    if (rows == 0)
+        return;
+    for (int b = 0; b < B; b++) {
+        const float *q = qkv + (size_t)b * T * C3;
+        TD_CUBLAS_CHECK(cublasSgemmStridedBatched(x->blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs,
+                                                  &scale, q + C, C3, hs, q, C3, hs, &zero,
+                                                  att + (size_t)b * NH * TT, T, TT, NH));
+    }
+    causal_softmax_kernel<<<row_blocks(rows), ROW_WARPS * 32, 0, x->stream>>>(att, rows, T);
+    LAUNCH_CHECK("causal_softmax_kernel");
+    for (int b = 0; b < B; b++) {
+        const float *v = qkv + (size_t)b * T * C3 + 2 * C;
+        TD_CUBLAS_CHECK(cublasSgemmStridedBatched(x->blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one,
+                                                  v, C3, hs, att + (size_t)b * NH * TT, T, TT,
+                                                  &zero, out + (size_t)b * T * C, C, hs, NH));
+    }
+}
+
+// Per sequence, hc heads at a time, as many as the context's scratch holds (T,T) matrices of
+// (at least the caller's one (T,T) scratch, one head at a time):
+// datt = dout v^T; dv += att^T dout; dpreatt = softmax backward (scale folded in);
+// dq += dpreatt k; dk += dpreatt^T q.
+// dqkv is (B,T,3C), scratch is (T,T), dout is (B,T,C), qkv is (B,T,3C), att is (B,NH,T,T)
+static void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int C, int NH)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+    int hs = C / NH, C3 = 3 * C, hc;
+    long long TT = (long long)T * T;
+    size_t fit = x->scratch_bytes / ((size_t)TT * sizeof(float));
+    float scale = 1.0f / sqrtf((float)hs), *d = scratch;
+    const float one = 1.0f, zero = 0.0f;
+
+    if ((size_t)B * NH * T == 0)
+        return;
+    hc = 1;
+    if (fit >= 2) {
+        hc = fit < (size_t)NH ? (int)fit : NH;
+        d = x->scratch;
+    }
+    for (int b = 0; b < B; b++)
+        for (int h0 = 0; h0 < NH; h0 += hc) {
+            int hn = NH - h0 < hc ? NH - h0 : hc;
+            size_t off = (size_t)b * T * C3 + (size_t)h0 * hs;
+            const float *q = qkv + off, *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
+            const float *dob = dout + (size_t)b * T * C + (size_t)h0 * hs;
+            const float *a = att + ((size_t)b * NH + h0) * TT;
+
+            TD_CUBLAS_CHECK(cublasSgemmStridedBatched(x->blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs,
+                                                      &one, v, C3, hs, dob, C, hs, &zero, d, T, TT,
+                                                      hn));
+            TD_CUBLAS_CHECK(cublasSgemmStridedBatched(x->blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T,
+                                                      &one, dob, C, hs, a, T, TT, &one, dv, C3, hs,
+                                                      hn));
+            causal_softmax_backward_kernel<<<row_blocks((size_t)hn * T), ROW_WARPS * 32, 0,
+                                             x->stream>>>(d, a, scale, (size_t)hn * T, T);
+            LAUNCH_CHECK("causal_softmax_backward_kernel");
+            TD_CUBLAS_CHECK(cublasSgemmStridedBatched(x->blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T,
+                                                      &one, k, C3, hs, d, T, TT, &one, dq, C3, hs,
+                                                      hn));
+            TD_CUBLAS_CHECK(cublasSgemmStridedBatched(x->blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T,
+                                                      &one, q, C3, hs, d, T, TT, &one, dk, C3, hs,
+                                                      hn));
+        }
+}
+
+// Two stages through the context's partial sums, the grid a function of n only: the same
+// bits every call, as cpu.c promises.
+static void sumsq(double *out, const float *p, size_t n)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+    size_t want = (n + (size_t)THREADS * 4 - 1) / ((size_t)THREADS * 4);
+    int G = want < 1 ? 1 : want < TD_CUDA_REDUCE_BLOCKS ? (int)want : TD_CUDA_REDUCE_BLOCKS;
+
+    sumsq_partial_kernel<<<G, THREADS, 0, x->stream>>>(x->partial, p, n);
+    LAUNCH_CHECK("sumsq_partial_kernel");
+    sumsq_finish_kernel<<<1, 1, 0, x->stream>>>(out, x->partial, G);
+    LAUNCH_CHECK("sumsq_finish_kernel");
+}
+
+static void scale(float *p, float s, size_t n)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+
+    LAUNCH_N(x, scale_kernel, n, p, s, n);
+}
+
+// The scalars exactly as cpu.c's adamw_update computes them (double bias corrections)
+static void adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, int64_t t)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+    double bc1 = 1.0 - pow(beta1, (double)t);
+    double bc2 = 1.0 - pow(beta2, (double)t);
+    float step_size = (float)(lr / bc1);
+    float bc2_sqrt = (float)sqrt(bc2);
+    float decay = 1.0f - lr * weight_decay;
+    float w1 = 1.0f - beta1, w2 = 1.0f - beta2;
+
+    LAUNCH_N(x, adamw_kernel, n, param, m, v, grad, n, beta2, eps, step_size, bc2_sqrt, decay, w1,
+             w2);
+}
+
+static void sgd_update(float *param, float *buf, const float *grad, size_t n, float lr,
+                       float momentum, float weight_decay)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+
+    LAUNCH_N(x, sgd_kernel, n, param, momentum != 0.0f ? buf : NULL, grad, n, lr, momentum,
+             weight_decay);
+}
+
+// In kernels.h's order (C++ designated initializers must keep it).
+static const td_kernels cuda_kernels = {
+    .name = "cuda",
+    .set_threads = set_threads,
+    .zero = zero,
+    .matmul_forward = matmul_forward,
+    .matmul_backward = matmul_backward,
+    .bias_forward = bias_forward,
+    .bias_backward = bias_backward,
+    .relu_forward = relu_forward,
+    .relu_backward = relu_backward,
+    .softmax_xent_forward = softmax_xent_forward,
+    .softmax_xent_backward = softmax_xent_backward,
+    .argmax_correct = argmax_correct,
+    .encoder_forward = encoder_forward,
+    .encoder_backward = encoder_backward,
+    .layernorm_forward = layernorm_forward,
+    .layernorm_backward = layernorm_backward,
+    .gelu_forward = gelu_forward,
+    .gelu_backward = gelu_backward,
+    .residual_forward = residual_forward,
+    .residual_backward = residual_backward,
+    .attention_forward = attention_forward,
+    .attention_backward = attention_backward,
+    .sumsq = sumsq,
+    .scale = scale,
+    .adamw_update = adamw_update,
+    .sgd_update = sgd_update,
+};
+
+extern "C" const td_kernels *td_kernels_cuda(void)
+{
+    return &cuda_kernels;
+}
+
+extern "C" cudaError_t td__cuda_fill(float *p, float v, size_t n, cudaStream_t stream)
+{
+    if (n == 0)
+        return cudaSuccess;
+    fill_kernel<<<(unsigned)((n + THREADS - 1) / THREADS < 4096 ? (n + THREADS - 1) / THREADS
+                                                                : 4096),
+                  THREADS, 0, stream>>>(p, v, n);
+    return cudaGetLastError();
+}
+
+/* Address 16: the device's page 0 is never mapped, so the store faults. */
+extern "C" void td_cuda_fault_illegal_address(void)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+
+    fault_kernel<<<1, 1, 0, x->stream>>>((volatile int *)(uintptr_t)16);
+    LAUNCH_CHECK("fault_kernel");
+}

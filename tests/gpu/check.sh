@@ -1,0 +1,99 @@
+#!/bin/sh
+# The GPU check of issue 6, for a machine with an NVIDIA GPU: builds traind with the CUDA
+# backend in its own build folder, runs the gpu suite (every CUDA op against its CPU twin, NCCL,
+# the sticky error, the memory guard), the unit tests that the CUDA build touches (kernels,
+# the memory estimate), and bench_gpu (GPT-2 124M's shape, FP32 and TF32), and writes every log
+# and figure into OUTDIR. About 3 to 5 minutes on one H200 with 16 cores; each stage has its
+# own time limit, so the whole stays under 8 minutes.
+#
+#   tests/gpu/check.sh [OUTDIR]      (default: build-gpu-check/report under the repository root)
+#
+# OUTDIR ends up holding: env.txt (GPU, driver, toolkit), build.log, test_gpu.log (the suite's
+# full output: each op's largest error against its bound), meson-testlog.txt, unit.log,
+# bench_gpu.log and bench_gpu.csv, and summary.txt with one line per stage. Exits 0 when every
+# stage passed (a skipped gpu suite counts as a failure here: this script is for GPU machines).
+set -u
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${1:-$ROOT/build-gpu-check/report}
+BUILD=$ROOT/build-gpu-check
+JOBS=$(nproc 2>/dev/null || echo 4)
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+status=0
+
+stage() { # stage NAME RC: one line of the summary
+    if [ "$2" -eq 0 ]; then
+        echo "$1: ok" | tee -a "$SUMMARY"
+    else
+        echo "$1: FAILED (exit $2)" | tee -a "$SUMMARY"
+        status=1
+    fi
+}
+
+{
+    date -u
+    uname -a
+    nvidia-smi 2>&1 || echo "nvidia-smi: not found"
+    nvidia-smi topo -m 2>&1 || true
+    /usr/local/cuda/bin/nvcc --version 2>&1 || nvcc --version 2>&1
+    echo "cores: $JOBS"
+} >"$OUT/env.txt" 2>&1
+
+# 1. build: only what this check runs, so another part's unfinished work cannot stop it
+T0=$(date +%s)
+{
+    if [ ! -f "$BUILD/build.ninja" ]; then
+        meson setup "$BUILD" "$ROOT" -Dcuda=enabled -Dwerror=true -Dbuildtype=debugoptimized
+    else
+        meson setup --reconfigure "$BUILD" "$ROOT" -Dcuda=enabled -Dwerror=true
+    fi &&
+        timeout 300 ninja -C "$BUILD" -j "$JOBS" tests/test_gpu tests/test_memest \
+            tests/test_kernels bench/bench_gpu
+} >"$OUT/build.log" 2>&1
+rc=$?
+stage "build (-Dcuda=enabled, $(($(date +%s) - T0)) s)" $rc
+if [ $rc -ne 0 ]; then
+    tail -30 "$OUT/build.log"
+    exit 1
+fi
+
+# NCCL's ranks here are threads of one process: its bootstrap needs only the loopback interface,
+# which NCCL skips unless told (the machine may have no other). Warnings go into the logs.
+export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+
+# 2. the gpu suite through meson (77 = skipped counts as a failure on a GPU machine), and the
+#    executable's own output, which carries every op's figures
+T0=$(date +%s)
+timeout 240 meson test -C "$BUILD" --no-rebuild --suite gpu --print-errorlogs -v \
+    >"$OUT/test_gpu.log" 2>&1
+rc=$?
+if grep -q "SKIP" "$OUT/test_gpu.log" && ! grep -q "^Ok: *1" "$OUT/test_gpu.log"; then
+    echo "the gpu suite was skipped: no CUDA device seen" >>"$OUT/test_gpu.log"
+    rc=77
+fi
+cp "$BUILD/meson-logs/testlog.txt" "$OUT/meson-testlog.txt" 2>/dev/null
+stage "gpu suite ($(($(date +%s) - T0)) s)" $rc
+
+# 3. the unit tests the CUDA build touches
+T0=$(date +%s)
+timeout 120 meson test -C "$BUILD" --no-rebuild --print-errorlogs test_kernels test_memest \
+    >"$OUT/unit.log" 2>&1
+stage "unit: test_kernels test_memest ($(($(date +%s) - T0)) s)" $?
+
+# 4. the bench: GPT-2 124M's shape, batch 8 of 1024 tokens, FP32 then TF32
+T0=$(date +%s)
+rm -f "$OUT/bench_gpu.csv"
+echo "precision,batch,ms_per_step,tokens_per_s,tflops,mfu,first_loss,last_loss" \
+    >"$OUT/bench_gpu.csv"
+timeout 150 "$BUILD/bench/bench_gpu" --batch 8 --steps 10 --csv "$OUT/bench_gpu.csv" \
+    >"$OUT/bench_gpu.log" 2>&1
+rc=$?
+stage "bench_gpu ($(($(date +%s) - T0)) s)" $rc
+grep -E "^(FP32|TF32):" "$OUT/bench_gpu.log" | tee -a "$SUMMARY"
+
+echo "logs and figures in $OUT"
+exit $status

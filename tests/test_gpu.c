@@ -1,0 +1,1580 @@
+/* The gpu suite (STYLE.md habit 10, 11): every op of the CUDA backend against its CPU twin,
+ * forward and backward, on random inputs; a 2-GPU NCCL all-reduce and its watchdog; a sticky
+ * error in a child process, classified sticky; the memory guard (train/memest.c) against real
+ * allocations and cudaMemGetInfo. Exits 77 (skipped) when built without CUDA or when the
+ * process sees no GPU, after the checks that need no device (error classification and
+ * messages) have passed.
+ *
+ * Tolerances, and why. u = 2^-24, float32's unit roundoff.
+ *  - Exact (bit for bit): ops whose CUDA twin does cpu.c's float operations in cpu.c's order
+ *    (ops.cu is built with -fmad=false so nothing is fused): zero, bias add, ReLU, residual,
+ *    encoder forward and backward (the backward adds in (b,t) order on both), softmax
+ *    cross-entropy's backward, argmax, scale, SGD.
+ *  - 4 ulp: GELU and AdamW. The same operations too, with IEEE division and square root on
+ *    both sides, so equality is expected; 4 ulp leaves room only for a libm pow() or a host
+ *    compiler that differs between the two builds, and is printed when not 0.
+ *  - Sums in another order (cuBLAS for matmuls, warp trees, two-stage column sums): each
+ *    output is held against a reference computed in double, within a bound computed for that
+ *    output from the absolute values of its terms: a float sum of K terms is off by at most
+ *    about K u sum|terms| (Higham's gamma_K), so the bound is 2 (K+2) u sum|terms|, twice the
+ *    worst case, plus a few u of the output for each rounding after the sum. Chains (layernorm,
+ *    softmax, attention) propagate their inputs' bounds to first order. CPU and GPU are each
+ *    held to the same bound, so each is checked, and their largest difference is printed.
+ *    TF32 matmuls: the inputs lose 13 mantissa bits (relative 2^-10 each), so the bound adds
+ *    2^-8 sum|terms|.
+ *  - Deterministic: ops that sum are run twice on the GPU and must give the same bits.
+ *
+ * `test_gpu --fake-device` runs the op checks with the CPU table standing in for the device
+ * (host memory): a check of this file's references and bounds on a machine without a GPU. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kernels.h"
+#include "td_panic.h"
+#include "train.h"
+
+#ifdef TD_HAVE_CUDA
+#include "cuda_internal.h"
+#endif
+
+#define U      (1.0 / 16777216.0) /* 2^-24 */
+#define ULP4   (4.0 * 2.0 * U)    /* 4 ulp, relative */
+#define TF32_U (1.0 / 256.0)      /* 2^-8: two TF32-rounded inputs of a product, twice */
+#define MiB    ((size_t)1 << 20)
+
+static const td_kernels *KC; /* the CPU twin */
+static const td_kernels *KD; /* the backend under test */
+static int fake;             /* --fake-device: KD is the CPU table in host memory */
+static int tf32_on;          /* the current context allows TF32 */
+
+/* ---- random data ---------------------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float urand(float lo, float hi)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * (float)(rng_state >> 40) / 16777216.0f;
+}
+
+static float *rand_host(size_t n, float lo, float hi)
+{
+    float *p = malloc((n > 0 ? n : 1) * sizeof(float));
+
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = urand(lo, hi);
+    return p;
+}
+
+static float *copy_host(const float *src, size_t n)
+{
+    float *p = malloc((n > 0 ? n : 1) * sizeof(float));
+
+    assert_non_null(p);
+    memcpy(p, src, n * sizeof(float));
+    return p;
+}
+
+static double *dbuf(size_t n)
+{
+    double *p = calloc(n > 0 ? n : 1, sizeof(double));
+
+    assert_non_null(p);
+    return p;
+}
+
+/* ---- the device, or its stand-in ------------------------------------------------------------ */
+
+static void *dev_alloc(size_t bytes)
+{
+    void *p = NULL;
+
+    if (fake) {
+        p = malloc(bytes > 0 ? bytes : 1);
+        assert_non_null(p);
+        return p;
+    }
+#ifdef TD_HAVE_CUDA
+    td_error_t err = {0};
+    if (td_cuda_alloc(&p, bytes, &err) != 0)
+        fail_msg("%s", err.msg);
+#endif
+    return p;
+}
+
+static void dev_free(void *p)
+{
+    if (fake)
+        free(p);
+#ifdef TD_HAVE_CUDA
+    else
+        td_cuda_free(p);
+#endif
+}
+
+static void dev_up(void *dst, const void *src, size_t bytes)
+{
+    if (fake)
+        memcpy(dst, src, bytes);
+#ifdef TD_HAVE_CUDA
+    else
+        td_cuda_upload(dst, src, bytes);
+#endif
+}
+
+static void dev_down(void *dst, const void *src, size_t bytes)
+{
+    if (fake)
+        memcpy(dst, src, bytes);
+#ifdef TD_HAVE_CUDA
+    else
+        td_cuda_download(dst, src, bytes);
+#endif
+}
+
+/* A device copy of n floats (or ints) of host memory. */
+static float *to_dev(const float *h, size_t n)
+{
+    float *d = dev_alloc(n * sizeof(float));
+
+    dev_up(d, h, n * sizeof(float));
+    return d;
+}
+
+static int *ints_to_dev(const int *h, size_t n)
+{
+    int *d = dev_alloc(n * sizeof(int));
+
+    dev_up(d, h, n * sizeof(int));
+    return d;
+}
+
+/* A host copy of n device floats; caller frees. */
+static float *to_host(const float *d, size_t n)
+{
+    float *h = malloc((n > 0 ? n : 1) * sizeof(float));
+
+    assert_non_null(h);
+    dev_down(h, d, n * sizeof(float));
+    return h;
+}
+
+/* Runs body under a panic boundary of its own, so a CUDA error fails the test with its message
+ * rather than aborting the run. A failed cmocka assertion inside body jumps out past the
+ * boundary, so the thread's boundary stack is reset first (tests have no outer boundary). */
+static void caught(void (*body)(void))
+{
+    td_boundary b;
+
+    td__boundary_top = NULL;
+    if (TD_TRY(&b)) {
+#ifdef TD_HAVE_CUDA
+        /* a test that failed half way may have left TF32 on */
+        if (!fake && td_cuda_ctx_current() != NULL)
+            td_cuda_ctx_set_tf32(td_cuda_ctx_current(), 0);
+#endif
+        tf32_on = 0;
+        body();
+        td_boundary_leave(&b);
+        return;
+    }
+    fail_msg("panic: %s: %s", td_errname(b.err.code), b.err.msg);
+}
+
+/* ---- comparisons ------------------------------------------------------------------------------
+ */
+
+static int both_nan(float a, float b)
+{
+    return isnan(a) && isnan(b);
+}
+
+/* got must equal want bit for bit (two NaNs count as equal: their payloads may differ). */
+static void check_exact(const char *what, const float *got, const float *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &want[i], sizeof(float)) != 0 && !both_nan(got[i], want[i]))
+            fail_msg("%s[%zu]: %.9g, the CPU %.9g (must be bit-identical)", what, i, got[i],
+                     want[i]);
+    print_message("  %-28s %8zu values, bit-identical\n", what, n);
+}
+
+/* |got - want| <= rel |want|, both NaN allowed; prints how many differ at all. */
+static void check_ulps(const char *what, const float *got, const float *want, size_t n, double rel)
+{
+    size_t differ = 0;
+    double worst = 0.0;
+
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (both_nan(got[i], want[i]) || got[i] == want[i])
+            continue;
+        differ++;
+        if (!(d <= rel * fabs((double)want[i])))
+            fail_msg("%s[%zu]: %.9g, the CPU %.9g (tolerance %.2g relative)", what, i, got[i],
+                     want[i], rel);
+        worst = fmax(worst, d / fabs((double)want[i]));
+    }
+    print_message("  %-28s %8zu values, %zu not bit-identical (largest %.2g relative)\n", what, n,
+                  differ, worst);
+}
+
+/* |got[i] - ref[i]| <= bound[i] for the backend under test, and for the CPU's values too;
+ * prints the largest error as a fraction of its bound and the largest GPU-CPU difference. */
+static void check_bound(const char *what, const float *got, const float *cpu, const double *ref,
+                        const double *bound, size_t n)
+{
+    double worst = 0.0, worst_cpu = 0.0, gap = 0.0;
+
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - ref[i]), ec = fabs((double)cpu[i] - ref[i]);
+        if (!(e <= bound[i]))
+            fail_msg("%s[%zu]: %.9g, the reference %.12g, off by %.3g > bound %.3g (the CPU: "
+                     "%.9g)",
+                     what, i, got[i], ref[i], e, bound[i], cpu[i]);
+        if (!(ec <= bound[i]))
+            fail_msg("%s[%zu]: the CPU's %.9g, the reference %.12g, off by %.3g > bound %.3g", what,
+                     i, cpu[i], ref[i], ec, bound[i]);
+        if (bound[i] > 0) {
+            worst = fmax(worst, e / bound[i]);
+            worst_cpu = fmax(worst_cpu, ec / bound[i]);
+        }
+        gap = fmax(gap, fabs((double)got[i] - cpu[i]));
+    }
+    print_message("  %-28s %8zu values, error <= %.2f of the bound (CPU %.2f), |gpu-cpu| <= %.3g\n",
+                  what, n, worst, worst_cpu, gap);
+}
+
+/* Two device results of the same call must have the same bits. */
+static void check_same_bits(const char *what, const float *a, const float *b, size_t n)
+{
+    if (memcmp(a, b, n * sizeof(float)) != 0)
+        fail_msg("%s: two runs of the same call differ", what);
+}
+
+/* ---- matmul -----------------------------------------------------------------------------------
+ */
+
+/* out = inp . w^T + bias against double, with and without a bias. */
+static void matmul_forward_case(int N, int C, int OC)
+{
+    float *inp = rand_host((size_t)N * C, -1, 1), *w = rand_host((size_t)OC * C, -1, 1);
+    float *bias = rand_host(OC, -1, 1), *cpu = rand_host((size_t)N * OC, -1, 1);
+    float *d_inp = to_dev(inp, (size_t)N * C), *d_w = to_dev(w, (size_t)OC * C);
+    float *d_bias = to_dev(bias, OC), *d_out = dev_alloc((size_t)N * OC * sizeof(float));
+    double *ref = dbuf((size_t)N * OC), *bound = dbuf((size_t)N * OC);
+    char what[64];
+
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        float *got;
+        KC->matmul_forward(cpu, inp, w, with_bias ? bias : NULL, N, C, OC);
+        KD->matmul_forward(d_out, d_inp, d_w, with_bias ? d_bias : NULL, N, C, OC);
+        got = to_host(d_out, (size_t)N * OC);
+        for (int i = 0; i < N; i++)
+            for (int o = 0; o < OC; o++) {
+                double s = with_bias ? bias[o] : 0.0, a = with_bias ? fabs(bias[o]) : 0.0;
+                for (int c = 0; c < C; c++) {
+                    double t = (double)inp[(size_t)i * C + c] * w[(size_t)o * C + c];
+                    s += t;
+                    a += fabs(t);
+                }
+                ref[(size_t)i * OC + o] = s;
+                bound[(size_t)i * OC + o] = (2.0 * (C + 2) * U + (tf32_on ? TF32_U : 0.0)) * a;
+            }
+        snprintf(what, sizeof(what), "matmul fwd %dx%dx%d%s%s", N, C, OC, with_bias ? " +b" : "",
+                 tf32_on ? " tf32" : "");
+        check_bound(what, got, cpu, ref, bound, (size_t)N * OC);
+        free(got);
+    }
+    free(inp), free(w), free(bias), free(cpu), free(ref), free(bound);
+    dev_free(d_inp), dev_free(d_w), dev_free(d_bias), dev_free(d_out);
+}
+
+/* The three backward products, each accumulated into random values (kernels accumulate). */
+static void matmul_backward_case(int N, int C, int OC)
+{
+    float *inp = rand_host((size_t)N * C, -1, 1), *w = rand_host((size_t)OC * C, -1, 1);
+    float *dout = rand_host((size_t)N * OC, -1, 1);
+    float *dinp0 = rand_host((size_t)N * C, -1, 1), *dw0 = rand_host((size_t)OC * C, -1, 1);
+    float *db0 = rand_host(OC, -1, 1);
+    float *dinp = copy_host(dinp0, (size_t)N * C), *dw = copy_host(dw0, (size_t)OC * C);
+    float *db = copy_host(db0, OC);
+    float *d_inp = to_dev(inp, (size_t)N * C), *d_w = to_dev(w, (size_t)OC * C);
+    float *d_dout = to_dev(dout, (size_t)N * OC), *d_dinp = to_dev(dinp0, (size_t)N * C);
+    float *d_dw = to_dev(dw0, (size_t)OC * C), *d_db = to_dev(db0, OC), *g;
+    size_t nmax = (size_t)N * C > (size_t)OC * C ? (size_t)N * C : (size_t)OC * C;
+    double *ref = dbuf(nmax), *bound = dbuf(nmax), extra = tf32_on ? TF32_U : 0.0;
+    char what[64];
+
+    KC->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+    KD->matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
+
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) {
+            double s = dinp0[(size_t)i * C + c], a = fabs(s);
+            for (int o = 0; o < OC; o++) {
+                double t = (double)dout[(size_t)i * OC + o] * w[(size_t)o * C + c];
+                s += t;
+                a += fabs(t);
+            }
+            ref[(size_t)i * C + c] = s;
+            bound[(size_t)i * C + c] = (2.0 * (OC + 2) * U + extra) * a;
+        }
+    g = to_host(d_dinp, (size_t)N * C);
+    snprintf(what, sizeof(what), "matmul dinp %dx%dx%d%s", N, C, OC, tf32_on ? " tf32" : "");
+    check_bound(what, g, dinp, ref, bound, (size_t)N * C);
+    free(g);
+
+    for (int o = 0; o < OC; o++)
+        for (int c = 0; c < C; c++) {
+            double s = dw0[(size_t)o * C + c], a = fabs(s);
+            for (int i = 0; i < N; i++) {
+                double t = (double)dout[(size_t)i * OC + o] * inp[(size_t)i * C + c];
+                s += t;
+                a += fabs(t);
+            }
+            ref[(size_t)o * C + c] = s;
+            bound[(size_t)o * C + c] = (2.0 * (N + 2) * U + extra) * a;
+        }
+    g = to_host(d_dw, (size_t)OC * C);
+    snprintf(what, sizeof(what), "matmul dweight %dx%dx%d%s", N, C, OC, tf32_on ? " tf32" : "");
+    check_bound(what, g, dw, ref, bound, (size_t)OC * C);
+    free(g);
+
+    for (int o = 0; o < OC; o++) {
+        double s = db0[o], a = fabs(s);
+        for (int i = 0; i < N; i++) {
+            s += dout[(size_t)i * OC + o];
+            a += fabs(dout[(size_t)i * OC + o]);
+        }
+        ref[o] = s;
+        bound[o] = (2.0 * (N + 2) * U + extra) * a;
+    }
+    g = to_host(d_db, OC);
+    check_bound("matmul dbias", g, db, ref, bound, OC);
+    free(g);
+
+    /* NULL outputs are skipped: only dweight this time, dbias must not move */
+    KD->matmul_backward(NULL, d_dw, NULL, d_dout, d_inp, d_w, N, C, OC);
+    g = to_host(d_db, OC);
+    check_exact("matmul dbias untouched", g, db, OC);
+    free(g);
+
+    free(inp), free(w), free(dout), free(dinp0), free(dw0), free(db0), free(dinp), free(dw),
+        free(db), free(ref), free(bound);
+    dev_free(d_inp), dev_free(d_w), dev_free(d_dout), dev_free(d_dinp), dev_free(d_dw),
+        dev_free(d_db);
+}
+
+static void body_matmul(void)
+{
+    matmul_forward_case(67, 100, 45);
+    matmul_backward_case(67, 100, 45);
+    matmul_forward_case(256, 768, 2304); /* GPT-2's qkv shape, 256 rows */
+    matmul_backward_case(256, 768, 2304);
+}
+
+/* The same products with TF32 allowed, held to the TF32 bound. */
+static void body_matmul_tf32(void)
+{
+#ifdef TD_HAVE_CUDA
+    if (!fake) {
+        td_cuda_ctx_set_tf32(td_cuda_ctx_current(), 1);
+        tf32_on = 1;
+    }
+#endif
+    matmul_forward_case(256, 768, 2304);
+    matmul_backward_case(256, 768, 2304);
+#ifdef TD_HAVE_CUDA
+    if (!fake) {
+        td_cuda_ctx_set_tf32(td_cuda_ctx_current(), 0);
+        tf32_on = 0;
+    }
+#endif
+}
+
+/* ---- bias, ReLU, residual, GELU, scale, zero ------------------------------------------------ */
+
+#define NE 100003 /* elements of the elementwise checks: not a multiple of any block */
+
+static void body_elementwise(void)
+{
+    size_t n = NE;
+    int N = 1009, C = 97; /* N*C < NE */
+    float *a = rand_host(n, -3, 3), *b = rand_host(n, -1, 1), *g0 = rand_host(n, -1, 1);
+    float *bias = rand_host(C, -1, 1), *cpu = copy_host(g0, n), *cpu2 = copy_host(g0, n), *h;
+    float *d_a, *d_b, *d_g, *d_g2, *d_bias = to_dev(bias, C), *d_out;
+
+    a[0] = NAN, a[1] = -0.0f, a[2] = 0.0f, a[3] = INFINITY, a[4] = -INFINITY;
+    a[5] = 12.0f, a[6] = -12.0f, a[7] = 90.0f, a[8] = -90.0f; /* past fexp's clamps */
+    d_a = to_dev(a, n), d_b = to_dev(b, n), d_g = to_dev(g0, n), d_g2 = to_dev(g0, n);
+    d_out = dev_alloc(n * sizeof(float));
+
+    KC->bias_forward(cpu, a, bias, N, C);
+    KD->bias_forward(d_out, d_a, d_bias, N, C);
+    h = to_host(d_out, (size_t)N * C);
+    check_exact("bias fwd", h, cpu, (size_t)N * C);
+    free(h);
+    KD->bias_forward(d_out, d_out, d_bias, N, C); /* in place */
+    KC->bias_forward(cpu, cpu, bias, N, C);
+    h = to_host(d_out, (size_t)N * C);
+    check_exact("bias fwd in place", h, cpu, (size_t)N * C);
+    free(h);
+
+    KC->relu_forward(cpu, a, n);
+    KD->relu_forward(d_out, d_a, n);
+    h = to_host(d_out, n);
+    check_exact("relu fwd", h, cpu, n);
+    free(h);
+    memcpy(cpu2, g0, n * sizeof(float));
+    KC->relu_backward(cpu2, b, cpu, n);
+    KD->relu_backward(d_g, d_b, d_out, n);
+    h = to_host(d_g, n);
+    check_exact("relu bwd", h, cpu2, n);
+    free(h);
+
+    KC->residual_forward(cpu, a, b, n);
+    KD->residual_forward(d_out, d_a, d_b, n);
+    h = to_host(d_out, n);
+    check_exact("residual fwd", h, cpu, n);
+    free(h);
+    memcpy(cpu, g0, n * sizeof(float));
+    memcpy(cpu2, g0, n * sizeof(float));
+    dev_up(d_g, g0, n * sizeof(float));
+    dev_up(d_g2, g0, n * sizeof(float));
+    KC->residual_backward(cpu, cpu2, b, n);
+    KD->residual_backward(d_g, d_g2, d_b, n);
+    KD->residual_backward(NULL, d_g2, d_b, n);
+    KC->residual_backward(NULL, cpu2, b, n);
+    h = to_host(d_g, n);
+    check_exact("residual bwd dinp1", h, cpu, n);
+    free(h);
+    h = to_host(d_g2, n);
+    check_exact("residual bwd dinp2", h, cpu2, n);
+    free(h);
+
+    memcpy(cpu, g0, n * sizeof(float));
+    dev_up(d_g, g0, n * sizeof(float));
+    dev_up(d_g2, g0, C * sizeof(float));
+    memcpy(cpu2, g0, C * sizeof(float));
+    KC->bias_backward(cpu, cpu2, b, N, C);
+    KD->bias_backward(d_g, d_g2, d_b, N, C);
+    h = to_host(d_g, (size_t)N * C);
+    check_exact("bias bwd dinp", h, cpu, (size_t)N * C);
+    free(h);
+    {
+        double *ref = dbuf(C), *bound = dbuf(C);
+        for (int c = 0; c < C; c++) {
+            double s = g0[c], ab = fabs(s);
+            for (int i = 0; i < N; i++)
+                s += b[(size_t)i * C + c], ab += fabs(b[(size_t)i * C + c]);
+            ref[c] = s;
+            bound[c] = 2.0 * (N + 2) * U * ab;
+        }
+        h = to_host(d_g2, C);
+        check_bound("bias bwd dbias", h, cpu2, ref, bound, C);
+        free(h), free(ref), free(bound);
+    }
+
+    KC->gelu_forward(cpu, a, n);
+    KD->gelu_forward(d_out, d_a, n);
+    h = to_host(d_out, n);
+    check_ulps("gelu fwd", h, cpu, n, ULP4);
+    free(h);
+    memcpy(cpu, g0, n * sizeof(float));
+    dev_up(d_g, g0, n * sizeof(float));
+    KC->gelu_backward(cpu, a, b, n);
+    KD->gelu_backward(d_g, d_a, d_b, n);
+    h = to_host(d_g, n);
+    check_ulps("gelu bwd", h, cpu, n, ULP4);
+    free(h);
+
+    memcpy(cpu, a, n * sizeof(float));
+    KC->scale(cpu, 0.37f, n);
+    KD->scale(d_a, 0.37f, n);
+    h = to_host(d_a, n);
+    check_exact("scale", h, cpu, n);
+    free(h);
+
+    KD->zero(d_a, n);
+    memset(cpu, 0, n * sizeof(float));
+    h = to_host(d_a, n);
+    check_exact("zero", h, cpu, n);
+    free(h);
+    KD->set_threads(4); /* nothing to check: the CPU's thread count means nothing here */
+
+    free(a), free(b), free(g0), free(bias), free(cpu), free(cpu2);
+    dev_free(d_a), dev_free(d_b), dev_free(d_g), dev_free(d_g2), dev_free(d_bias), dev_free(d_out);
+}
+
+/* ---- softmax cross-entropy, argmax ----------------------------------------------------------- */
+
+/* probs within (8 + |x - max| + r) u of the reference, relative, twice: expf (GPU 2 ulp, glibc
+ * 1), the float x - max (u |x - max| relative after exp), the row's sum (r: the exp-weighted
+ * mean of |x - max| over the row), the reciprocal and the product; the loss
+ * within (4 + range) u + u |loss|, twice: the row's log of a sum whose terms carry those
+ * errors, the rows summed in double. The backward from the same probs is exact. */
+static void softmax_case(int N, int V, int Vp)
+{
+    size_t n = (size_t)N * Vp;
+    float *logits = rand_host(n, -5, 5), *probs = rand_host(n, -1, 1), *g0 = rand_host(n, -1, 1);
+    float *dl = copy_host(g0, n), loss = 0.0f, gloss[2], dloss = 1.7f, *h;
+    int *targets = malloc((size_t)N * sizeof(int));
+    float *d_logits, *d_probs = dev_alloc(n * sizeof(float)), *d_loss = dev_alloc(sizeof(float));
+    float *d_dl = to_dev(g0, n), *d_dloss = to_dev(&dloss, 1), *d_cpu_probs;
+    int *d_targets;
+    double *ref = dbuf(n), *bound = dbuf(n), lref = 0.0, lbound = 0.0;
+    char what[64];
+
+    assert_non_null(targets);
+    for (int i = 0; i < N; i++)
+        targets[i] = (int)(urand(0, 1) * V) % V;
+    d_logits = to_dev(logits, n);
+    d_targets = ints_to_dev(targets, N);
+
+    KC->softmax_xent_forward(&loss, probs, logits, targets, N, V, Vp);
+    KD->softmax_xent_forward(d_loss, d_probs, d_logits, d_targets, N, V, Vp);
+    dev_down(&gloss[0], d_loss, sizeof(float));
+    KD->softmax_xent_forward(d_loss, d_probs, d_logits, d_targets, N, V, Vp);
+    dev_down(&gloss[1], d_loss, sizeof(float));
+    check_same_bits("softmax loss, twice", &gloss[0], &gloss[1], 1);
+
+    for (int i = 0; i < N; i++) {
+        const float *x = logits + (size_t)i * Vp;
+        double mx = x[0], mn = x[0], z = 0.0;
+        for (int j = 0; j < V; j++)
+            mx = fmax(mx, x[j]), mn = fmin(mn, x[j]);
+        double r = 0.0; /* the exp-weighted mean of |x - max|: the sum's share of the error */
+        for (int j = 0; j < V; j++)
+            z += exp((double)x[j] - mx), r += exp((double)x[j] - mx) * (mx - x[j]);
+        r /= z;
+        for (int j = 0; j < Vp; j++) {
+            double p = j < V ? exp((double)x[j] - mx) / z : 0.0;
+            ref[(size_t)i * Vp + j] = p;
+            bound[(size_t)i * Vp + j] = 2.0 * (8.0 + fabs((double)x[j] - mx) + r) * U * p;
+        }
+        lref += log(z) - ((double)x[targets[i]] - mx);
+        lbound += 2.0 * (4.0 + (mx - mn)) * U;
+    }
+    lref /= N;
+    lbound = lbound / N + 2.0 * U * fabs(lref);
+    h = to_host(d_probs, n);
+    snprintf(what, sizeof(what), "softmax probs %dx%d/%d", N, V, Vp);
+    check_bound(what, h, probs, ref, bound, n);
+    free(h);
+    check_bound("softmax loss", &gloss[0], &loss, &lref, &lbound, 1);
+
+    /* the backward from the CPU's probs on both sides, so it alone is compared */
+    d_cpu_probs = to_dev(probs, n);
+    KC->softmax_xent_backward(dl, &dloss, probs, targets, N, V, Vp);
+    KD->softmax_xent_backward(d_dl, d_dloss, d_cpu_probs, d_targets, N, V, Vp);
+    h = to_host(d_dl, n);
+    check_exact("softmax bwd (padding kept)", h, dl, n);
+    free(h);
+
+    free(logits), free(probs), free(g0), free(dl), free(targets), free(ref), free(bound);
+    dev_free(d_logits), dev_free(d_probs), dev_free(d_loss), dev_free(d_dl), dev_free(d_dloss),
+        dev_free(d_cpu_probs), dev_free(d_targets);
+}
+
+/* A target outside [0,V) gives a NaN loss on the GPU (the CPU would read out of bounds). */
+static void softmax_bad_target(void)
+{
+    float logits[8] = {1, 2, 3, 4, 5, 6, 7, 8}, loss = 0.0f;
+    int targets[2] = {1, 9};
+    float *d_logits = to_dev(logits, 8), *d_probs = dev_alloc(8 * sizeof(float));
+    float *d_loss = dev_alloc(sizeof(float));
+    int *d_targets = ints_to_dev(targets, 2);
+
+    KD->softmax_xent_forward(d_loss, d_probs, d_logits, d_targets, 2, 4, 4);
+    dev_down(&loss, d_loss, sizeof(float));
+    assert_true(isnan(loss));
+    dev_free(d_logits), dev_free(d_probs), dev_free(d_loss), dev_free(d_targets);
+}
+
+static void body_softmax(void)
+{
+    softmax_case(67, 1000, 1024);
+    softmax_case(33, 50257, 50304); /* GPT-2's padded vocabulary */
+    if (!fake)
+        softmax_bad_target();
+}
+
+/* argmax with ties (first wins), a NaN first logit (it wins), NaNs elsewhere (never win). */
+static void body_argmax(void)
+{
+    int N = 300, V = 777;
+    float *x = rand_host((size_t)N * V, -1, 1), *d_x;
+    int *targets = malloc((size_t)N * sizeof(int)), *d_t;
+    int64_t cpu = -1, got = -1, *d_c = dev_alloc(sizeof(int64_t));
+
+    assert_non_null(targets);
+    for (int i = 0; i < N; i++) {
+        float *r = x + (size_t)i * V;
+        int k = (int)(urand(0, 1) * V) % V;
+        targets[i] = i % 3 == 0 ? k : (int)(urand(0, 1) * V) % V;
+        r[k] = 2.0f;
+        if (i % 5 == 1)
+            r[(k + 100) % V] = 2.0f, targets[i] = k < (k + 100) % V ? k : (k + 100) % V;
+        if (i % 7 == 2)
+            r[0] = NAN, targets[i] = 0;
+        if (i % 11 == 3)
+            r[(k + 7) % V] = NAN;
+    }
+    d_x = to_dev(x, (size_t)N * V);
+    d_t = ints_to_dev(targets, N);
+    KC->argmax_correct(&cpu, x, targets, N, V);
+    KD->argmax_correct(d_c, d_x, d_t, N, V);
+    dev_down(&got, d_c, sizeof(got));
+    print_message("  %-28s %8d rows, %lld correct (CPU %lld)\n", "argmax", N, (long long)got,
+                  (long long)cpu);
+    assert_int_equal(got, cpu);
+    assert_true(cpu > N / 3);
+    free(x), free(targets);
+    dev_free(d_x), dev_free(d_t), dev_free(d_c);
+}
+
+/* ---- encoder ----------------------------------------------------------------------------------
+ */
+
+static void encoder_case(int B, int T, int C, int V, int maxT)
+{
+    size_t n = (size_t)B * T * C;
+    float *wte = rand_host((size_t)V * C, -1, 1), *wpe = rand_host((size_t)maxT * C, -1, 1);
+    float *dout = rand_host(n, -1, 1), *cpu = rand_host(n, -1, 1);
+    float *dwte = rand_host((size_t)V * C, -1, 1), *dwpe = rand_host((size_t)maxT * C, -1, 1);
+    int *tok = malloc((size_t)B * T * sizeof(int));
+    float *d_wte = to_dev(wte, (size_t)V * C), *d_wpe = to_dev(wpe, (size_t)maxT * C);
+    float *d_dout = to_dev(dout, n), *d_out = dev_alloc(n * sizeof(float));
+    float *d_dwte = to_dev(dwte, (size_t)V * C), *d_dwpe = to_dev(dwpe, (size_t)maxT * C);
+    float *d_dwte2 = to_dev(dwte, (size_t)V * C), *h, *h2;
+    int *d_tok;
+
+    assert_non_null(tok);
+    for (int i = 0; i < B * T; i++)
+        tok[i] = (int)(urand(0, 1) * V) % V;
+    tok[0] = tok[1] = tok[B * T - 1]; /* a token seen several times */
+    d_tok = ints_to_dev(tok, (size_t)B * T);
+
+    KC->encoder_forward(cpu, tok, wte, wpe, B, T, C);
+    KD->encoder_forward(d_out, d_tok, d_wte, d_wpe, B, T, C);
+    h = to_host(d_out, n);
+    check_exact("encoder fwd", h, cpu, n);
+    free(h);
+
+    KC->encoder_backward(dwte, dwpe, dout, tok, B, T, C);
+    KD->encoder_backward(d_dwte, d_dwpe, d_dout, d_tok, B, T, C);
+    KD->encoder_backward(d_dwte2, NULL, d_dout, d_tok, B, T, C);
+    h = to_host(d_dwte, (size_t)V * C);
+    h2 = to_host(d_dwte2, (size_t)V * C);
+    check_exact("encoder bwd dwte", h, dwte, (size_t)V * C);
+    check_same_bits("encoder bwd dwte, twice", h, h2, (size_t)V * C);
+    free(h), free(h2);
+    h = to_host(d_dwpe, (size_t)maxT * C);
+    check_exact("encoder bwd dwpe", h, dwpe, (size_t)maxT * C);
+    free(h);
+
+    free(wte), free(wpe), free(dout), free(cpu), free(dwte), free(dwpe), free(tok);
+    dev_free(d_wte), dev_free(d_wpe), dev_free(d_dout), dev_free(d_out), dev_free(d_dwte),
+        dev_free(d_dwpe), dev_free(d_dwte2), dev_free(d_tok);
+}
+
+static void body_encoder(void)
+{
+    encoder_case(3, 37, 100, 50, 40);
+    encoder_case(4, 256, 768, 50304, 1024);
+}
+
+/* ---- layernorm --------------------------------------------------------------------------------
+ */
+
+/* Forward: the mean of C floats within 2(C+2)u sum|x|/C; rstd within 2(C+8)u relative (the
+ * variance's sum of squares, each square's rounding, the square root and the reciprocal);
+ * out within the effect of both plus 4u of its terms. Backward from the CPU's mean and rstd
+ * (so it alone is compared): dinp's two row means of C terms within 2(C+4)u of their
+ * sum|terms|, carried through; dweight and dbias, sums of N rows, within 2(N+4)u sum|terms|. */
+static void layernorm_case(int N, int C)
+{
+    size_t n = (size_t)N * C;
+    float *x = rand_host(n, 0.5f, 2.5f), *w = rand_host(C, -1, 1), *b = rand_host(C, -1, 1);
+    float *dout = rand_host(n, -1, 1), *out = rand_host(n, -1, 1);
+    float *mean = rand_host(N, -1, 1), *rstd = rand_host(N, -1, 1), *g0 = rand_host(n, -1, 1);
+    float *dw0 = rand_host(C, -1, 1), *db0 = rand_host(C, -1, 1);
+    float *dinp = copy_host(g0, n), *dw = copy_host(dw0, C), *db = copy_host(db0, C), *h;
+    float *d_x = to_dev(x, n), *d_w = to_dev(w, C), *d_b = to_dev(b, C), *d_dout = to_dev(dout, n);
+    float *d_out = dev_alloc(n * sizeof(float)), *d_mean = dev_alloc((size_t)N * sizeof(float));
+    float *d_rstd = dev_alloc((size_t)N * sizeof(float)), *d_dinp = to_dev(g0, n);
+    float *d_dw = to_dev(dw0, C), *d_db = to_dev(db0, C), *d_cmean, *d_crstd;
+    double *ref = dbuf(n), *bound = dbuf(n), *rm = dbuf(N), *bm = dbuf(N), *rr = dbuf(N);
+    double *br = dbuf(N);
+    char what[64];
+
+    KC->layernorm_forward(out, mean, rstd, x, w, b, N, C);
+    KD->layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C);
+    for (int i = 0; i < N; i++) {
+        const float *xi = x + (size_t)i * C;
+        double m = 0.0, a = 0.0, v = 0.0, s;
+        for (int j = 0; j < C; j++)
+            m += xi[j], a += fabs(xi[j]);
+        m /= C;
+        for (int j = 0; j < C; j++)
+            v += (xi[j] - m) * (xi[j] - m);
+        v /= C;
+        s = 1.0 / sqrt(v + 1e-5);
+        rm[i] = m, bm[i] = 2.0 * (C + 2) * U * a / C;
+        rr[i] = s, br[i] = 2.0 * (C + 8) * U * s;
+        for (int j = 0; j < C; j++) {
+            double o = (xi[j] - m) * s * w[j] + b[j];
+            ref[(size_t)i * C + j] = o;
+            bound[(size_t)i * C + j] = fabs(s * w[j]) * bm[i] + fabs((xi[j] - m) * w[j]) * br[i] +
+                                       4.0 * U * (fabs((xi[j] - m) * s * w[j]) + fabs(b[j]));
+        }
+    }
+    snprintf(what, sizeof(what), "layernorm fwd %dx%d", N, C);
+    h = to_host(d_out, n);
+    check_bound(what, h, out, ref, bound, n);
+    free(h);
+    h = to_host(d_mean, N);
+    check_bound("layernorm mean", h, mean, rm, bm, N);
+    free(h);
+    h = to_host(d_rstd, N);
+    check_bound("layernorm rstd", h, rstd, rr, br, N);
+    free(h);
+
+    /* backward, from the CPU forward's mean and rstd */
+    d_cmean = to_dev(mean, N);
+    d_crstd = to_dev(rstd, N);
+    KC->layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, N, C);
+    KD->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_cmean, d_crstd, N, C);
+    for (int i = 0; i < N; i++) {
+        const float *xi = x + (size_t)i * C, *di = dout + (size_t)i * C;
+        double m = mean[i], s = rstd[i], a1 = 0, a2 = 0, s1 = 0, s2 = 0, e1, e2;
+        for (int j = 0; j < C; j++) {
+            double dn = (double)w[j] * di[j], nm = (xi[j] - m) * s;
+            a1 += dn, a2 += dn * nm, s1 += fabs(dn), s2 += fabs(dn * nm);
+        }
+        a1 /= C, a2 /= C;
+        e1 = 2.0 * (C + 4) * U * s1 / C, e2 = 2.0 * (C + 4) * U * s2 / C;
+        for (int j = 0; j < C; j++) {
+            double dn = (double)w[j] * di[j], nm = (xi[j] - m) * s;
+            size_t k = (size_t)i * C + j;
+            ref[k] = g0[k] + (dn - a1 - nm * a2) * s;
+            bound[k] = s * (e1 + fabs(nm) * e2) +
+                       8.0 * U * (fabs(g0[k]) + s * (fabs(dn) + fabs(a1) + fabs(nm * a2)));
+        }
+    }
+    snprintf(what, sizeof(what), "layernorm dinp %dx%d", N, C);
+    h = to_host(d_dinp, n);
+    check_bound(what, h, dinp, ref, bound, n);
+    free(h);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int j = 0; j < C; j++) {
+            double s = pass ? dw0[j] : db0[j], a = fabs(s);
+            for (int i = 0; i < N; i++) {
+                size_t k = (size_t)i * C + j;
+                double t = pass ? (x[k] - (double)mean[i]) * rstd[i] * dout[k] : dout[k];
+                s += t, a += fabs(t);
+            }
+            ref[j] = s;
+            bound[j] = 2.0 * (N + 4) * U * a;
+        }
+        h = to_host(pass ? d_dw : d_db, C);
+        check_bound(pass ? "layernorm dweight" : "layernorm dbias", h, pass ? dw : db, ref, bound,
+                    C);
+        free(h);
+    }
+    /* the same call again, from the same start: the same bits */
+    {
+        float *first = to_host(d_dw, C), *again;
+        dev_up(d_dw, dw0, C * sizeof(float));
+        KD->layernorm_backward(NULL, d_dw, NULL, d_dout, d_x, d_w, d_cmean, d_crstd, N, C);
+        again = to_host(d_dw, C);
+        check_same_bits("layernorm dweight, twice", first, again, C);
+        free(first), free(again);
+    }
+
+    free(x), free(w), free(b), free(dout), free(out), free(mean), free(rstd), free(g0), free(dw0),
+        free(db0), free(dinp), free(dw), free(db), free(ref), free(bound), free(rm), free(bm),
+        free(rr), free(br);
+    dev_free(d_x), dev_free(d_w), dev_free(d_b), dev_free(d_dout), dev_free(d_out),
+        dev_free(d_mean), dev_free(d_rstd), dev_free(d_dinp), dev_free(d_dw), dev_free(d_db),
+        dev_free(d_cmean), dev_free(d_crstd);
+}
+
+static void body_layernorm(void)
+{
+    layernorm_case(67, 100);
+    layernorm_case(512, 768);
+}
+
+/* ---- attention --------------------------------------------------------------------------------
+ */
+
+/* The forward against double: preatt = scale q.k within delta = 2(hs+2)u scale sum|q k|; the
+ * softmax moves each att by at most 2 max(delta) of the row plus (t + 8 + |pre - max|) u,
+ * relative, twice; out = sum att v within the att bounds times |v| plus 2(t+3)u sum|att v|.
+ * att's upper triangle must be exactly 0. */
+static void attention_forward_check(const float *qkv, const float *cpu_out, const float *cpu_att,
+                                    const float *out, const float *att, int B, int T, int C, int NH)
+{
+    int hs = C / NH, C3 = 3 * C;
+    double scale = 1.0 / sqrt((double)hs);
+    size_t natt = (size_t)B * NH * T * T, nout = (size_t)B * T * C;
+    double *ra = dbuf(natt), *ba = dbuf(natt), *ro = dbuf(nout), *bo = dbuf(nout);
+    double *pre = dbuf(T), *dl = dbuf(T);
+
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float *q = qkv + ((size_t)b * T + t) * C3 + (size_t)h * hs;
+                size_t row = (((size_t)b * NH + h) * T + t) * T;
+                double mx = -INFINITY, z = 0.0, dmax = 0.0;
+                for (int j = 0; j <= t; j++) {
+                    const float *k = qkv + ((size_t)b * T + j) * C3 + C + (size_t)h * hs;
+                    double s = 0.0, a = 0.0;
+                    for (int d = 0; d < hs; d++)
+                        s += (double)q[d] * k[d], a += fabs((double)q[d] * k[d]);
+                    pre[j] = s * scale;
+                    dl[j] = 2.0 * (hs + 2) * U * scale * a + U * fabs(pre[j]);
+                    mx = fmax(mx, pre[j]);
+                    dmax = fmax(dmax, dl[j]);
+                }
+                for (int j = 0; j <= t; j++)
+                    z += exp(pre[j] - mx);
+                for (int j = 0; j < T; j++) {
+                    double p = j <= t ? exp(pre[j] - mx) / z : 0.0;
+                    ra[row + j] = p;
+                    ba[row + j] =
+                        j <= t ? 2.0 * p * (2.0 * dmax + (t + 8 + fabs(pre[j] - mx)) * U) : 0.0;
+                }
+                for (int d = 0; d < hs; d++) {
+                    double s = 0.0, a = 0.0, e = 0.0;
+                    for (int j = 0; j <= t; j++) {
+                        double v = qkv[((size_t)b * T + j) * C3 + 2 * C + (size_t)h * hs + d];
+                        s += ra[row + j] * v, a += fabs(ra[row + j] * v);
+                        e += ba[row + j] * fabs(v);
+                    }
+                    ro[((size_t)b * T + t) * C + (size_t)h * hs + d] = s;
+                    bo[((size_t)b * T + t) * C + (size_t)h * hs + d] =
+                        2.0 * (e + 2.0 * (t + 3) * U * a);
+                }
+            }
+    check_bound("attention att", att, cpu_att, ra, ba, natt);
+    check_bound("attention out", out, cpu_out, ro, bo, nout);
+    free(ra), free(ba), free(ro), free(bo), free(pre), free(dl);
+}
+
+/* The backward against double from the same att (the CPU forward's) on both sides, each
+ * quantity carrying a first-order bound built from its terms' bounds and absolute values. */
+static void attention_backward_ref(double *ref, double *bound, const float *dqkv0,
+                                   const float *dout, const float *qkv, const float *att, int B,
+                                   int T, int C, int NH)
+{
+    int hs = C / NH, C3 = 3 * C;
+    double scale = 1.0 / sqrt((double)hs);
+    double *datt = dbuf((size_t)T * T), *edatt = dbuf((size_t)T * T);
+    double *dpre = dbuf((size_t)T * T), *edpre = dbuf((size_t)T * T), *adpre = dbuf((size_t)T * T);
+    size_t n = (size_t)B * T * C3;
+
+    for (size_t i = 0; i < n; i++)
+        ref[i] = dqkv0[i], bound[i] = 0.0;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float *a = att + ((size_t)b * NH + h) * T * T;
+#define QKV(t, part, d) ((double)qkv[((size_t)b * T + (t)) * C3 + (part)*C + (size_t)h * hs + (d)])
+#define DOUT(t, d)      ((double)dout[((size_t)b * T + (t)) * C + (size_t)h * hs + (d)])
+#define AT(i)           (((size_t)b * T + (i)) * C3 + (size_t)h * hs)
+            for (int t = 0; t < T; t++) {
+                double s = 0.0, es = 0.0, as = 0.0;
+                for (int j = 0; j <= t; j++) {
+                    double v = 0.0, av = 0.0;
+                    for (int d = 0; d < hs; d++)
+                        v += DOUT(t, d) * QKV(j, 2, d), av += fabs(DOUT(t, d) * QKV(j, 2, d));
+                    datt[(size_t)t * T + j] = v;
+                    edatt[(size_t)t * T + j] = 2.0 * (hs + 2) * U * av;
+                    s += a[(size_t)t * T + j] * v;
+                    es += a[(size_t)t * T + j] * edatt[(size_t)t * T + j];
+                    as += fabs(a[(size_t)t * T + j] * v);
+                }
+                es += 2.0 * (t + 3) * U * as;
+                for (int j = 0; j <= t; j++) {
+                    double at = a[(size_t)t * T + j], dv = datt[(size_t)t * T + j];
+                    dpre[(size_t)t * T + j] = scale * at * (dv - s);
+                    adpre[(size_t)t * T + j] = fabs(dpre[(size_t)t * T + j]);
+                    edpre[(size_t)t * T + j] = scale * at * (edatt[(size_t)t * T + j] + es) +
+                                               4.0 * U * scale * at * (fabs(dv) + fabs(s));
+                }
+            }
+            for (int i = 0; i < T; i++)
+                for (int d = 0; d < hs; d++) {
+                    double sq = 0, aq = 0, eq = 0, sk = 0, ak = 0, ek = 0, sv = 0, av = 0;
+                    for (int j = 0; j <= i; j++) { /* dq[i] = sum_j dpre[i][j] k[j] */
+                        double k = QKV(j, 1, d);
+                        sq += dpre[(size_t)i * T + j] * k;
+                        aq += adpre[(size_t)i * T + j] * fabs(k);
+                        eq += edpre[(size_t)i * T + j] * fabs(k);
+                    }
+                    for (int t = i; t < T; t++) { /* dk[i] = sum_t dpre[t][i] q[t], dv too */
+                        double q = QKV(t, 0, d), g = DOUT(t, d);
+                        sk += dpre[(size_t)t * T + i] * q;
+                        ak += adpre[(size_t)t * T + i] * fabs(q);
+                        ek += edpre[(size_t)t * T + i] * fabs(q);
+                        sv += a[(size_t)t * T + i] * g;
+                        av += fabs(a[(size_t)t * T + i] * g);
+                    }
+                    size_t o = AT(i) + d;
+                    ref[o] += sq;
+                    bound[o] = 2.0 * (eq + 2.0 * (T + 2) * U * (aq + fabs(dqkv0[o])));
+                    ref[o + C] += sk;
+                    bound[o + C] = 2.0 * (ek + 2.0 * (T + 2) * U * (ak + fabs(dqkv0[o + C])));
+                    ref[o + 2 * C] += sv;
+                    bound[o + 2 * C] = 2.0 * 2.0 * (T + 2) * U * (av + fabs(dqkv0[o + 2 * C]));
+                }
+#undef QKV
+#undef DOUT
+#undef AT
+        }
+    free(datt), free(edatt), free(dpre), free(edpre), free(adpre);
+}
+
+static void attention_case(int B, int T, int C, int NH)
+{
+    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
+    float *qkv = rand_host(nqkv, -1, 1), *dout = rand_host(nout, -1, 1);
+    float *dq0 = rand_host(nqkv, -1, 1), *out = rand_host(nout, -1, 1);
+    float *att = rand_host(natt, -1, 1), *dq = copy_host(dq0, nqkv), *scratch;
+    float *d_qkv = to_dev(qkv, nqkv), *d_dout = to_dev(dout, nout), *d_dq = to_dev(dq0, nqkv);
+    float *d_out = dev_alloc(nout * sizeof(float)), *d_att = dev_alloc(natt * sizeof(float));
+    float *d_scratch = dev_alloc((size_t)T * T * sizeof(float)), *d_catt, *h, *h2;
+    double *ref = dbuf(nqkv), *bound = dbuf(nqkv);
+    char what[64];
+
+    scratch = malloc((size_t)T * T * sizeof(float));
+    assert_non_null(scratch);
+    print_message("  attention B=%d T=%d C=%d NH=%d:\n", B, T, C, NH);
+    KC->attention_forward(out, att, qkv, B, T, C, NH);
+    KD->attention_forward(d_out, d_att, d_qkv, B, T, C, NH);
+    h = to_host(d_out, nout);
+    h2 = to_host(d_att, natt);
+    attention_forward_check(qkv, out, att, h, h2, B, T, C, NH);
+    free(h), free(h2);
+
+    d_catt = to_dev(att, natt);
+    KC->attention_backward(dq, scratch, dout, qkv, att, B, T, C, NH);
+    KD->attention_backward(d_dq, d_scratch, d_dout, d_qkv, d_catt, B, T, C, NH);
+    attention_backward_ref(ref, bound, dq0, dout, qkv, att, B, T, C, NH);
+    h = to_host(d_dq, nqkv);
+    snprintf(what, sizeof(what), "attention dqkv");
+    check_bound(what, h, dq, ref, bound, nqkv);
+    dev_up(d_dq, dq0, nqkv * sizeof(float));
+    KD->attention_backward(d_dq, d_scratch, d_dout, d_qkv, d_catt, B, T, C, NH);
+    h2 = to_host(d_dq, nqkv);
+    check_same_bits("attention dqkv, twice", h, h2, nqkv);
+    free(h), free(h2);
+
+#ifdef TD_HAVE_CUDA
+    /* the same backward with less context scratch: 3 heads at a time (a short last chunk),
+     * then 1 in the caller's (T,T) scratch; the same bits as all heads at once are not
+     * promised (cuBLAS may pick other kernels for other batch counts), the bound is */
+    if (!fake)
+        for (int heads = 3; heads >= 1; heads -= 2) {
+            td_cuda_options opt;
+            td_cuda_ctx *outer = td_cuda_ctx_current(), *small = NULL;
+            td_error_t err = {0};
+            td_cuda_options_defaults(&opt);
+            opt.scratch_bytes = (size_t)heads * T * T * sizeof(float);
+            if (td_cuda_ctx_new(&small, td_cuda_ctx_device(outer), &opt, &err) != 0)
+                fail_msg("%s", err.msg);
+            td_cuda_upload(d_dq, dq0, nqkv * sizeof(float));
+            KD->attention_backward(d_dq, d_scratch, d_dout, d_qkv, d_catt, B, T, C, NH);
+            h = to_host(d_dq, nqkv);
+            snprintf(what, sizeof(what), "attention dqkv, %d head%s", heads, heads > 1 ? "s" : "");
+            check_bound(what, h, dq, ref, bound, nqkv);
+            free(h);
+            td_cuda_ctx_free(small);
+            assert_int_equal(td_cuda_ctx_bind(outer, &err), 0);
+        }
+#endif
+    free(qkv), free(dout), free(dq0), free(out), free(att), free(dq), free(scratch), free(ref),
+        free(bound);
+    dev_free(d_qkv), dev_free(d_dout), dev_free(d_dq), dev_free(d_out), dev_free(d_att),
+        dev_free(d_scratch), dev_free(d_catt);
+}
+
+static void body_attention(void)
+{
+    attention_case(2, 129, 96, 4);   /* T past a 64-row block and a warp, hs 24 */
+    attention_case(1, 256, 768, 12); /* GPT-2's heads */
+}
+
+/* ---- sumsq and the optimizers -------------------------------------------------------------- */
+
+/* Squares of floats are exact in double; both sides sum n of them in double: within
+ * 2(n+2) 2^-53 of the sum. Twice on the GPU: the same bits. */
+static void body_sumsq(void)
+{
+    size_t n = 1000003;
+    float *p = rand_host(n, -2, 2), *d_p = to_dev(p, n);
+    double cpu = 0.0, got[2] = {0, 0}, *d_s = dev_alloc(2 * sizeof(double));
+    long double ref = 0.0L;
+
+    for (size_t i = 0; i < n; i++)
+        ref += (long double)p[i] * p[i];
+    KC->sumsq(&cpu, p, n);
+    KD->sumsq(d_s, d_p, n);
+    KD->sumsq(d_s + 1, d_p, n);
+    dev_down(got, d_s, sizeof(got));
+    print_message("  %-28s %8zu values, |gpu-ref| %.3g, |cpu-ref| %.3g (bound %.3g)\n", "sumsq", n,
+                  fabs(got[0] - (double)ref), fabs(cpu - (double)ref),
+                  2.0 * (n + 2) * 0x1p-53 * (double)ref);
+    assert_true(fabs(got[0] - (double)ref) <= 2.0 * (n + 2) * 0x1p-53 * (double)ref);
+    assert_true(fabs(cpu - (double)ref) <= 2.0 * (n + 2) * 0x1p-53 * (double)ref);
+    assert_memory_equal(&got[0], &got[1], sizeof(double));
+    free(p);
+    dev_free(d_p), dev_free(d_s);
+}
+
+/* Two AdamW steps (step 1 and 2, with decay), SGD with and without momentum: the same float
+ * operations on both sides. */
+static void body_optimizers(void)
+{
+    size_t n = NE;
+    float *p = rand_host(n, -1, 1), *g = rand_host(n, -1, 1), *m = calloc(n, sizeof(float));
+    float *v = calloc(n, sizeof(float)), *d_p = to_dev(p, n), *d_g = to_dev(g, n);
+    float *d_m = to_dev(m, n), *d_v = to_dev(v, n), *h;
+
+    for (int64_t t = 1; t <= 2; t++) {
+        KC->adamw_update(p, m, v, g, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        KD->adamw_update(d_p, d_m, d_v, d_g, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+    }
+    h = to_host(d_p, n);
+    check_ulps("adamw param", h, p, n, ULP4);
+    free(h);
+    h = to_host(d_m, n);
+    check_ulps("adamw m", h, m, n, ULP4);
+    free(h);
+    h = to_host(d_v, n);
+    check_ulps("adamw v", h, v, n, ULP4);
+    free(h);
+
+    memset(m, 0, n * sizeof(float));
+    dev_up(d_m, m, n * sizeof(float));
+    for (int i = 0; i < 2; i++) {
+        KC->sgd_update(p, m, g, n, 0.05f, 0.9f, 1e-4f);
+        KD->sgd_update(d_p, d_m, d_g, n, 0.05f, 0.9f, 1e-4f);
+    }
+    KC->sgd_update(p, NULL, g, n, 0.05f, 0.0f, 0.0f);
+    KD->sgd_update(d_p, NULL, d_g, n, 0.05f, 0.0f, 0.0f);
+    h = to_host(d_p, n);
+    check_exact("sgd param", h, p, n);
+    free(h);
+    h = to_host(d_m, n);
+    check_exact("sgd momentum", h, m, n);
+    free(h);
+    free(p), free(g), free(m), free(v);
+    dev_free(d_p), dev_free(d_g), dev_free(d_m), dev_free(d_v);
+}
+
+#define OP_TEST(name)                     \
+    static void test_##name(void **state) \
+    {                                     \
+        caught(body_##name);              \
+    }
+OP_TEST(matmul)
+OP_TEST(matmul_tf32)
+OP_TEST(elementwise)
+OP_TEST(softmax)
+OP_TEST(argmax)
+OP_TEST(encoder)
+OP_TEST(layernorm)
+OP_TEST(attention)
+OP_TEST(sumsq)
+OP_TEST(optimizers)
+
+static const struct CMUnitTest op_tests[] = {
+    cmocka_unit_test(test_matmul),      cmocka_unit_test(test_matmul_tf32),
+    cmocka_unit_test(test_elementwise), cmocka_unit_test(test_softmax),
+    cmocka_unit_test(test_argmax),      cmocka_unit_test(test_encoder),
+    cmocka_unit_test(test_layernorm),   cmocka_unit_test(test_attention),
+    cmocka_unit_test(test_sumsq),       cmocka_unit_test(test_optimizers),
+};
+
+#ifdef TD_HAVE_CUDA
+
+/* ---- errors, without a device --------------------------------------------------------------- */
+
+/* The sticky set, and two of the codes that are not. */
+static void test_sticky_classification(void **state)
+{
+    int sticky[] = {
+        cudaErrorIllegalAddress,      cudaErrorLaunchTimeout,      cudaErrorAssert,
+        cudaErrorHardwareStackError,  cudaErrorIllegalInstruction, cudaErrorMisalignedAddress,
+        cudaErrorInvalidAddressSpace, cudaErrorInvalidPc,          cudaErrorLaunchFailure,
+        cudaErrorECCUncorrectable,    cudaErrorContained};
+    int fine[] = {cudaSuccess,
+                  cudaErrorMemoryAllocation,
+                  cudaErrorInvalidValue,
+                  cudaErrorNotReady,
+                  cudaErrorNoDevice,
+                  cudaErrorInvalidDevice,
+                  cudaErrorLaunchOutOfResources};
+
+    for (size_t i = 0; i < sizeof(sticky) / sizeof(sticky[0]); i++)
+        assert_true(td_cuda_error_is_sticky(sticky[i]));
+    for (size_t i = 0; i < sizeof(fine) / sizeof(fine[0]); i++)
+        assert_false(td_cuda_error_is_sticky(fine[i]));
+    assert_false(td_cuda_poisoned());
+}
+
+static td_error_t panicked;
+
+static void panic_with_oom(void)
+{
+    td__cuda_fail(cudaErrorMemoryAllocation, "../kernels/cuda/ops.cu", 42, "cudaMalloc(&p, n)");
+}
+
+static void panic_with_cublas(void)
+{
+    td__cublas_fail(CUBLAS_STATUS_INVALID_VALUE, "../kernels/cuda/ops.cu", 7, "cublasSgemm(...)");
+}
+
+static void catch_panic(void (*fn)(void))
+{
+    td_boundary b;
+
+    td__boundary_top = NULL;
+    memset(&panicked, 0, sizeof(panicked));
+    if (TD_TRY(&b)) {
+        fn();
+        td_boundary_leave(&b);
+        fail_msg("no panic");
+    }
+    panicked = b.err;
+}
+
+/* The message a CUDA or cuBLAS failure panics with: file (without ../), line, the library's
+ * name for the code, its message, the call. A non-sticky error does not poison. */
+static void test_error_messages(void **state)
+{
+    catch_panic(panic_with_oom);
+    assert_int_equal(panicked.code, TD_ECUDA);
+    print_message("  %s\n", panicked.msg);
+    assert_non_null(strstr(panicked.msg, "kernels/cuda/ops.cu:42: cudaErrorMemoryAllocation: "));
+    assert_null(strstr(panicked.msg, "../"));
+    assert_non_null(strstr(panicked.msg, "(cudaMalloc(&p, n))"));
+    assert_false(td_cuda_poisoned());
+
+    catch_panic(panic_with_cublas);
+    assert_int_equal(panicked.code, TD_ECUDA);
+    print_message("  %s\n", panicked.msg);
+    assert_non_null(strstr(panicked.msg, "kernels/cuda/ops.cu:7: CUBLAS_STATUS_INVALID_VALUE: "));
+}
+
+/* An op on a thread without a context is a panic, not a crash. */
+static void op_without_context(void)
+{
+    td_kernels_cuda()->zero(NULL, 1);
+}
+
+static void test_op_without_context(void **state)
+{
+    assert_null(td_cuda_ctx_current());
+    catch_panic(op_without_context);
+    assert_int_equal(panicked.code, TD_ESTATE);
+}
+
+static const struct CMUnitTest no_device_tests[] = {
+    cmocka_unit_test(test_sticky_classification),
+    cmocka_unit_test(test_error_messages),
+    cmocka_unit_test(test_op_without_context),
+};
+
+/* ---- child processes ------------------------------------------------------------------------ */
+
+/* Runs this executable again with mode as its argument (a fresh process: CUDA does not survive
+ * fork, and a sticky error must not reach this one), its output into out. Returns its exit
+ * status, or 128 + signal. */
+static int run_child(const char *mode, char *out, size_t outsize)
+{
+    int fd[2], status = 0;
+    size_t used = 0;
+    pid_t pid;
+
+    assert_int_equal(pipe(fd), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fd[1], 1);
+        dup2(fd[1], 2);
+        close(fd[0]);
+        execl("/proc/self/exe", "test_gpu", mode, (char *)NULL);
+        _exit(127);
+    }
+    close(fd[1]);
+    for (;;) {
+        ssize_t r = read(fd[0], out + used, outsize - 1 - used);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        used += (size_t)r;
+        if (used == outsize - 1)
+            break;
+    }
+    out[used] = '\0';
+    close(fd[0]);
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* The child of test_sticky_error: an illegal store, then the sync that reports it. Exit 0 when
+ * the panic came with cudaErrorIllegalAddress, the error is classified sticky, the process is
+ * marked poisoned and the context stays broken; else the number of the check that failed. */
+static int sticky_child(void)
+{
+    td_cuda_ctx *c = NULL;
+    td_error_t err = {0};
+    td_boundary b;
+    void *p = NULL;
+    int rc;
+
+    alarm(60);
+    if (td_cuda_ctx_new(&c, 0, NULL, &err) != 0) {
+        printf("context: %s\n", err.msg);
+        return 10;
+    }
+    if (TD_TRY(&b)) {
+        td_cuda_fault_illegal_address();
+        td_cuda_sync();
+        td_boundary_leave(&b);
+        printf("the illegal store was not reported\n");
+        return 11;
+    }
+    printf("panic: %s: %s\n", td_errname(b.err.code), b.err.msg);
+    if (b.err.code != TD_ECUDA || strstr(b.err.msg, "cudaErrorIllegalAddress") == NULL)
+        return 12;
+    if (!td_cuda_error_is_sticky(cudaErrorIllegalAddress) || !td_cuda_poisoned())
+        return 13;
+    rc = td_cuda_alloc(&p, MiB, &err);
+    printf("cudaMalloc afterwards: %s\n", rc == 0 ? "succeeded" : err.msg);
+    if (TD_TRY(&b)) {
+        td_cuda_sync();
+        td_boundary_leave(&b);
+        printf("the context works again after a sticky error\n");
+        return 14;
+    }
+    printf("sync afterwards: %s\n", b.err.msg);
+    return 0;
+}
+
+/* The child of test_nccl_init_timeout: rank 0 of a communicator of 2 whose rank 1 never comes
+ * must fail after the timeout, not hang. */
+static int nccl_timeout_child(void)
+{
+    td_cuda_ctx *c = NULL;
+    td_nccl *comm = NULL;
+    td_nccl_id id;
+    td_error_t err = {0};
+    int rc;
+
+    alarm(30); /* an abort that hangs is a failure too */
+    if (td_cuda_ctx_new(&c, 0, NULL, &err) != 0 || td_nccl_unique_id(&id, &err) != 0) {
+        printf("setup: %s\n", err.msg);
+        return 10;
+    }
+    rc = td_nccl_init(&comm, &id, 2, 0, c, 3.0, &err);
+    printf("td_nccl_init: %d: %s\n", rc, err.msg);
+    if (rc != TD_ECUDA || comm != NULL || strstr(err.msg, "did not complete within 3 s") == NULL)
+        return 11;
+    td_cuda_ctx_free(c);
+    return 0;
+}
+
+static void test_sticky_error(void **state)
+{
+    char out[4096];
+    int rc = run_child("--sticky-child", out, sizeof(out));
+
+    print_message("%s", out);
+    if (rc != 0)
+        fail_msg("sticky child exited %d", rc);
+    assert_false(td_cuda_poisoned()); /* this process is untouched */
+}
+
+static void test_nccl_init_timeout(void **state)
+{
+    char out[4096];
+    int rc = run_child("--nccl-timeout-child", out, sizeof(out));
+
+    print_message("%s", out);
+    if (rc != 0)
+        fail_msg("NCCL timeout child exited %d", rc);
+}
+
+/* ---- NCCL -------------------------------------------------------------------------------------
+ */
+
+#define AR_N 1000003 /* floats all-reduced */
+
+typedef struct rank_job {
+    int rank, nranks;
+    int skip; /* never call the all-reduce, and stay 5 s (its peer must time out first) */
+    double timeout_s;
+    const td_nccl_id *id;
+    int rc;         /* 0, or the failure's code */
+    char msg[1024]; /* what failed */
+    double max_err; /* against the exact mean */
+} rank_job;
+
+/* One worker thread per GPU, as the daemon has them: its own context and communicator rank;
+ * rank r's buffer holds (r+1) * (i % 1000), whose mean over 2 ranks is exact in float. */
+static void *rank_main(void *arg)
+{
+    rank_job *j = arg;
+    td_cuda_ctx *c = NULL;
+    td_nccl *comm = NULL;
+    td_error_t err = {0};
+    td_boundary b;
+    float *h = malloc(AR_N * sizeof(float)), *d = NULL;
+
+    if (td_cuda_ctx_new(&c, j->rank, NULL, &err) != 0 ||
+        td_nccl_init(&comm, j->id, j->nranks, j->rank, c, j->timeout_s, &err) != 0 ||
+        td_cuda_alloc((void **)&d, AR_N * sizeof(float), &err) != 0) {
+        j->rc = err.code;
+        snprintf(j->msg, sizeof(j->msg), "%s", err.msg);
+        goto out;
+    }
+    for (size_t i = 0; i < AR_N; i++)
+        h[i] = (float)(j->rank + 1) * (float)(i % 1000);
+    if (TD_TRY(&b)) {
+        td_cuda_upload(d, h, AR_N * sizeof(float));
+        if (!j->skip)
+            td_nccl_allreduce_avg(comm, d, AR_N);
+        td_cuda_download(h, d, AR_N * sizeof(float));
+        td_boundary_leave(&b);
+    } else {
+        j->rc = b.err.code;
+        snprintf(j->msg, sizeof(j->msg), "%s", b.err.msg);
+        goto out;
+    }
+    if (j->skip)
+        sleep(5);
+    for (size_t i = 0; i < AR_N && !j->skip; i++) {
+        double want = (double)(i % 1000) * (j->nranks + 1) / 2.0;
+        j->max_err = fmax(j->max_err, fabs(h[i] - want));
+    }
+out:
+    td_cuda_free(d);
+    td_nccl_free(comm);
+    td_cuda_ctx_free(c);
+    free(h);
+    return NULL;
+}
+
+static void run_ranks(rank_job *jobs, int n)
+{
+    pthread_t th[8];
+    td_nccl_id id;
+    td_error_t err = {0};
+
+    if (td_nccl_unique_id(&id, &err) != 0)
+        fail_msg("%s", err.msg);
+    for (int r = 0; r < n; r++) {
+        jobs[r].id = &id;
+        assert_int_equal(pthread_create(&th[r], NULL, rank_main, &jobs[r]), 0);
+    }
+    for (int r = 0; r < n; r++)
+        pthread_join(th[r], NULL);
+}
+
+/* One rank on one GPU: the whole NCCL path (init, all-reduce, watchdog, finalize) with the
+ * identity for an answer. */
+static void test_nccl_one_rank(void **state)
+{
+    rank_job j = {.rank = 0, .nranks = 1, .timeout_s = 60};
+
+    run_ranks(&j, 1);
+    if (j.rc != 0)
+        fail_msg("%s", j.msg);
+    assert_true(j.max_err == 0.0);
+}
+
+/* Two GPUs: the mean is exact (small integers over 2). Then rank 1 skips the all-reduce and
+ * rank 0's watchdog must fail it after its 2 s, with the message the daemon reports. */
+static void test_nccl_two_gpus(void **state)
+{
+    rank_job j[2] = {{.rank = 0, .nranks = 2, .timeout_s = 60},
+                     {.rank = 1, .nranks = 2, .timeout_s = 60}};
+    int n = 0;
+
+    assert_int_equal(td_cuda_device_count(&n), 0);
+    if (n < 2) {
+        print_message("  one GPU: the 2-GPU all-reduce is not run\n");
+        skip();
+    }
+    run_ranks(j, 2);
+    for (int r = 0; r < 2; r++) {
+        if (j[r].rc != 0)
+            fail_msg("rank %d: %s", r, j[r].msg);
+        assert_true(j[r].max_err == 0.0);
+    }
+
+    memset(j, 0, sizeof(j));
+    j[0] = (rank_job){.rank = 0, .nranks = 2, .timeout_s = 2};
+    j[1] = (rank_job){.rank = 1, .nranks = 2, .timeout_s = 2, .skip = 1};
+    run_ranks(j, 2);
+    print_message("  rank 0 without its peer: %s\n", j[0].msg);
+    assert_int_equal(j[0].rc, TD_ECUDA);
+    assert_non_null(strstr(j[0].msg, "NCCL all-reduce did not complete within 2 s"));
+}
+
+/* ---- the memory guard -------------------------------------------------------------------------
+ */
+
+/* GPT-2 124M's shape with AdamW: the largest batch whose estimate fits what the device has
+ * free (less the context already made, whose workspace the estimate counts, and a reserve)
+ * really allocates: the parameter, gradient and moment buffers and the arena as separate
+ * cudaMallocs, as a GPU trainer would make them. cudaMemGetInfo's drop must be their sum
+ * within 2 MiB per allocation (the driver's page) plus 64 MiB (its bookkeeping). A batch the
+ * estimate says does not fit really fails: cudaErrorMemoryAllocation, not sticky, and the
+ * context still works afterwards. */
+static void body_memory_guard(void)
+{
+    td_cuda_ctx *c = td_cuda_ctx_current();
+    size_t free0, total, free1, sum, reserve = 512 * MiB;
+    td_train_config cfg;
+    td_mem_estimate e;
+    td_error_t err = {0};
+    void *p[4] = {NULL, NULL, NULL, NULL}, *big = NULL;
+    size_t sizes[4];
+    int batch = 0, rc;
+
+    td_train_config_defaults(&cfg);
+    cfg.model = TD_MODEL_GPT;
+    cfg.data = TD_DATA_TOKENS;
+    cfg.n_layer = 12, cfg.n_head = 12, cfg.n_embd = 768, cfg.seq_len = 1024;
+    cfg.vocab_size = 50257;
+    assert_int_equal(td_cuda_mem_info(td_cuda_ctx_device(c), &free0, &total, &err), 0);
+    rc = td_train_largest_batch(&cfg,
+                                free0 + TD_CUDA_CUBLAS_WORKSPACE + TD_CUDA_SCRATCH_DEFAULT +
+                                    TD_CUDA_CTX_FIXED - reserve,
+                                &batch, &err);
+    if (rc != 0)
+        fail_msg("largest batch: %s", err.msg);
+    cfg.batch_size = batch;
+    assert_int_equal(td_train_memory_estimate(&cfg, &e, &err), 0);
+    print_message("  %zu MiB free of %zu: GPT-2 124M fits a batch of %d (%zu MiB estimated, of "
+                  "which activations %zu MiB, attention scores %zu MiB)\n",
+                  free0 / MiB, total / MiB, batch, e.total / MiB, e.activations / MiB,
+                  e.attention / MiB);
+    assert_true(batch >= 1);
+
+    sizes[0] = e.params, sizes[1] = e.grads, sizes[2] = e.optim, sizes[3] = e.activations;
+    sum = 0;
+    for (int i = 0; i < 4; i++) {
+        if (td_cuda_alloc(&p[i], sizes[i], &err) != 0)
+            fail_msg("the estimate said batch %d fits, but: %s", batch, err.msg);
+        sum += sizes[i];
+    }
+    assert_int_equal(td_cuda_mem_info(td_cuda_ctx_device(c), &free1, &total, &err), 0);
+    print_message("  allocated %zu MiB, cudaMemGetInfo's free fell by %zu MiB\n", sum / MiB,
+                  (free0 - free1) / MiB);
+    assert_true(free0 - free1 >= sum);
+    assert_true(free0 - free1 <= sum + 4 * 2 * MiB + 64 * MiB);
+    for (int i = 0; i < 4; i++)
+        td_cuda_free(p[i]);
+
+    /* twice the batch: the estimate refuses it, and so does the device */
+    cfg.batch_size = 2 * batch + 2;
+    assert_int_equal(td_train_memory_estimate(&cfg, &e, &err), 0);
+    assert_true(e.total - e.workspace > free0);
+    rc = td_cuda_alloc(&big, e.params + e.grads + e.optim + e.activations, &err);
+    print_message("  batch %d (%zu MiB): %s\n", cfg.batch_size, e.total / MiB,
+                  rc != 0 ? err.msg : "allocated?");
+    assert_int_equal(rc, TD_ECUDA);
+    assert_non_null(strstr(err.msg, "cudaErrorMemoryAllocation"));
+    assert_false(td_cuda_poisoned());
+    assert_int_equal(td_cuda_alloc(&big, MiB, &err), 0);
+    td_cuda_free(big);
+    td_cuda_sync();
+}
+
+OP_TEST(memory_guard)
+
+static td_cuda_ctx *main_ctx;
+
+static int gpu_setup(void **state)
+{
+    td_error_t err = {0};
+
+    if (td_cuda_ctx_new(&main_ctx, 0, NULL, &err) != 0) {
+        print_error("%s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int gpu_teardown(void **state)
+{
+    td_cuda_ctx_free(main_ctx);
+    return 0;
+}
+
+/* The memory guard first: cudaMemGetInfo's figures are steadiest before the other tests'
+ * processes and communicators have come and gone. */
+static const struct CMUnitTest device_tests[] = {
+    cmocka_unit_test(test_memory_guard),      cmocka_unit_test(test_sticky_error),
+    cmocka_unit_test(test_nccl_init_timeout), cmocka_unit_test(test_nccl_one_rank),
+    cmocka_unit_test(test_nccl_two_gpus),
+};
+
+#endif /* TD_HAVE_CUDA */
+
+int main(int argc, char **argv)
+{
+    KC = td_kernels_cpu();
+    KC->set_threads(1);
+    if (argc > 1 && strcmp(argv[1], "--fake-device") == 0) {
+        fake = 1;
+        KD = KC;
+        return cmocka_run_group_tests_name("ops, the CPU standing in", op_tests, NULL, NULL);
+    }
+#ifndef TD_HAVE_CUDA
+    printf("built without CUDA: skipped\n");
+    return 77;
+#else
+    int failed, n = 0;
+
+    if (argc > 1 && strcmp(argv[1], "--sticky-child") == 0)
+        return sticky_child();
+    if (argc > 1 && strcmp(argv[1], "--nccl-timeout-child") == 0)
+        return nccl_timeout_child();
+    failed = cmocka_run_group_tests_name("without a device", no_device_tests, NULL, NULL);
+    if (failed != 0)
+        return 1;
+    if (td_cuda_device_count(&n) != 0 || n == 0) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    KD = td_kernels_cuda();
+    failed +=
+        cmocka_run_group_tests_name("CUDA ops against the CPU", op_tests, gpu_setup, gpu_teardown);
+    failed += cmocka_run_group_tests_name("CUDA devices", device_tests, gpu_setup, gpu_teardown);
+    return failed != 0;
+#endif
+}

@@ -1,0 +1,415 @@
+/* Unit tests of the memory estimate (train/memest.c) on the CPU: for an mlp and a gpt, alone
+ * and as one replica of two, the estimate's buffers and arena against what a real CPU trainer
+ * allocates (td_params.n, the arena's capacity, and its peak after training steps and an
+ * evaluation), the attention scores' share, the largest batch that fits a given number of
+ * bytes, and GPT-2 124M's figures, which are printed for the record.
+ *
+ * Tolerance: none. The estimate sizes the model and the arena with the trainer's own functions,
+ * so on the CPU every figure is equal to the byte, with one stated exception: without reading
+ * the data the estimate takes an mlp's evaluation batch at its largest (1000 samples), so for
+ * a test split smaller than that it is an upper bound, checked as such. */
+#include <ftw.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "engine.h"
+#include "td_panic.h"
+#include "train.h"
+
+#define SIDE    8
+#define PIXELS  (SIDE * SIDE)
+#define CLASSES 4
+
+static char tmpdir[64];
+static char text_path[TD_PATH_MAX];
+
+/* ---- data the trainers read ----------------------------------------------------------------- */
+
+static void path_of(char *out, const char *name)
+{
+    snprintf(out, TD_PATH_MAX, "%s/%s", tmpdir, name);
+}
+
+static void be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+/* An IDX file: magic, dims, then body. */
+static void write_idx(const char *path, uint32_t magic, const uint32_t *dims, int ndim,
+                      const uint8_t *body, size_t len)
+{
+    unsigned char h[16];
+    FILE *f = fopen(path, "wb");
+
+    assert_non_null(f);
+    be32(h, magic);
+    for (int i = 0; i < ndim; i++)
+        be32(h + 4 * (i + 1), dims[i]);
+    assert_int_equal(fwrite(h, 1, 4u * (size_t)(ndim + 1), f), 4u * (size_t)(ndim + 1));
+    assert_int_equal(fwrite(body, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* n random SIDE x SIDE images with labels in [0, CLASSES), as name-images / name-labels. */
+static void write_split(td_idx_split *split, const char *name, int n)
+{
+    uint8_t *img = malloc((size_t)n * PIXELS), *lab = malloc((size_t)n);
+    uint32_t idims[3] = {(uint32_t)n, SIDE, SIDE}, ldims[1] = {(uint32_t)n};
+    char fname[64];
+    td_rng rng;
+
+    assert_non_null(img);
+    assert_non_null(lab);
+    td_rng_seed(&rng, 5, 9);
+    for (int i = 0; i < n; i++) {
+        lab[i] = (uint8_t)td_rng_below(&rng, CLASSES);
+        for (int p = 0; p < PIXELS; p++)
+            img[(size_t)i * PIXELS + p] = (uint8_t)td_rng_below(&rng, 256);
+    }
+    snprintf(fname, sizeof(fname), "%s-images", name);
+    path_of(split->images, fname);
+    write_idx(split->images, TD_IDX_MAGIC_IMAGES, idims, 3, img, (size_t)n * PIXELS);
+    snprintf(fname, sizeof(fname), "%s-labels", name);
+    path_of(split->labels, fname);
+    write_idx(split->labels, TD_IDX_MAGIC_LABELS, ldims, 1, lab, (size_t)n);
+    free(img);
+    free(lab);
+}
+
+/* Some text for a byte-level gpt. */
+static void write_text(const char *path, size_t bytes)
+{
+    FILE *f = fopen(path, "wb");
+    uint64_t s = 7;
+
+    assert_non_null(f);
+    for (size_t i = 0; i < bytes; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        fputc("abcdefgh \n"[(s >> 33) % 10], f);
+    }
+    assert_int_equal(fclose(f), 0);
+}
+
+/* 64-32-4, batch 128, SGD with momentum (one moment buffer), a test split of n_test. */
+static void mlp_config(td_train_config *cfg, int n_test)
+{
+    char name[32];
+
+    td_train_config_defaults(cfg);
+    cfg->model = TD_MODEL_MLP;
+    cfg->data = TD_DATA_IDX;
+    cfg->layers[0] = PIXELS;
+    cfg->layers[1] = 32;
+    cfg->layers[2] = CLASSES;
+    cfg->n_layers = 3;
+    cfg->optim = TD_OPTIM_SGD;
+    cfg->lr = 1e-2f;
+    cfg->max_steps = 3;
+    cfg->eval_every = 2;
+    cfg->threads = 1;
+    write_split(&cfg->train, "train", 1200);
+    snprintf(name, sizeof(name), "test%d", n_test);
+    write_split(&cfg->test, name, n_test);
+}
+
+/* test_gpt.c's job: L=2, C=32, NH=4, T=16, batch 4, AdamW, 10% held out. */
+static void gpt_config(td_train_config *cfg)
+{
+    td_train_config_defaults(cfg);
+    cfg->model = TD_MODEL_GPT;
+    cfg->data = TD_DATA_TEXT;
+    cfg->n_layer = 2;
+    cfg->n_head = 4;
+    cfg->n_embd = 32;
+    cfg->seq_len = 16;
+    cfg->vocab_size = 256;
+    snprintf(cfg->train_files[0], TD_PATH_MAX, "%s", text_path);
+    cfg->n_train_files = 1;
+    cfg->valid_fraction = 0.1f;
+    cfg->batch_size = 4;
+    cfg->max_steps = 3;
+    cfg->eval_every = 2;
+    cfg->eval_batches = 2;
+    cfg->threads = 1;
+}
+
+/* ---- a real trainer to compare with ------------------------------------------------------- */
+
+/* Data-parallel replicas need an all-reduce; averaging with nobody is the identity. */
+static void allreduce_alone(void *ud, float *buf, size_t n)
+{
+}
+
+static td_trainer *new_trainer(const td_train_config *cfg)
+{
+    td_train_hooks hooks = {.allreduce = allreduce_alone};
+    td_trainer *t = NULL;
+    td_error_t err = {0};
+
+    if (td_trainer_new(&t, cfg, cfg->world > 1 ? &hooks : NULL, &err) != 0)
+        fail_msg("td_trainer_new: %s: %s", td_errname(err.code), err.msg);
+    return t;
+}
+
+static void run_all(td_trainer *t)
+{
+    td_error_t err = {0};
+    int done = 0;
+
+    while (done == 0)
+        done = td_trainer_step_caught(t, &err);
+    if (done < 0)
+        fail_msg("step failed: %s: %s", td_errname(err.code), err.msg);
+}
+
+static void estimate(const td_train_config *cfg, td_mem_estimate *e)
+{
+    td_error_t err = {0};
+
+    if (td_train_memory_estimate(cfg, e, &err) != 0)
+        fail_msg("estimate: %s: %s", td_errname(err.code), err.msg);
+    assert_int_equal(e->total, e->params + e->grads + e->optim + e->activations + e->workspace);
+}
+
+/* The flat buffers: td_params_alloc rounds each to the arena's alignment, the gradient with its
+ * TD_PARAMS_ALIGN floats of slack. Exact. */
+static void assert_buffers(const td_mem_estimate *e, const td_params *p, int moments)
+{
+    assert_int_equal(e->n_floats, p->n);
+    assert_int_equal(e->params, td_arena_round(p->n * sizeof(float)));
+    assert_int_equal(e->grads, td_arena_round((p->n + TD_PARAMS_ALIGN) * sizeof(float)));
+    assert_int_equal(e->optim, (size_t)moments * e->params);
+    assert_int_equal((p->m != NULL) + (p->v != NULL), moments);
+}
+
+/* ---- the tests ------------------------------------------------------------------------------ */
+
+/* With a test split of 1000 the trainer's evaluation batch is the estimate's: the arena's
+ * capacity equals the estimate, and so does its peak once an evaluation has run. */
+static void test_mlp_exact(void **state)
+{
+    td_train_config cfg;
+    td_mem_estimate e;
+    td_trainer *t;
+
+    mlp_config(&cfg, 1000);
+    estimate(&cfg, &e);
+    t = new_trainer(&cfg);
+    assert_buffers(&e, td_trainer_params(t), 1);
+    assert_int_equal(e.activations, td_trainer_arena(t)->cap);
+    assert_int_equal(e.attention, 0);
+    assert_int_equal(e.batch, 128);
+    run_all(t);
+    assert_int_equal(td_trainer_arena(t)->peak, e.activations);
+    td_trainer_free(t);
+}
+
+/* A test split of 200: the trainer evaluates 200 at a time, the estimate assumes 1000, so it is
+ * an upper bound, and still equal in every other figure. Without any evaluation data, the
+ * training step alone sizes both. */
+static void test_mlp_upper_bound(void **state)
+{
+    td_train_config cfg;
+    td_mem_estimate e;
+    td_trainer *t;
+
+    mlp_config(&cfg, 200);
+    estimate(&cfg, &e);
+    t = new_trainer(&cfg);
+    assert_buffers(&e, td_trainer_params(t), 1);
+    assert_true(e.activations >= td_trainer_arena(t)->cap);
+    run_all(t);
+    assert_true(td_trainer_arena(t)->peak <= e.activations);
+    td_trainer_free(t);
+
+    cfg.test.images[0] = cfg.test.labels[0] = '\0';
+    cfg.optim = TD_OPTIM_ADAMW;
+    estimate(&cfg, &e);
+    t = new_trainer(&cfg);
+    assert_buffers(&e, td_trainer_params(t), 2);
+    assert_int_equal(e.activations, td_trainer_arena(t)->cap);
+    assert_int_equal(e.activations, td_trainer_step_bytes(t));
+    run_all(t);
+    assert_int_equal(td_trainer_arena(t)->peak, e.activations);
+    td_trainer_free(t);
+}
+
+/* A gpt: the training step (with the attention backward's scratch on top) is the larger part,
+ * and a step's peak reaches it exactly. The attention scores: L (B,NH,T,T) matrices. */
+static void test_gpt_exact(void **state)
+{
+    td_train_config cfg;
+    td_mem_estimate e;
+    td_trainer *t;
+
+    gpt_config(&cfg);
+    estimate(&cfg, &e);
+    t = new_trainer(&cfg);
+    assert_buffers(&e, td_trainer_params(t), 2);
+    assert_int_equal(e.activations, td_trainer_arena(t)->cap);
+    assert_int_equal(e.activations, td_trainer_step_bytes(t));
+    assert_int_equal(e.attention, 2 * td_arena_round((size_t)4 * 4 * 16 * 16 * sizeof(float)));
+    assert_true(e.attention < e.activations);
+    run_all(t);
+    assert_int_equal(td_trainer_arena(t)->peak, e.activations);
+    td_trainer_free(t);
+}
+
+/* One replica of two: each sizes for ceil(5/2) = 3 rows, the most any replica computes. Rank 1
+ * computes rows [2,5), reaching the estimate; rank 0 computes rows [0,2), so only its
+ * evaluation (5 rows, no gradients) comes near it, never past. Rank 1 does not evaluate. */
+static void test_gpt_replica(void **state)
+{
+    td_train_config cfg;
+    td_mem_estimate e;
+    td_trainer *t;
+
+    gpt_config(&cfg);
+    cfg.batch_size = 5;
+    cfg.world = 2;
+    for (int rank = 0; rank < 2; rank++) {
+        cfg.rank = rank;
+        estimate(&cfg, &e);
+        assert_int_equal(e.batch, 3);
+        t = new_trainer(&cfg);
+        assert_buffers(&e, td_trainer_params(t), 2);
+        assert_int_equal(e.activations, td_trainer_arena(t)->cap);
+        run_all(t);
+        if (rank == 1)
+            assert_int_equal(td_trainer_arena(t)->peak, e.activations);
+        else
+            assert_true(td_trainer_arena(t)->peak <= e.activations);
+        td_trainer_free(t);
+    }
+}
+
+/* The largest batch for a budget is the one whose estimate fits while the next one's does not;
+ * exactly the estimate's total of batch 9 fits 9, a byte less fits 8. */
+static void test_largest_batch(void **state)
+{
+    td_train_config cfg;
+    td_mem_estimate e9, e1;
+    td_error_t err = {0};
+    int b = -1;
+
+    gpt_config(&cfg);
+    cfg.batch_size = 9;
+    estimate(&cfg, &e9);
+    assert_int_equal(td_train_largest_batch(&cfg, e9.total, &b, &err), 0);
+    assert_int_equal(b, 9);
+    assert_int_equal(td_train_largest_batch(&cfg, e9.total - 1, &b, &err), 0);
+    assert_int_equal(b, 8);
+
+    cfg.batch_size = 1;
+    estimate(&cfg, &e1);
+    assert_int_equal(td_train_largest_batch(&cfg, e1.total - 1, &b, &err), TD_ENOMEM);
+    assert_int_equal(b, 0);
+    assert_non_null(strstr(err.msg, "a batch of 1 needs"));
+
+    /* the search stops at its cap when everything fits */
+    assert_int_equal(td_train_largest_batch(&cfg, SIZE_MAX, &b, &err), 0);
+    assert_true(b >= 1 && b <= TD_MEM_MAX_BATCH);
+    /* two replicas: never below world rows */
+    cfg.world = 2;
+    assert_int_equal(td_train_largest_batch(&cfg, e9.total, &b, &err), 0);
+    assert_true(b >= 9);
+}
+
+/* Bad configurations are refused with the trainer's codes. */
+static void test_estimate_errors(void **state)
+{
+    td_train_config cfg;
+    td_mem_estimate e;
+    td_error_t err = {0};
+
+    gpt_config(&cfg);
+    cfg.n_embd = 30; /* not a multiple of 4 heads */
+    assert_int_equal(td_train_memory_estimate(&cfg, &e, &err), TD_EINVAL);
+    assert_non_null(strstr(err.msg, "n_embd"));
+    assert_int_equal(e.total, 0);
+    gpt_config(&cfg);
+    cfg.batch_size = 0;
+    assert_int_equal(td_train_memory_estimate(&cfg, &e, &err), TD_EINVAL);
+    gpt_config(&cfg);
+    cfg.seq_len = 1 << 20;
+    cfg.n_head = 4096;
+    cfg.n_embd = 4096;
+    cfg.batch_size = 1 << 20;
+    assert_int_equal(td_train_memory_estimate(&cfg, &e, &err), TD_E2BIG);
+    td_train_config_defaults(&cfg);
+    cfg.model = TD_MODEL_MLP;
+    cfg.n_layers = 1;
+    assert_int_equal(td_train_memory_estimate(&cfg, &e, &err), TD_EINVAL);
+}
+
+/* GPT-2 124M (L=12, C=768, NH=12, T=1024, V=50257 padded to 50304) at batch 8 with AdamW:
+ * llm.c's 124,475,904 parameters (padded vocabulary) plus the 16-float alignment of each
+ * tensor, and the attention scores 12 x 8 x 12 x 1024 x 1024 floats. Printed for the record. */
+static void test_gpt2_124m_figures(void **state)
+{
+    td_train_config cfg;
+    td_mem_estimate e;
+    const size_t MiB = 1 << 20;
+
+    td_train_config_defaults(&cfg);
+    cfg.model = TD_MODEL_GPT;
+    cfg.data = TD_DATA_TOKENS;
+    cfg.n_layer = 12;
+    cfg.n_head = 12;
+    cfg.n_embd = 768;
+    cfg.seq_len = 1024;
+    cfg.vocab_size = 50257;
+    cfg.batch_size = 8;
+    estimate(&cfg, &e);
+    assert_true(e.n_floats >= 124475904 && e.n_floats <= 124475904 + 16 * TD_PARAMS_ALIGN);
+    assert_int_equal(e.attention, (size_t)12 * 8 * 12 * 1024 * 1024 * sizeof(float));
+    print_message("GPT-2 124M, B=8, T=1024, AdamW: params %zu MiB, grads %zu MiB, moments %zu "
+                  "MiB, activations %zu MiB (attention scores %zu MiB), workspace %zu MiB, "
+                  "total %zu MiB\n",
+                  e.params / MiB, e.grads / MiB, e.optim / MiB, e.activations / MiB,
+                  e.attention / MiB, e.workspace / MiB, e.total / MiB);
+}
+
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    return remove(path);
+}
+
+static int setup(void **state)
+{
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/td_test_memest_XXXXXX");
+    if (mkdtemp(tmpdir) == NULL)
+        return -1;
+    path_of(text_path, "text.txt");
+    write_text(text_path, 20000);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    return nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mlp_exact),         cmocka_unit_test(test_mlp_upper_bound),
+        cmocka_unit_test(test_gpt_exact),         cmocka_unit_test(test_gpt_replica),
+        cmocka_unit_test(test_largest_batch),     cmocka_unit_test(test_estimate_errors),
+        cmocka_unit_test(test_gpt2_124m_figures),
+    };
+
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
