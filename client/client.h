@@ -26,15 +26,16 @@ enum {
     TC_DATAERR = 65,     /* EX_DATAERR: the job file is not a valid job */
     TC_NOINPUT = 66,     /* EX_NOINPUT: the job file is missing or unreadable */
     TC_UNAVAILABLE = 69, /* EX_UNAVAILABLE: traind cannot be reached or went away */
-    TC_CANTCREAT = 73,   /* EX_CANTCREAT: plot cannot write its output file */
+    TC_CANTCREAT = 73,   /* EX_CANTCREAT: plot or export cannot write its output file */
     TC_PROTOCOL = 76,    /* EX_PROTOCOL: traind said something this client cannot read */
     TC_NOPERM = 77,      /* EX_NOPERM: traind said EPERM, or the socket refused us */
     TC_CONFIG = 78,      /* EX_CONFIG: the socket path cannot be a socket path */
-    TC_INTERRUPTED = 130 /* 128 + SIGINT: the user stopped a watch */
+    TC_INTERRUPTED = 130 /* 128 + SIGINT: the user stopped a watch or an export */
 };
 
 #define TC_DEFAULT_SOCKET   "/run/traind/traind.sock"
-#define TC_REPLY_TIMEOUT_MS 60000 /* ms a request waits for a byte of its reply */
+#define TC_REPLY_TIMEOUT_MS  60000 /* ms a request waits for a byte of its reply */
+#define TC_SAMPLE_MAX_TOKENS 4096  /* tokens one sample may ask for (PROTOCOL.md) */
 
 typedef struct tc_row tc_row;
 
@@ -47,10 +48,14 @@ typedef struct tc_opts {
     int64_t job;        /* the JOB argument; -1 when the verb takes none */
     int64_t *jobs;      /* plot: every JOB argument, in order */
     size_t njobs;       /* entries in jobs */
-    const char *output; /* plot: -o FILE */
+    const char *output; /* plot, export: -o FILE */
     const char *shell;  /* completion: the shell named */
     const char *keys;   /* --keys as given ("a,b"), or NULL */
     int64_t since;      /* --since, or -1 */
+    int64_t tokens;     /* sample: --tokens, or -1 */
+    const char *prompt; /* sample: --prompt, or NULL */
+    double temperature; /* sample: --temperature, or -1 */
+    int64_t seed;       /* sample: --seed, or -1 */
     int json, csv, summary;
 } tc_opts;
 
@@ -197,6 +202,8 @@ int tc_logs(const tc_opts *o);
 int tc_watch(const tc_opts *o);
 int tc_plot(const tc_opts *o);
 int tc_completion(const tc_opts *o);
+int tc_export(const tc_opts *o);
+int tc_sample(const tc_opts *o);
 
 /* ---- trainctl.c: the command table, as completion.c reads it ---- */
 

@@ -71,7 +71,7 @@ static const char epilogue[] =
     "        mapfile -t COMPREPLY < <(compgen -W 'train_loss test_loss test_accuracy valid_loss "
     "lr step_ms samples_per_s epoch metrics_blocked_ms' -- \"$cur\")\n"
     "        return 0 ;;\n"
-    "    --set | --since) return 0 ;;\n"
+    "    --set | --since | --tokens | --prompt | --temperature | --seed) return 0 ;;\n"
     "    esac\n"
     "    if [[ $cur == -* ]]; then\n"
     "        mapfile -t COMPREPLY < <(compgen -W \"$flags\" -- \"$cur\")\n"

@@ -1,8 +1,9 @@
 /* trainctl: the command-line client of traind. This file holds main(): the global options,
  * the table of verbs with the flags each accepts and its help text, and the parsing of a
- * verb's arguments into a tc_opts. The verbs themselves live in verbs.c, watch.c, plot.c and
- * completion.c; the last reads the table through tc_verb_at(). */
+ * verb's arguments into a tc_opts. The verbs themselves live in verbs.c, watch.c, plot.c,
+ * interop.c and completion.c; the last reads the table through tc_verb_at(). */
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,8 +13,9 @@
 
 #include "client.h"
 
-/* Flags a verb may accept. F_FORMAT and F_OUTFILE share the names -o and --output: a read
- * verb takes an output format there (-o json, as kubectl does), plot the file to write. */
+/* Flags a verb may accept. F_FORMAT, F_OUTFILE and F_OUTPATH share the names -o and --output:
+ * a read verb takes an output format there (-o json, as kubectl does), plot the chart to
+ * write, export the model file to write. */
 enum {
     F_SET = 1,
     F_SINCE = 2,
@@ -22,7 +24,12 @@ enum {
     F_CSV = 16,
     F_SUMMARY = 32,
     F_FORMAT = 64,
-    F_OUTFILE = 128
+    F_OUTFILE = 128,
+    F_OUTPATH = 256,
+    F_TOKENS = 512,
+    F_PROMPT = 1024,
+    F_TEMPERATURE = 2048,
+    F_SEED = 4096
 };
 
 /* The positional arguments a verb takes. */
@@ -38,7 +45,9 @@ static const flag flags[] = {
     {"--set", F_SET, 1},        {"--since", F_SINCE, 1},   {"--keys", F_KEYS, 1},
     {"--json", F_JSON, 0},      {"--csv", F_CSV, 0},       {"--summary", F_SUMMARY, 0},
     {"-o", F_FORMAT, 1},        {"--output", F_FORMAT, 1}, {"-o", F_OUTFILE, 1},
-    {"--output", F_OUTFILE, 1},
+    {"--output", F_OUTFILE, 1}, {"-o", F_OUTPATH, 1},      {"--output", F_OUTPATH, 1},
+    {"--tokens", F_TOKENS, 1},  {"--prompt", F_PROMPT, 1}, {"--temperature", F_TEMPERATURE, 1},
+    {"--seed", F_SEED, 1},
 };
 
 typedef struct verb {
@@ -204,6 +213,43 @@ static const verb verbs[] = {
                 "or save it as /usr/share/bash-completion/completions/trainctl.\n\n"
                 "  -h, --help  show this help\n",
     },
+    {
+        .name = "export",
+        .run = tc_export,
+        .flags = F_OUTPATH,
+        .arg = ARG_JOB,
+        .usage = "trainctl export JOB -o FILE",
+        .brief = "write a gpt job's latest checkpoint as an llm.c model file",
+        .help = "Writes the latest checkpoint of job JOB, a gpt job, as an llm.c GPT-2\n"
+                "model file (fp32, version 3), which llm.c loads and which a job's\n"
+                "model.init_from starts from. A running job exports its latest checkpoint.\n"
+                "trainctl writes the file itself, with your permissions: FILE.tmp first,\n"
+                "renamed to FILE once whole. Prints where and how much on standard error.\n\n"
+                "  -o FILE     the model file to write; --output FILE is the same\n"
+                "  -h, --help  show this help\n",
+    },
+    {
+        .name = "sample",
+        .run = tc_sample,
+        .flags = F_TOKENS | F_PROMPT | F_TEMPERATURE | F_SEED,
+        .arg = ARG_JOB,
+        .usage = "trainctl sample JOB [--tokens N] [--prompt TEXT] [--temperature T] [--seed S]",
+        .brief = "print text generated from a gpt job's latest checkpoint",
+        .help = "Generates tokens from the latest checkpoint of job JOB, a gpt job, and\n"
+                "prints them on standard output (the generated text only, not the prompt;\n"
+                "a newline is added only on a terminal). A job on text data works in\n"
+                "bytes: the output is exactly N bytes. A job on llm.c token shards prints\n"
+                "token ids separated by spaces and takes its prompt the same way.\n\n"
+                "  --tokens N       tokens to generate, 1 to 4096; default 256\n"
+                "  --prompt TEXT    what the text continues; default a newline (text) or\n"
+                "                   the last token id (tokens)\n"
+                "  --temperature T  0 always takes the likeliest token, 1 (the default)\n"
+                "                   samples the model as it is, above 1 more at random\n"
+                "  --seed S         the same seed gives the same text again; default a\n"
+                "                   new one each time, printed on standard error on a\n"
+                "                   terminal\n"
+                "  -h, --help       show this help\n",
+    },
 };
 
 #define NVERBS (sizeof(verbs) / sizeof(verbs[0]))
@@ -247,8 +293,8 @@ static void print_main_help(FILE *f)
           "Exit status: 0 success; 1 the job failed or was cancelled (watch), traind\n"
           "refused the request, or plot found nothing to draw; 64 usage error; 65 invalid\n"
           "job file; 66 job file missing or unreadable; 69 traind unreachable; 73 plot\n"
-          "cannot write its file; 76 protocol error; 77 permission denied; 78 the socket\n"
-          "path is unusable.\n",
+          "or export cannot write its file; 76 protocol error; 77 permission denied; 78\n"
+          "the socket path is unusable; 130 interrupted (watch, export).\n",
           f);
 }
 
@@ -347,6 +393,29 @@ static int store_outfile(const verb *v, const char *val, tc_opts *o)
     return TC_OK;
 }
 
+/* -o FILE for export: any path but an empty one. */
+static int store_outpath(const verb *v, const char *val, tc_opts *o)
+{
+    if (val[0] == '\0')
+        return usage_error(v, "-o needs a file name");
+    o->output = val;
+    return TC_OK;
+}
+
+/* --temperature: a finite number >= 0. */
+static int store_temperature(const verb *v, const char *val, tc_opts *o)
+{
+    char *end;
+    double t;
+
+    errno = 0;
+    t = strtod(val, &end);
+    if (errno != 0 || end == val || *end != '\0' || !isfinite(t) || t < 0)
+        return usage_error(v, "--temperature needs a number >= 0, not '%s'", val);
+    o->temperature = t;
+    return TC_OK;
+}
+
 /* Stores one flag's value into o. */
 static int store_flag(const verb *v, const flag *fl, const char *val, tc_opts *o)
 {
@@ -382,6 +451,22 @@ static int store_flag(const verb *v, const flag *fl, const char *val, tc_opts *o
         return store_format(v, val, o);
     case F_OUTFILE:
         return store_outfile(v, val, o);
+    case F_OUTPATH:
+        return store_outpath(v, val, o);
+    case F_TOKENS:
+        if (parse_count(val, &o->tokens) != 0 || o->tokens < 1 || o->tokens > TC_SAMPLE_MAX_TOKENS)
+            return usage_error(v, "--tokens needs a number from 1 to %d, not '%s'",
+                               TC_SAMPLE_MAX_TOKENS, val);
+        break;
+    case F_PROMPT:
+        o->prompt = val;
+        break;
+    case F_TEMPERATURE:
+        return store_temperature(v, val, o);
+    case F_SEED:
+        if (parse_count(val, &o->seed) != 0)
+            return usage_error(v, "--seed needs a whole number >= 0, not '%s'", val);
+        break;
     }
     return TC_OK;
 }
@@ -480,6 +565,8 @@ static int parse_verb_args(const verb *v, int argc, char **argv, int first, tc_o
         return usage_error(v, "--csv and --json cannot be used together");
     if ((v->flags & F_OUTFILE) && o->output == NULL)
         return usage_error(v, "missing -o FILE (a .png or .svg file to write)");
+    if ((v->flags & F_OUTPATH) && o->output == NULL)
+        return usage_error(v, "missing -o FILE (the model file to write)");
     return TC_OK;
 }
 
@@ -541,10 +628,10 @@ int tc_verb_at(size_t i, tc_verb_desc *out)
         return -1;
     out->name = verbs[i].name;
     out->arg = arg_name(verbs[i].arg);
-    out->output = verbs[i].flags & F_OUTFILE     ? "FILE"
-                  : !(verbs[i].flags & F_FORMAT) ? ""
-                  : verbs[i].flags & F_CSV       ? "csv json"
-                                                 : "json";
+    out->output = verbs[i].flags & (F_OUTFILE | F_OUTPATH) ? "FILE"
+                  : !(verbs[i].flags & F_FORMAT)           ? ""
+                  : verbs[i].flags & F_CSV                 ? "csv json"
+                                                           : "json";
     out->flags[0] = '\0';
     for (f = 0; f < NFLAGS; f++) {
         if ((verbs[i].flags & flags[f].bit) == 0)
@@ -558,7 +645,7 @@ int tc_verb_at(size_t i, tc_verb_desc *out)
 
 int main(int argc, char **argv)
 {
-    tc_opts o = {.job = -1, .since = -1};
+    tc_opts o = {.job = -1, .since = -1, .tokens = -1, .temperature = -1, .seed = -1};
     const verb *v;
     int rc = TC_OK, help = 0, at;
 

@@ -213,8 +213,8 @@ static void dispatch(td_daemon *d, td_djob *job, td_worker **free_w, int n)
             len = sizeof(job->device_list) - 1;
     }
     /* Every run keeps its checkpoints where a restart will look for them. */
-    snprintf(job->spec.train.checkpoint_dir, sizeof(job->spec.train.checkpoint_dir),
-             "%s/checkpoints/%lld", d->cfg.state_dir, (long long)job->id);
+    td_daemon_checkpoint_dir(d, job->id, job->spec.train.checkpoint_dir,
+                             sizeof(job->spec.train.checkpoint_dir));
     atomic_store(&job->cancel, 0);
     atomic_store(&job->interrupt, 0);
     snprintf(job->state, sizeof(job->state), TD_JOB_RUNNING);
@@ -548,8 +548,15 @@ out:
     return rc;
 }
 
-/* Refuses a change to a job by anyone but its owner or root. */
-static int check_owner(int64_t job, int64_t owner, int64_t uid, td_error_t *err)
+int td_daemon_checkpoint_dir(const td_daemon *d, int64_t job, char *out, size_t size)
+{
+    if (snprintf(out, size, "%s/checkpoints/%lld", d->cfg.state_dir, (long long)job) >=
+        (int)size)
+        return TD_E2BIG;
+    return 0;
+}
+
+int td_daemon_check_owner(int64_t job, int64_t owner, int64_t uid, td_error_t *err)
 {
     struct passwd pw, *found = NULL;
     char buf[1024], name[64];
@@ -571,12 +578,12 @@ int td_daemon_cancel(td_daemon *d, int64_t id, int64_t uid, char *state_out, td_
     td_job_row row = {0};
     int rc;
 
-    if (job != NULL && (rc = check_owner(id, job->uid, uid, err)) != 0)
+    if (job != NULL && (rc = td_daemon_check_owner(id, job->uid, uid, err)) != 0)
         return rc;
     if (job == NULL) {
         rc = td_store_job_get(d->store, id, &row, err);
         if (rc == 0)
-            rc = check_owner(id, row.uid, uid, err);
+            rc = td_daemon_check_owner(id, row.uid, uid, err);
         if (rc == 0)
             rc = td_error_set(err, TD_ESTATE, "job %lld has already ended (%s)", (long long)id,
                               row.state);

@@ -127,6 +127,11 @@ int td_daemon_submit(td_daemon *d, const td_pval *job, int64_t uid, int64_t gid,
                      td_error_t *err);
 /* Cancels job id on behalf of uid (its owner or root; else TD_EPERM). */
 int td_daemon_cancel(td_daemon *d, int64_t id, int64_t uid, char *state_out, td_error_t *err);
+/* Refuses a change to (or a look inside) job by anyone but its owner or root:
+ * TD_EPERM, "permission denied: job 12 belongs to alice". */
+int td_daemon_check_owner(int64_t job, int64_t owner, int64_t uid, td_error_t *err);
+/* Where job's checkpoints live: STATE_DIR/checkpoints/JOB. TD_E2BIG when it does not fit. */
+int td_daemon_checkpoint_dir(const td_daemon *d, int64_t job, char *out, size_t size);
 /* Appends a line to a job's log in the store (lifecycle events, warnings). */
 void td_daemon_log(td_daemon *d, int64_t job, int level, const char *line);
 td_djob *td_daemon_find(td_daemon *d, int64_t id);

@@ -6,8 +6,12 @@
  * drain it. A stalled client therefore costs at most the high-water mark, and catches up
  * from the store when it reads again. While a job runs, a watch delivers only rows of steps
  * before the newest durable step, so a step whose rows span two store batches is never
- * split across the cursor (rows come in (step, key) order). */
+ * split across the cursor (rows come in (step, key) order).
+ *
+ * export and sample run their slow half on libuv's threadpool (work.c); meanwhile their
+ * connection reads no further request, so that its replies keep the order of its requests. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +22,7 @@
 
 #include "daemon.h"
 #include "td_log.h"
+#include "work.h"
 
 typedef struct td_stream {
     td_conn *c;
@@ -40,6 +45,11 @@ struct td_conn {
     int64_t uid, gid, pid;
     td_stream *streams;
     td_conn *next;
+    int refs;          /* threadpool work holding the connection: its memory outlives the close */
+    int closed;        /* the handle's close callback has run; the memory waits for refs == 0 */
+    int busy;          /* an export or sample is under way: later requests wait their turn */
+    td_work *xfer;     /* the export being sent, or NULL */
+    int64_t xfer_sent; /* bytes of xfer sent so far */
 };
 
 typedef struct wreq {
@@ -51,6 +61,7 @@ typedef struct wreq {
 
 static void conn_close(td_conn *c);
 static void stream_pump(td_stream *st);
+static void xfer_pump(td_conn *c);
 
 /* ---- output ---- */
 
@@ -75,6 +86,8 @@ static void on_write(uv_write_t *req, int status)
             stream_pump(st);
             st = next;
         }
+        if (c->xfer != NULL && !c->closing)
+            xfer_pump(c);
     }
 }
 
@@ -725,6 +738,257 @@ static void req_stream(td_conn *c, const td_pval *root, int64_t id, int watch)
     stream_pump(st);
 }
 
+/* ---- export and sample: work on the threadpool, then a reply or a run of chunks ---- */
+
+/* Bytes of model file per chunk frame: the protocol's limit on one bin (a frame stays far
+ * below TD_PROTO_MAX_FRAME). */
+#define TD_EXPORT_CHUNK TD_PROTO_MAX_STR
+
+static char xfer_buf[TD_EXPORT_CHUNK]; /* loop thread only */
+
+static void conn_free(td_conn *c);
+static void serve_frames(td_conn *c, const char *bytes, size_t n);
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+static const char *work_name(const td_work *w)
+{
+    return w->kind == TD_WORK_EXPORT ? "export" : "sample";
+}
+
+/* The connection's export or sample is answered: it reads requests again, first those that
+ * arrived meanwhile and wait in its reader. */
+static void conn_resume(td_conn *c)
+{
+    int rc;
+
+    c->busy = 0;
+    if (c->closing)
+        return;
+    rc = uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+    if (rc != 0) {
+        td_log_warn("client pid %lld: cannot read again: %s", (long long)c->pid, uv_strerror(rc));
+        conn_close(c);
+        return;
+    }
+    serve_frames(c, "", 0);
+}
+
+static void xfer_done(td_conn *c)
+{
+    td_work_free(c->xfer);
+    c->xfer = NULL;
+    conn_resume(c);
+}
+
+static void send_chunk(td_conn *c, const td_work *w, const char *data, size_t len)
+{
+    td_pw_reset(&c->w);
+    td_pw_map(&c->w, 4);
+    td_pw_str(&c->w, "type");
+    td_pw_str(&c->w, "chunk");
+    td_pw_str(&c->w, "id");
+    td_pw_int(&c->w, w->req_id);
+    td_pw_str(&c->w, "job_id");
+    td_pw_int(&c->w, w->job);
+    td_pw_str(&c->w, "data");
+    td_pw_bin(&c->w, data, len);
+    conn_send(c);
+}
+
+static void send_xfer_end(td_conn *c, const td_work *w)
+{
+    td_pw_reset(&c->w);
+    td_pw_map(&c->w, 4);
+    td_pw_str(&c->w, "type");
+    td_pw_str(&c->w, "end");
+    td_pw_str(&c->w, "id");
+    td_pw_int(&c->w, w->req_id);
+    td_pw_str(&c->w, "job_id");
+    td_pw_int(&c->w, w->job);
+    td_pw_str(&c->w, "bytes");
+    td_pw_int(&c->w, w->size);
+    conn_send(c);
+}
+
+/* Sends the exported file a chunk at a time while the client keeps up (below
+ * TD_CONN_HIGH_WATER; on_write calls again once it has drained below TD_CONN_LOW_WATER), then
+ * the end frame. The file was written just now, so its reads come from the page cache: one
+ * chunk costs the loop thread a copy, not a wait on the disk. */
+static void xfer_pump(td_conn *c)
+{
+    td_work *w = c->xfer;
+    char msg[160];
+    ssize_t n;
+
+    while (!c->closing && c->pending < TD_CONN_HIGH_WATER) {
+        if (c->xfer_sent == w->size) {
+            td_log_info("client pid %lld: job %lld exported, %lld bytes", (long long)c->pid,
+                        (long long)w->job, (long long)w->size);
+            send_xfer_end(c, w);
+            xfer_done(c);
+            return;
+        }
+        do
+            n = read(w->fd, xfer_buf, sizeof(xfer_buf));
+        while (n < 0 && errno == EINTR);
+        if (n <= 0) {
+            snprintf(msg, sizeof(msg),
+                     "job %lld: the exported file ended after %lld of %lld bytes%s%s",
+                     (long long)w->job, (long long)c->xfer_sent, (long long)w->size,
+                     n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
+            send_error(c, w->req_id, TD_EIO, msg);
+            xfer_done(c);
+            return;
+        }
+        c->xfer_sent += n;
+        send_chunk(c, w, xfer_buf, (size_t)n);
+    }
+}
+
+static void send_sample(td_conn *c, const td_work *w)
+{
+    td_pw_reset(&c->w);
+    td_pw_map(&c->w, 5);
+    td_pw_str(&c->w, "type");
+    td_pw_str(&c->w, "sample");
+    td_pw_str(&c->w, "id");
+    td_pw_int(&c->w, w->req_id);
+    td_pw_str(&c->w, "job_id");
+    td_pw_int(&c->w, w->job);
+    td_pw_str(&c->w, "text");
+    td_pw_strn(&c->w, w->text, w->text_len);
+    td_pw_str(&c->w, "seed");
+    td_pw_int(&c->w, (int64_t)w->seed);
+    conn_send(c);
+}
+
+/* Back on the loop thread. A connection that closed meanwhile only lets go of its memory. */
+static void on_work_done(td_work *w)
+{
+    td_conn *c = w->ud;
+
+    c->refs--;
+    if (c->closing) {
+        td_work_free(w);
+        if (c->closed && c->refs == 0)
+            conn_free(c);
+        return;
+    }
+    if (w->rc != 0) {
+        td_log_info("client pid %lld: %s refused: %s", (long long)c->pid, work_name(w), w->err.msg);
+        send_error(c, w->req_id, w->rc, w->err.msg);
+        td_work_free(w);
+        conn_resume(c);
+        return;
+    }
+    if (w->kind == TD_WORK_SAMPLE) {
+        send_sample(c, w);
+        td_work_free(w);
+        conn_resume(c);
+        return;
+    }
+    c->xfer = w;
+    c->xfer_sent = 0;
+    xfer_pump(c);
+}
+
+/* Runs w on the threadpool for c, which reads no further request until w is answered (so that
+ * replies keep the order of requests). Takes w. */
+static void work_start(td_conn *c, td_work *w, int64_t id)
+{
+    int rc;
+
+    w->ud = c;
+    w->req_id = id;
+    rc = td_work_start(w, c->d->loop, on_work_done);
+    if (rc != 0) {
+        send_error(c, id, rc, uv_strerror(rc));
+        td_work_free(w);
+        return;
+    }
+    td_log_info("client pid %lld uid %lld: %s of job %lld", (long long)c->pid, (long long)c->uid,
+                work_name(w), (long long)w->job);
+    c->refs++;
+    c->busy = 1;
+    uv_read_stop((uv_stream_t *)&c->pipe);
+}
+
+static void req_export(td_conn *c, const td_pval *root, int64_t id)
+{
+    td_work *w;
+    td_error_t err;
+    int64_t job;
+
+    if (get_job_id(c, root, id, &job) != 0)
+        return;
+    if (td_work_new(&w, c->d, TD_WORK_EXPORT, job, c->uid, &err) != 0) {
+        send_error(c, id, err.code, err.msg);
+        return;
+    }
+    work_start(c, w, id);
+}
+
+/* The optional fields of a sample request; -1 after an error frame naming the bad one. */
+static int sample_args(td_conn *c, const td_pval *root, int64_t id, td_work *w)
+{
+    const td_pval *v;
+    int64_t tokens = TD_SAMPLE_DEFAULT_TOKENS, seed = -1;
+    double temperature = 1.0;
+    const char *prompt = "";
+    size_t len = 0;
+
+    if ((v = td_pv_get(root, "tokens")) != NULL &&
+        (td_pv_int(v, &tokens) != 0 || tokens < 1 || tokens > TD_SAMPLE_MAX_TOKENS)) {
+        send_error(c, id, TD_EPROTO, "tokens: must be an integer from 1 to 4096");
+        return -1;
+    }
+    if ((v = td_pv_get(root, "temperature")) != NULL &&
+        (td_pv_double(v, &temperature) != 0 || !isfinite(temperature) || temperature < 0)) {
+        send_error(c, id, TD_EPROTO,
+                   "temperature: must be a number >= 0 (0: always the likeliest)");
+        return -1;
+    }
+    if ((v = td_pv_get(root, "prompt")) != NULL &&
+        ((prompt = td_pv_str(v, &len)) == NULL || memchr(prompt, '\0', len) != NULL)) {
+        send_error(c, id, TD_EPROTO, "prompt: must be a string without NUL bytes");
+        return -1;
+    }
+    if ((v = td_pv_get(root, "seed")) != NULL && (td_pv_int(v, &seed) != 0 || seed < 0)) {
+        send_error(c, id, TD_EPROTO, "seed: must be an integer >= 0");
+        return -1;
+    }
+    w->prompt = strndup(prompt, len);
+    if (w->prompt == NULL) {
+        send_error(c, id, TD_ENOMEM, "out of memory");
+        return -1;
+    }
+    w->tokens = (int)tokens;
+    w->temperature = (float)temperature;
+    /* No seed: a new one each time, sent back so that the text can be had again. */
+    w->seed = seed >= 0 ? (uint64_t)seed : uv_hrtime() & INT64_MAX;
+    return 0;
+}
+
+static void req_sample(td_conn *c, const td_pval *root, int64_t id)
+{
+    td_work *w;
+    td_error_t err;
+    int64_t job;
+
+    if (get_job_id(c, root, id, &job) != 0)
+        return;
+    if (td_work_new(&w, c->d, TD_WORK_SAMPLE, job, c->uid, &err) != 0) {
+        send_error(c, id, err.code, err.msg);
+        return;
+    }
+    if (sample_args(c, root, id, w) != 0) {
+        td_work_free(w);
+        return;
+    }
+    work_start(c, w, id);
+}
+
 static void handle_frame(td_conn *c, const td_proto_frame *f)
 {
     const td_pval *root = td_proto_frame_root(f);
@@ -762,6 +1026,10 @@ static void handle_frame(td_conn *c, const td_proto_frame *f)
         req_logs(c, root, id);
     else if (strcmp(type, "watch") == 0)
         req_stream(c, root, id, 1);
+    else if (strcmp(type, "export") == 0)
+        req_export(c, root, id);
+    else if (strcmp(type, "sample") == 0)
+        req_sample(c, root, id);
     else {
         char msg[96];
         snprintf(msg, sizeof(msg), "type: unknown request \"%s\"", type);
@@ -770,6 +1038,13 @@ static void handle_frame(td_conn *c, const td_proto_frame *f)
 }
 
 /* ---- connections ---- */
+
+static void conn_free(td_conn *c)
+{
+    td_proto_reader_free(c->reader);
+    td_pw_free(&c->w);
+    free(c);
+}
 
 static void on_conn_closed(uv_handle_t *h)
 {
@@ -782,12 +1057,13 @@ static void on_conn_closed(uv_handle_t *h)
             break;
         }
     d->nconns--;
-    td_proto_reader_free(c->reader);
-    td_pw_free(&c->w);
-    free(c);
+    c->closed = 1;
+    if (c->refs == 0)
+        conn_free(c);
 }
 
-/* Closes a connection; its memory goes in the close callback, never here. */
+/* Closes a connection; its memory goes in the close callback (or, when threadpool work still
+ * holds it, when the last of that work is back), never here. */
 static void conn_close(td_conn *c)
 {
     if (c->closing)
@@ -795,6 +1071,8 @@ static void conn_close(td_conn *c)
     c->closing = 1;
     while (c->streams != NULL)
         stream_free(c->streams);
+    td_work_free(c->xfer);
+    c->xfer = NULL;
     uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
 }
 
@@ -814,12 +1092,31 @@ static void sample_bytes(char *out, size_t size, const char *p, size_t n)
     out[o] = '\0';
 }
 
+/* Handles the frames the reader holds, in order, until the connection closes or a request
+ * makes it busy (the rest wait in the reader). bytes (n) are the last read, for the log. */
+static void serve_frames(td_conn *c, const char *bytes, size_t n)
+{
+    td_proto_frame *f;
+    td_error_t err;
+    int rc = 0;
+
+    while (!c->closing && !c->busy && (rc = td_proto_reader_next(c->reader, &f, &err)) == 1) {
+        handle_frame(c, f);
+        td_proto_frame_free(f);
+    }
+    if (!c->closing && rc < 0) {
+        char sample[40];
+        sample_bytes(sample, sizeof(sample), bytes, n);
+        td_log_warn("client pid %lld uid %lld: bad frame (%s), closing; bytes %s...",
+                    (long long)c->pid, (long long)c->uid, err.msg, sample);
+        send_error(c, -1, rc, err.msg);
+        conn_close(c);
+    }
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     td_conn *c = (td_conn *)s;
-    td_proto_frame *f;
-    td_error_t err;
-    int rc;
 
     if (nread < 0) {
         if (nread != UV_EOF)
@@ -832,18 +1129,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         conn_close(c);
         return;
     }
-    while (!c->closing && (rc = td_proto_reader_next(c->reader, &f, &err)) == 1) {
-        handle_frame(c, f);
-        td_proto_frame_free(f);
-    }
-    if (!c->closing && rc < 0) {
-        char sample[40];
-        sample_bytes(sample, sizeof(sample), buf->base, (size_t)nread);
-        td_log_warn("client pid %lld uid %lld: bad frame (%s), closing; bytes %s...",
-                    (long long)c->pid, (long long)c->uid, err.msg, sample);
-        send_error(c, -1, rc, err.msg);
-        conn_close(c);
-    }
+    serve_frames(c, buf->base, (size_t)nread);
 }
 
 static void peer_creds(td_conn *c)

@@ -1,0 +1,73 @@
+/* The slow half of the export and sample requests: a job's training config rebuilt for its
+ * checkpoints, and td_export_llmc() or td_sample() run on libuv's threadpool, so that the loop
+ * thread never waits on a model file or a generation.
+ *
+ * Threads: td_work_new(), td_work_start(), the done callback and td_work_free() run on the
+ * loop thread; only the work itself runs on a threadpool thread, and it touches nothing but
+ * its td_work (no store, no job table, no loop handle). */
+#ifndef TD_WORK_H
+#define TD_WORK_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "daemon.h"
+
+#define TD_SAMPLE_MAX_TOKENS     4096 /* tokens one sample request may ask for */
+#define TD_SAMPLE_DEFAULT_TOKENS 256  /* tokens when the request names none */
+
+typedef enum { TD_WORK_EXPORT = 1, TD_WORK_SAMPLE = 2 } td_work_kind;
+
+typedef struct td_work td_work;
+
+/* Called on the loop thread when the work has run (or failed): rc, err and the results. */
+typedef void (*td_work_cb)(td_work *w);
+
+/* Public because it embeds a libuv request (STYLE.md habit 2). */
+struct td_work {
+    uv_work_t req;
+    td_work_kind kind;
+    int64_t job;
+    td_train_config cfg;    /* the job's config, checkpoint_dir set */
+    char path[TD_PATH_MAX]; /* export: the temp file under the state directory */
+
+    /* the caller's: set them before td_work_start() */
+    void *ud;
+    int64_t req_id;    /* the request this answers */
+    char *prompt;      /* sample: malloc'd, NUL-terminated; td_work_free() frees it */
+    int tokens;        /* sample: 1 to TD_SAMPLE_MAX_TOKENS */
+    float temperature; /* sample: >= 0, 0 is greedy */
+    uint64_t seed;     /* sample */
+
+    /* the results, valid in the done callback */
+    int rc; /* 0, or a negative code with err saying why ("job 3 has no checkpoint yet") */
+    td_error_t err;
+    int fd;       /* export: the llm.c file, open for reading and already unlinked; -1 */
+    int64_t size; /* export: its bytes */
+    char *text;   /* sample: what was generated (not the prompt), text_len bytes, which
+                   * may hold NULs: a text job's tokens are raw bytes */
+    size_t text_len;
+
+    td_work_cb cb;
+};
+
+/* Makes a work item for job on behalf of uid: its config, rebuilt from the job in memory
+ * (queued or running) or else from the spec the store keeps, with checkpoint_dir where
+ * dispatch() puts it (STATE_DIR/checkpoints/ID). Loop thread. Errors: TD_ENOTFOUND for no such
+ * job; TD_EPERM when uid is neither the job's owner nor root ("permission denied: job 3
+ * belongs to alice": a model can recite its training text); TD_EINVAL for a job that is not a
+ * gpt ("job 3 is an mlp job; only gpt jobs export to llm.c files"); TD_EJOB for a stored spec
+ * that no longer validates (a dataset that is gone); TD_ENOMEM. Caller frees with
+ * td_work_free(). */
+int td_work_new(td_work **out, td_daemon *d, td_work_kind kind, int64_t job, int64_t uid,
+                td_error_t *err);
+
+/* Queues w on loop's threadpool; cb gets it back on the loop thread. Borrows w until cb.
+ * Returns 0, or a libuv code, and then cb is never called. */
+int td_work_start(td_work *w, uv_loop_t *loop, td_work_cb cb);
+
+/* Closes the export's file, frees the prompt, the text and w. Accepts NULL. Never while w is
+ * queued (between td_work_start() and its callback). */
+void td_work_free(td_work *w);
+
+#endif
