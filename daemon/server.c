@@ -127,6 +127,17 @@ static void conn_send(td_conn *c)
     }
 }
 
+/* Starts a reply frame in c->w: {type, id} and room for extra more pairs. */
+static void reply_begin(td_conn *c, const char *type, int64_t id, uint32_t extra)
+{
+    td_pw_reset(&c->w);
+    td_pw_map(&c->w, 2 + extra);
+    td_pw_str(&c->w, "type");
+    td_pw_str(&c->w, type);
+    td_pw_str(&c->w, "id");
+    td_pw_int(&c->w, id);
+}
+
 static void send_error(td_conn *c, int64_t id, int code, const char *msg)
 {
     td_pw_reset(&c->w);
@@ -286,25 +297,14 @@ static void stream_end(td_stream *st)
     td_job_row row = {0};
     td_error_t err;
 
-    td_pw_reset(&c->w);
-    if (st->watch && td_store_job_get(d->store, st->job, &row, &err) == 0) {
-        td_pw_map(&c->w, 4);
-        td_pw_str(&c->w, "type");
-        td_pw_str(&c->w, "end");
-        td_pw_str(&c->w, "id");
-        td_pw_int(&c->w, st->req_id);
-        td_pw_str(&c->w, "job_id");
-        td_pw_int(&c->w, st->job);
+    int with_job = st->watch && td_store_job_get(d->store, st->job, &row, &err) == 0;
+
+    reply_begin(c, "end", st->req_id, with_job ? 2 : 1);
+    td_pw_str(&c->w, "job_id");
+    td_pw_int(&c->w, st->job);
+    if (with_job) {
         td_pw_str(&c->w, "job");
         write_job(d, &c->w, &row, 0);
-    } else {
-        td_pw_map(&c->w, 3);
-        td_pw_str(&c->w, "type");
-        td_pw_str(&c->w, "end");
-        td_pw_str(&c->w, "id");
-        td_pw_int(&c->w, st->req_id);
-        td_pw_str(&c->w, "job_id");
-        td_pw_int(&c->w, st->job);
     }
     td_job_row_clear(&row);
     conn_send(c);
@@ -343,12 +343,7 @@ static void stream_pump(td_stream *st)
             }
         }
         if (page.n > 0) {
-            td_pw_reset(&c->w);
-            td_pw_map(&c->w, 4);
-            td_pw_str(&c->w, "type");
-            td_pw_str(&c->w, "rows");
-            td_pw_str(&c->w, "id");
-            td_pw_int(&c->w, st->req_id);
+            reply_begin(c, "rows", st->req_id, 2);
             td_pw_str(&c->w, "job_id");
             td_pw_int(&c->w, st->job);
             td_pw_str(&c->w, "rows");
@@ -375,12 +370,7 @@ static void send_state(td_stream *st, const td_djob *job)
 {
     td_conn *c = st->c;
 
-    td_pw_reset(&c->w);
-    td_pw_map(&c->w, 6);
-    td_pw_str(&c->w, "type");
-    td_pw_str(&c->w, "state");
-    td_pw_str(&c->w, "id");
-    td_pw_int(&c->w, st->req_id);
+    reply_begin(c, "state", st->req_id, 4);
     td_pw_str(&c->w, "job_id");
     td_pw_int(&c->w, st->job);
     td_pw_str(&c->w, "state");
@@ -434,12 +424,7 @@ static void req_hello(td_conn *c, const td_pval *root, int64_t id)
         return;
     }
     c->hello = 1;
-    td_pw_reset(&c->w);
-    td_pw_map(&c->w, 4);
-    td_pw_str(&c->w, "type");
-    td_pw_str(&c->w, "hello");
-    td_pw_str(&c->w, "id");
-    td_pw_int(&c->w, id);
+    reply_begin(c, "hello", id, 2);
     td_pw_str(&c->w, "version");
     td_pw_int(&c->w, TD_PROTO_VERSION);
     td_pw_str(&c->w, "server");
@@ -458,12 +443,7 @@ static void req_submit(td_conn *c, const td_pval *root, int64_t id)
         send_error(c, id, err.code, err.msg);
         return;
     }
-    td_pw_reset(&c->w);
-    td_pw_map(&c->w, 3);
-    td_pw_str(&c->w, "type");
-    td_pw_str(&c->w, "submitted");
-    td_pw_str(&c->w, "id");
-    td_pw_int(&c->w, id);
+    reply_begin(c, "submitted", id, 1);
     td_pw_str(&c->w, "job_id");
     td_pw_int(&c->w, job);
     conn_send(c);
@@ -481,12 +461,7 @@ static void req_status(td_conn *c, const td_pval *root, int64_t id)
         send_error(c, id, err.code, err.msg);
         return;
     }
-    td_pw_reset(&c->w);
-    td_pw_map(&c->w, 3);
-    td_pw_str(&c->w, "type");
-    td_pw_str(&c->w, "job");
-    td_pw_str(&c->w, "id");
-    td_pw_int(&c->w, id);
+    reply_begin(c, "job", id, 1);
     td_pw_str(&c->w, "job");
     write_job(c->d, &c->w, &row, 1);
     td_job_row_clear(&row);
@@ -503,12 +478,7 @@ static void req_list(td_conn *c, int64_t id)
         send_error(c, id, err.code, err.msg);
         return;
     }
-    td_pw_reset(&c->w);
-    td_pw_map(&c->w, 3);
-    td_pw_str(&c->w, "type");
-    td_pw_str(&c->w, "jobs");
-    td_pw_str(&c->w, "id");
-    td_pw_int(&c->w, id);
+    reply_begin(c, "jobs", id, 1);
     td_pw_str(&c->w, "jobs");
     td_pw_array(&c->w, (uint32_t)n);
     for (size_t i = 0; i < n; i++) {
@@ -531,12 +501,7 @@ static void req_cancel(td_conn *c, const td_pval *root, int64_t id)
         send_error(c, id, err.code, err.msg);
         return;
     }
-    td_pw_reset(&c->w);
-    td_pw_map(&c->w, 4);
-    td_pw_str(&c->w, "type");
-    td_pw_str(&c->w, "cancelled");
-    td_pw_str(&c->w, "id");
-    td_pw_int(&c->w, id);
+    reply_begin(c, "cancelled", id, 2);
     td_pw_str(&c->w, "job_id");
     td_pw_int(&c->w, job);
     td_pw_str(&c->w, "state");
@@ -552,12 +517,7 @@ static void req_info(td_conn *c, int64_t id)
 
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
         nq += j->run == NULL;
-    td_pw_reset(&c->w);
-    td_pw_map(&c->w, 8);
-    td_pw_str(&c->w, "type");
-    td_pw_str(&c->w, "info");
-    td_pw_str(&c->w, "id");
-    td_pw_int(&c->w, id);
+    reply_begin(c, "info", id, 6);
     td_pw_str(&c->w, "version");
     td_pw_str(&c->w, TD_VERSION);
     td_pw_str(&c->w, "protocol");
@@ -668,12 +628,7 @@ static void req_logs(td_conn *c, const td_pval *root, int64_t id)
     l.last_id = 0;
     if (count > TD_LOG_LINES_MAX)
         td_store_log_read(s, job, 0, count - TD_LOG_LINES_MAX, skip_log_line, &l, &ndone, &err);
-    td_pw_reset(&c->w);
-    td_pw_map(&c->w, 4);
-    td_pw_str(&c->w, "type");
-    td_pw_str(&c->w, "logs");
-    td_pw_str(&c->w, "id");
-    td_pw_int(&c->w, id);
+    reply_begin(c, "logs", id, 2);
     td_pw_str(&c->w, "job_id");
     td_pw_int(&c->w, job);
     td_pw_str(&c->w, "lines");
@@ -783,12 +738,7 @@ static void xfer_done(td_conn *c)
 
 static void send_chunk(td_conn *c, const td_work *w, const char *data, size_t len)
 {
-    td_pw_reset(&c->w);
-    td_pw_map(&c->w, 4);
-    td_pw_str(&c->w, "type");
-    td_pw_str(&c->w, "chunk");
-    td_pw_str(&c->w, "id");
-    td_pw_int(&c->w, w->req_id);
+    reply_begin(c, "chunk", w->req_id, 2);
     td_pw_str(&c->w, "job_id");
     td_pw_int(&c->w, w->job);
     td_pw_str(&c->w, "data");
@@ -798,12 +748,7 @@ static void send_chunk(td_conn *c, const td_work *w, const char *data, size_t le
 
 static void send_xfer_end(td_conn *c, const td_work *w)
 {
-    td_pw_reset(&c->w);
-    td_pw_map(&c->w, 4);
-    td_pw_str(&c->w, "type");
-    td_pw_str(&c->w, "end");
-    td_pw_str(&c->w, "id");
-    td_pw_int(&c->w, w->req_id);
+    reply_begin(c, "end", w->req_id, 2);
     td_pw_str(&c->w, "job_id");
     td_pw_int(&c->w, w->job);
     td_pw_str(&c->w, "bytes");
@@ -848,12 +793,7 @@ static void xfer_pump(td_conn *c)
 
 static void send_sample(td_conn *c, const td_work *w)
 {
-    td_pw_reset(&c->w);
-    td_pw_map(&c->w, 5);
-    td_pw_str(&c->w, "type");
-    td_pw_str(&c->w, "sample");
-    td_pw_str(&c->w, "id");
-    td_pw_int(&c->w, w->req_id);
+    reply_begin(c, "sample", w->req_id, 3);
     td_pw_str(&c->w, "job_id");
     td_pw_int(&c->w, w->job);
     td_pw_str(&c->w, "text");
