@@ -3,9 +3,7 @@
  * is driven as a user would drive it. They check what a user sees: states, errors, every
  * metric row once and in order, the rows in SQLite, and that the daemon keeps serving after
  * bad input. */
-#include <errno.h>
 #include <math.h>
-#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -14,251 +12,25 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "proto.h"
 #include "store.h"
+#include "support.h"
 
 #define FMNIST "/usr/share/datasets/fashion-mnist"
-#define RECV_TIMEOUT_MS 120000 /* a frame the daemon owes us; generous for a loaded CI box */
-
-typedef struct daemon_proc {
-    char dir[256];
-    char sock[300];
-    char db[300];
-    pid_t pid;
-} daemon_proc;
-
-static const char *env_or(const char *name, const char *dflt)
-{
-    const char *v = getenv(name);
-    return v != NULL && v[0] != '\0' ? v : dflt;
-}
-
-/* The daemon a failed test left behind, killed by the group teardown so that nothing
- * outlives the test run (an orphan would also hold meson's output pipe open). */
-static pid_t live_pid = -1;
-
-static int can_connect(const char *sock)
-{
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    int fd = socket(AF_UNIX, SOCK_STREAM, 0), ok;
-
-    if (strlen(sock) >= sizeof(sa.sun_path))
-        return 0;
-    memcpy(sa.sun_path, sock, strlen(sock) + 1);
-    ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-    close(fd);
-    return ok;
-}
-
-static void daemon_start_in(daemon_proc *d, const char *devices)
-{
-    const char *bin = env_or("TRAIND_BIN", "build/daemon/traind");
-    char log[320];
-
-    snprintf(d->sock, sizeof(d->sock), "%s/traind.sock", d->dir);
-    snprintf(d->db, sizeof(d->db), "%s/traind.db", d->dir);
-    snprintf(log, sizeof(log), "%s/traind.log", d->dir);
-    d->pid = fork();
-    assert_true(d->pid >= 0);
-    if (d->pid == 0) {
-        if (freopen(log, "a", stderr) == NULL || freopen("/dev/null", "w", stdout) == NULL)
-            _exit(126);
-        execl(bin, bin, "--socket", d->sock, "--state-dir", d->dir, "--devices", devices,
-              "--log-level", "debug", (char *)NULL);
-        _exit(127);
-    }
-    live_pid = d->pid;
-    for (int i = 0; i < 200; i++) {
-        if (can_connect(d->sock))
-            return;
-        usleep(50 * 1000);
-    }
-    fail_msg("traind did not listen on %s within 10 s", d->sock);
-}
-
-static void daemon_start(daemon_proc *d, const char *devices)
-{
-    snprintf(d->dir, sizeof(d->dir), "/tmp/traind-test.XXXXXX");
-    assert_non_null(mkdtemp(d->dir));
-    daemon_start_in(d, devices);
-}
-
-/* SIGTERM and wait; returns the exit status. */
-static int daemon_stop(daemon_proc *d)
-{
-    int status = 0;
-
-    char cmd[300];
-
-    kill(d->pid, SIGTERM);
-    assert_int_equal(waitpid(d->pid, &status, 0), d->pid);
-    live_pid = -1;
-    if (status == 0) {
-        snprintf(cmd, sizeof(cmd), "rm -rf %s", d->dir);
-        assert_int_equal(system(cmd), 0);
-    }
-    return status;
-}
-
-static void daemon_kill9(daemon_proc *d)
-{
-    int status;
-    kill(d->pid, SIGKILL);
-    waitpid(d->pid, &status, 0);
-    live_pid = -1;
-}
-
-static int kill_leftover(void **state)
-{
-    if (live_pid > 0) {
-        kill(live_pid, SIGKILL);
-        waitpid(live_pid, NULL, 0);
-        live_pid = -1;
-    }
-    return 0;
-}
-
-/* ---- a minimal blocking client ---- */
-
-typedef struct client {
-    int fd;
-    td_proto_reader *r;
-    td_pw w;
-    int64_t next_id;
-} client;
-
-static int client_connect(client *c, const char *sock)
-{
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-
-    memset(c, 0, sizeof(*c));
-    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
-    c->fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    assert_true(c->fd >= 0);
-    if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)
-        return -errno;
-    assert_int_equal(td_proto_reader_new(&c->r, 0), 0);
-    td_pw_init(&c->w);
-    c->next_id = 1;
-    return 0;
-}
-
-static void client_close(client *c)
-{
-    close(c->fd);
-    td_proto_reader_free(c->r);
-    td_pw_free(&c->w);
-}
-
-static void send_raw(client *c, const void *p, size_t len)
-{
-    const char *b = p;
-    while (len > 0) {
-        ssize_t n = write(c->fd, b, len);
-        assert_true(n > 0);
-        b += n;
-        len -= (size_t)n;
-    }
-}
-
-static void client_send(client *c)
-{
-    const char *frame;
-    size_t len;
-    assert_int_equal(td_pw_finish(&c->w, &frame, &len), 0);
-    send_raw(c, frame, len);
-}
-
-/* Next frame, or NULL when the daemon closed the connection. Fails the test on timeout. */
-static td_proto_frame *client_recv(client *c)
-{
-    char buf[65536];
-    td_proto_frame *f = NULL;
-    td_error_t err;
-    int rc;
-
-    for (;;) {
-        rc = td_proto_reader_next(c->r, &f, &err);
-        assert_true(rc >= 0);
-        if (rc == 1)
-            return f;
-        struct pollfd p = {.fd = c->fd, .events = POLLIN};
-        int pr = poll(&p, 1, RECV_TIMEOUT_MS);
-        if (pr == 0)
-            fail_msg("no frame from traind within %d ms", RECV_TIMEOUT_MS);
-        ssize_t n = read(c->fd, buf, sizeof(buf));
-        if (n <= 0)
-            return NULL;
-        assert_int_equal(td_proto_reader_feed(c->r, buf, (size_t)n), 0);
-    }
-}
-
-static int str_is(const td_pval *v, const char *s)
-{
-    size_t len;
-    const char *p = td_pv_str(v, &len);
-    return p != NULL && len == strlen(s) && memcmp(p, s, len) == 0;
-}
-
-static int64_t get_i(const td_pval *m, const char *key)
-{
-    int64_t v = -999;
-    assert_int_equal(td_pv_int(td_pv_get(m, key), &v), 0);
-    return v;
-}
-
-static void get_s(const td_pval *m, const char *key, char *buf, size_t size)
-{
-    assert_int_equal(td_pv_strcpy(td_pv_get(m, key), buf, size), 0);
-}
-
-static void begin(client *c, const char *type, uint32_t extra)
-{
-    td_pw_reset(&c->w);
-    td_pw_map(&c->w, 2 + extra);
-    td_pw_str(&c->w, "type");
-    td_pw_str(&c->w, type);
-    td_pw_str(&c->w, "id");
-    td_pw_int(&c->w, c->next_id++);
-}
-
-static void hello(client *c)
-{
-    begin(c, "hello", 1);
-    td_pw_str(&c->w, "version");
-    td_pw_int(&c->w, TD_PROTO_VERSION);
-    client_send(c);
-    td_proto_frame *f = client_recv(c);
-    assert_non_null(f);
-    assert_true(str_is(td_pv_get(td_proto_frame_root(f), "type"), "hello"));
-    assert_int_equal(get_i(td_proto_frame_root(f), "version"), TD_PROTO_VERSION);
-    td_proto_frame_free(f);
-}
-
-static void connect_hello(client *c, const daemon_proc *d)
-{
-    assert_int_equal(client_connect(c, d->sock), 0);
-    hello(c);
-}
 
 /* A job as the client would send it, in msgpack. The test set is a slice of t10k so that
  * evaluation stays quick. */
 /* Extra keys of a test job: devices, and an injected fault. */
 typedef struct job_extra {
-    int devices;          /* 0: leave the key out */
-    int64_t fail_step;    /* with fail_kind */
+    int devices;           /* 0: leave the key out */
+    int64_t fail_step;     /* with fail_kind */
     const char *fail_kind; /* NULL: no debug.fail */
-    int fail_devices[4];  /* device numbers, ended by -1 */
-    int batch;            /* 0: 64 */
+    int fail_devices[4];   /* device numbers, ended by -1 */
+    int batch;             /* 0: 64 */
 } job_extra;
 
 static void write_mlp_job_ex(td_pw *w, const char *name, int layers1, int64_t max_steps,
@@ -334,141 +106,40 @@ static void write_mlp_job_ex(td_pw *w, const char *name, int layers1, int64_t ma
     td_pw_int(w, 7);
 }
 
-static int64_t submit_ex(client *c, const char *name, int layers1, int64_t max_steps,
+static int64_t submit_ex(ts_client *c, const char *name, int layers1, int64_t max_steps,
                          const job_extra *x, char *msg, size_t msgsize);
 
 /* Submits and returns the job id, or the (negative) error code with msg filled. */
-static int64_t submit(client *c, const char *name, int layers1, int64_t max_steps, char *msg,
+static int64_t submit(ts_client *c, const char *name, int layers1, int64_t max_steps, char *msg,
                       size_t msgsize)
 {
     return submit_ex(c, name, layers1, max_steps, NULL, msg, msgsize);
 }
 
-static int64_t submit_ex(client *c, const char *name, int layers1, int64_t max_steps,
+static int64_t submit_ex(ts_client *c, const char *name, int layers1, int64_t max_steps,
                          const job_extra *x, char *msg, size_t msgsize)
 {
     td_proto_frame *f;
     const td_pval *root;
     int64_t r;
 
-    begin(c, "submit", 1);
+    ts_begin(c, "submit", 1);
     td_pw_str(&c->w, "job");
     write_mlp_job_ex(&c->w, name, layers1, max_steps, 1, x);
-    client_send(c);
-    f = client_recv(c);
+    ts_client_send(c);
+    f = ts_client_recv(c);
     assert_non_null(f);
     root = td_proto_frame_root(f);
-    if (str_is(td_pv_get(root, "type"), "submitted")) {
-        r = get_i(root, "job_id");
+    if (ts_str_is(td_pv_get(root, "type"), "submitted")) {
+        r = ts_get_i(root, "job_id");
     } else {
-        assert_true(str_is(td_pv_get(root, "type"), "error"));
-        r = get_i(root, "code");
+        assert_true(ts_str_is(td_pv_get(root, "type"), "error"));
+        r = ts_get_i(root, "code");
         if (msg != NULL)
-            get_s(root, "message", msg, msgsize);
+            ts_get_s(root, "message", msg, msgsize);
     }
     td_proto_frame_free(f);
     return r;
-}
-
-/* status; returns the frame (caller frees) and sets *job to its JOB map. */
-static td_proto_frame *status(client *c, int64_t id, const td_pval **job)
-{
-    td_proto_frame *f;
-
-    begin(c, "status", 1);
-    td_pw_str(&c->w, "job_id");
-    td_pw_int(&c->w, id);
-    client_send(c);
-    f = client_recv(c);
-    assert_non_null(f);
-    *job = td_pv_get(td_proto_frame_root(f), "job");
-    return f;
-}
-
-static void wait_state(client *c, int64_t id, const char *state, int timeout_s)
-{
-    for (int i = 0; i < timeout_s * 10; i++) {
-        const td_pval *job;
-        td_proto_frame *f = status(c, id, &job);
-        int ok = str_is(td_pv_get(job, "state"), state);
-        td_proto_frame_free(f);
-        if (ok)
-            return;
-        usleep(100 * 1000);
-    }
-    fail_msg("job %lld did not reach %s in %d s", (long long)id, state, timeout_s);
-}
-
-#define MAX_LOSSES 512 /* train_loss values kept by step */
-
-typedef struct watched {
-    double losses[MAX_LOSSES]; /* train_loss by step - 1 */
-    int64_t train_loss_rows;
-    int64_t last_step;
-    int64_t dup_or_disorder;
-    double first_loss, last_loss;
-    double test_accuracy;
-    int64_t rows;
-    char final_state[16];
-    char error[1024];
-} watched;
-
-/* Watches job to its end frame, checking every row arrives once and in (step) order. */
-static void watch_to_end(client *c, int64_t id, watched *out)
-{
-    td_proto_frame *f;
-    int64_t req;
-
-    memset(out, 0, sizeof(*out));
-    out->test_accuracy = -1;
-    begin(c, "watch", 1);
-    req = c->next_id - 1;
-    td_pw_str(&c->w, "job_id");
-    td_pw_int(&c->w, id);
-    client_send(c);
-    while ((f = client_recv(c)) != NULL) {
-        const td_pval *root = td_proto_frame_root(f);
-        assert_int_equal(get_i(root, "id"), req);
-        if (str_is(td_pv_get(root, "type"), "rows")) {
-            const td_pval *rows = td_pv_get(root, "rows");
-            for (size_t i = 0; i < td_pv_len(rows); i++) {
-                const td_pval *row = td_pv_at(rows, i);
-                int64_t step;
-                double v;
-                assert_int_equal(td_pv_len(row), 4);
-                assert_int_equal(td_pv_int(td_pv_at(row, 1), &step), 0);
-                assert_int_equal(td_pv_double(td_pv_at(row, 2), &v), 0);
-                if (step < out->last_step)
-                    out->dup_or_disorder++;
-                out->last_step = step;
-                out->rows++;
-                if (str_is(td_pv_at(row, 0), "train_loss")) {
-                    if (step != out->train_loss_rows + 1)
-                        out->dup_or_disorder++;
-                    if (out->train_loss_rows == 0)
-                        out->first_loss = v;
-                    if (step >= 1 && step <= MAX_LOSSES)
-                        out->losses[step - 1] = v;
-                    out->last_loss = v;
-                    out->train_loss_rows++;
-                } else if (str_is(td_pv_at(row, 0), "test_accuracy")) {
-                    out->test_accuracy = v;
-                }
-            }
-        } else if (str_is(td_pv_get(root, "type"), "end")) {
-            const td_pval *job = td_pv_get(root, "job");
-            const td_pval *e = td_pv_get(job, "error");
-            get_s(job, "state", out->final_state, sizeof(out->final_state));
-            if (td_pv_type_of(e) == TD_PV_MAP)
-                get_s(e, "message", out->error, sizeof(out->error));
-            td_proto_frame_free(f);
-            return;
-        } else {
-            assert_true(str_is(td_pv_get(root, "type"), "state"));
-        }
-        td_proto_frame_free(f);
-    }
-    fail_msg("connection closed before the end of the watch");
 }
 
 static int count_rows(void *ud, const td_metric_row *row)
@@ -478,7 +149,7 @@ static int count_rows(void *ud, const td_metric_row *row)
 }
 
 /* Rows of key stored in SQLite for job, read straight from the database file. */
-static int64_t stored_rows(const daemon_proc *d, int64_t job, const char *key)
+static int64_t stored_rows(const ts_daemon *d, int64_t job, const char *key)
 {
     td_store *s;
     td_metric_cursor cur;
@@ -503,19 +174,19 @@ static int64_t stored_rows(const daemon_proc *d, int64_t job, const char *key)
  * in order; the rows are in SQLite; status reports the last metric values. */
 static void test_job_trains_end_to_end(void **state)
 {
-    daemon_proc d;
-    client c;
-    watched w;
+    ts_daemon d;
+    ts_client c;
+    ts_watched w;
     const td_pval *job, *metrics;
     td_proto_frame *f;
     int64_t id;
     double acc;
 
-    daemon_start(&d, "cpu:1");
-    connect_hello(&c, &d);
+    ts_daemon_start(&d, "cpu:1");
+    ts_connect_hello(&c, d.sock);
     id = submit(&c, "e2e", 128, 300, NULL, 0);
     assert_true(id >= 1);
-    watch_to_end(&c, id, &w);
+    ts_watch_to_end(&c, id, &w);
     assert_string_equal(w.final_state, "succeeded");
     assert_int_equal(w.train_loss_rows, 300);
     assert_int_equal(w.dup_or_disorder, 0);
@@ -524,10 +195,10 @@ static void test_job_trains_end_to_end(void **state)
      * seed luck while still failing a model that does not learn (0.10 is chance). */
     assert_true(w.test_accuracy > 0.70);
 
-    f = status(&c, id, &job);
-    assert_true(str_is(td_pv_get(job, "state"), "succeeded"));
-    assert_int_equal(get_i(job, "step"), 300);
-    assert_int_equal(get_i(job, "total_steps"), 300);
+    f = ts_status(&c, id, &job);
+    assert_true(ts_str_is(td_pv_get(job, "state"), "succeeded"));
+    assert_int_equal(ts_get_i(job, "step"), 300);
+    assert_int_equal(ts_get_i(job, "total_steps"), 300);
     assert_int_equal(td_pv_type_of(td_pv_get(job, "error")), TD_PV_NIL);
     metrics = td_pv_get(job, "metrics");
     assert_int_equal(td_pv_double(td_pv_get(metrics, "test_accuracy"), &acc), 0);
@@ -535,192 +206,176 @@ static void test_job_trains_end_to_end(void **state)
     assert_non_null(td_pv_get(metrics, "train_loss"));
     assert_non_null(td_pv_get(td_pv_get(job, "spec"), "model"));
     td_proto_frame_free(f);
-    client_close(&c);
+    ts_client_close(&c);
 
     assert_int_equal(stored_rows(&d, id, "train_loss"), 300);
     assert_int_equal(stored_rows(&d, id, "test_accuracy"), 1);
-    assert_int_equal(daemon_stop(&d), 0);
+    assert_int_equal(ts_daemon_stop(&d), 0);
 }
 
 /* An invalid job is refused naming the field; a malformed frame gets an error frame and its
  * connection closes; the daemon goes on answering others. */
 static void test_bad_input_is_refused_and_daemon_goes_on(void **state)
 {
-    daemon_proc d;
-    client c, bad;
+    ts_daemon d;
+    ts_client c, bad;
     char msg[1024];
     td_proto_frame *f;
     const td_pval *root;
 
-    daemon_start(&d, "cpu:1");
-    connect_hello(&c, &d);
+    ts_daemon_start(&d, "cpu:1");
+    ts_connect_hello(&c, d.sock);
 
     assert_int_equal(submit(&c, "bad", 0, 10, msg, sizeof(msg)), TD_EJOB);
     assert_string_equal(msg, "model.layers[1]: must be a positive integer");
 
     /* Unknown key, missing dataset: both named. */
-    begin(&c, "submit", 1);
+    ts_begin(&c, "submit", 1);
     td_pw_str(&c.w, "job");
     td_pw_map(&c.w, 1);
     td_pw_str(&c.w, "modle");
     td_pw_nil(&c.w);
-    client_send(&c);
-    f = client_recv(&c);
+    ts_client_send(&c);
+    f = ts_client_recv(&c);
     root = td_proto_frame_root(f);
-    assert_true(str_is(td_pv_get(root, "type"), "error"));
-    get_s(root, "message", msg, sizeof(msg));
+    assert_true(ts_str_is(td_pv_get(root, "type"), "error"));
+    ts_get_s(root, "message", msg, sizeof(msg));
     assert_string_equal(msg, "modle: unknown key");
     td_proto_frame_free(f);
 
     /* A request before hello is refused. */
-    assert_int_equal(client_connect(&bad, d.sock), 0);
-    begin(&bad, "list", 0);
-    client_send(&bad);
-    f = client_recv(&bad);
+    assert_int_equal(ts_client_connect(&bad, d.sock), 0);
+    ts_begin(&bad, "list", 0);
+    ts_client_send(&bad);
+    f = ts_client_recv(&bad);
     assert_non_null(f);
-    get_s(td_proto_frame_root(f), "message", msg, sizeof(msg));
+    ts_get_s(td_proto_frame_root(f), "message", msg, sizeof(msg));
     assert_string_equal(msg, "the first request must be hello");
     td_proto_frame_free(f);
-    assert_null(client_recv(&bad));
-    client_close(&bad);
+    assert_null(ts_client_recv(&bad));
+    ts_client_close(&bad);
 
     /* A frame whose body is not valid msgpack (0xc1 is never used). */
-    assert_int_equal(client_connect(&bad, d.sock), 0);
-    send_raw(&bad, "\x00\x00\x00\x02\xc1\xc1", 6);
-    f = client_recv(&bad);
+    assert_int_equal(ts_client_connect(&bad, d.sock), 0);
+    ts_send_raw(&bad, "\x00\x00\x00\x02\xc1\xc1", 6);
+    f = ts_client_recv(&bad);
     assert_non_null(f);
     root = td_proto_frame_root(f);
-    assert_true(str_is(td_pv_get(root, "type"), "error"));
-    assert_int_equal(get_i(root, "id"), -1);
-    assert_int_equal(get_i(root, "code"), TD_EPROTO);
+    assert_true(ts_str_is(td_pv_get(root, "type"), "error"));
+    assert_int_equal(ts_get_i(root, "id"), -1);
+    assert_int_equal(ts_get_i(root, "code"), TD_EPROTO);
     td_proto_frame_free(f);
-    assert_null(client_recv(&bad));
-    client_close(&bad);
+    assert_null(ts_client_recv(&bad));
+    ts_client_close(&bad);
 
     /* A length prefix far over the limit is refused before any body is read. */
-    assert_int_equal(client_connect(&bad, d.sock), 0);
-    send_raw(&bad, "\x7f\xff\xff\xff", 4);
-    f = client_recv(&bad);
+    assert_int_equal(ts_client_connect(&bad, d.sock), 0);
+    ts_send_raw(&bad, "\x7f\xff\xff\xff", 4);
+    f = ts_client_recv(&bad);
     assert_non_null(f);
-    assert_int_equal(get_i(td_proto_frame_root(f), "code"), TD_E2BIG);
+    assert_int_equal(ts_get_i(td_proto_frame_root(f), "code"), TD_E2BIG);
     td_proto_frame_free(f);
-    assert_null(client_recv(&bad));
-    client_close(&bad);
+    assert_null(ts_client_recv(&bad));
+    ts_client_close(&bad);
 
     /* A hostile array header inside a well-sized frame. */
-    assert_int_equal(client_connect(&bad, d.sock), 0);
-    send_raw(&bad, "\x00\x00\x00\x05\xdd\xff\xff\xff\xff", 9);
-    f = client_recv(&bad);
+    assert_int_equal(ts_client_connect(&bad, d.sock), 0);
+    ts_send_raw(&bad, "\x00\x00\x00\x05\xdd\xff\xff\xff\xff", 9);
+    f = ts_client_recv(&bad);
     assert_non_null(f);
-    assert_true(get_i(td_proto_frame_root(f), "code") < 0);
+    assert_true(ts_get_i(td_proto_frame_root(f), "code") < 0);
     td_proto_frame_free(f);
-    client_close(&bad);
+    ts_client_close(&bad);
 
     /* The first connection is still served, and so is a new one. */
-    begin(&c, "list", 0);
-    client_send(&c);
-    f = client_recv(&c);
-    assert_true(str_is(td_pv_get(td_proto_frame_root(f), "type"), "jobs"));
+    ts_begin(&c, "list", 0);
+    ts_client_send(&c);
+    f = ts_client_recv(&c);
+    assert_true(ts_str_is(td_pv_get(td_proto_frame_root(f), "type"), "jobs"));
     assert_int_equal(td_pv_len(td_pv_get(td_proto_frame_root(f), "jobs")), 0);
     td_proto_frame_free(f);
-    client_close(&c);
-    connect_hello(&c, &d);
-    client_close(&c);
-    assert_int_equal(daemon_stop(&d), 0);
+    ts_client_close(&c);
+    ts_connect_hello(&c, d.sock);
+    ts_client_close(&c);
+    assert_int_equal(ts_daemon_stop(&d), 0);
 }
 
 /* Cancel a running and a queued job on one device; the queued job leaves at once, the
  * running one stops at a step boundary; the next job then gets the device. */
 static void test_cancel_queued_and_running(void **state)
 {
-    daemon_proc d;
-    client c;
-    watched w;
+    ts_daemon d;
+    ts_client c;
+    ts_watched w;
     td_proto_frame *f;
     const td_pval *job;
     int64_t a, b, e;
     char st[16];
 
-    daemon_start(&d, "cpu:1");
-    connect_hello(&c, &d);
+    ts_daemon_start(&d, "cpu:1");
+    ts_connect_hello(&c, d.sock);
     a = submit(&c, "long", 64, 1000000, NULL, 0);
     b = submit(&c, "queued", 64, 10, NULL, 0);
-    wait_state(&c, a, "running", 30);
-    f = status(&c, b, &job);
-    assert_true(str_is(td_pv_get(job, "state"), "queued"));
+    ts_wait_state(&c, a, "running", 30);
+    f = ts_status(&c, b, &job);
+    assert_true(ts_str_is(td_pv_get(job, "state"), "queued"));
     td_proto_frame_free(f);
 
-    begin(&c, "cancel", 1);
-    td_pw_str(&c.w, "job_id");
-    td_pw_int(&c.w, b);
-    client_send(&c);
-    f = client_recv(&c);
-    get_s(td_proto_frame_root(f), "state", st, sizeof(st));
+    ts_send_job_request(&c, "cancel", b);
+    f = ts_client_recv(&c);
+    ts_get_s(td_proto_frame_root(f), "state", st, sizeof(st));
     assert_string_equal(st, "cancelled");
     td_proto_frame_free(f);
 
-    begin(&c, "cancel", 1);
-    td_pw_str(&c.w, "job_id");
-    td_pw_int(&c.w, a);
-    client_send(&c);
-    f = client_recv(&c);
-    assert_true(str_is(td_pv_get(td_proto_frame_root(f), "type"), "cancelled"));
+    ts_send_job_request(&c, "cancel", a);
+    f = ts_client_recv(&c);
+    assert_true(ts_str_is(td_pv_get(td_proto_frame_root(f), "type"), "cancelled"));
     td_proto_frame_free(f);
-    watch_to_end(&c, a, &w);
+    ts_watch_to_end(&c, a, &w);
     assert_string_equal(w.final_state, "cancelled");
     assert_int_equal(w.dup_or_disorder, 0);
 
     /* Cancelling an ended job is an error; the device runs the next job. */
-    begin(&c, "cancel", 1);
-    td_pw_str(&c.w, "job_id");
-    td_pw_int(&c.w, a);
-    client_send(&c);
-    f = client_recv(&c);
-    assert_int_equal(get_i(td_proto_frame_root(f), "code"), TD_ESTATE);
+    ts_send_job_request(&c, "cancel", a);
+    f = ts_client_recv(&c);
+    assert_int_equal(ts_get_i(td_proto_frame_root(f), "code"), TD_ESTATE);
     td_proto_frame_free(f);
     e = submit(&c, "after", 64, 20, NULL, 0);
-    watch_to_end(&c, e, &w);
+    ts_watch_to_end(&c, e, &w);
     assert_string_equal(w.final_state, "succeeded");
     assert_int_equal(w.train_loss_rows, 20);
-    client_close(&c);
-    assert_int_equal(daemon_stop(&d), 0);
+    ts_client_close(&c);
+    assert_int_equal(ts_daemon_stop(&d), 0);
 }
 
 /* A daemon killed with SIGKILL mid-job loses nothing committed: restarted on the same state
  * directory, it requeues the job and runs it to the end; replayed steps do not duplicate. */
 static void test_restart_requeues_running_job(void **state)
 {
-    daemon_proc d;
-    client c;
-    watched w;
+    ts_daemon d;
+    ts_client c;
+    ts_watched w;
     int64_t id;
 
-    daemon_start(&d, "cpu:1");
-    connect_hello(&c, &d);
+    ts_daemon_start(&d, "cpu:1");
+    ts_connect_hello(&c, d.sock);
     id = submit(&c, "survivor", 64, 400, NULL, 0);
-    wait_state(&c, id, "running", 30);
-    for (int i = 0; i < 100; i++) {
-        const td_pval *job;
-        td_proto_frame *f = status(&c, id, &job);
-        int64_t step = get_i(job, "step");
-        td_proto_frame_free(f);
-        if (step >= 50)
-            break;
+    ts_wait_state(&c, id, "running", 30);
+    for (int i = 0; i < 100 && ts_job_status(&c, id, NULL, 0) < 50; i++)
         usleep(100 * 1000);
-    }
-    client_close(&c);
-    daemon_kill9(&d);
+    ts_client_close(&c);
+    ts_daemon_kill9(&d);
     assert_true(stored_rows(&d, id, "train_loss") > 0);
 
-    daemon_start_in(&d, "cpu:1");
-    connect_hello(&c, &d);
-    watch_to_end(&c, id, &w);
+    ts_daemon_start_in(&d, "cpu:1");
+    ts_connect_hello(&c, d.sock);
+    ts_watch_to_end(&c, id, &w);
     assert_string_equal(w.final_state, "succeeded");
     assert_int_equal(w.train_loss_rows, 400);
     assert_int_equal(w.dup_or_disorder, 0);
-    client_close(&c);
+    ts_client_close(&c);
     assert_int_equal(stored_rows(&d, id, "train_loss"), 400);
-    assert_int_equal(daemon_stop(&d), 0);
+    assert_int_equal(ts_daemon_stop(&d), 0);
 }
 
 /* A job on 2 devices (each half of every batch, gradients averaged) gives the same losses as
@@ -729,33 +384,33 @@ static void test_restart_requeues_running_job(void **state)
  * (measured differences are around 1e-6; the steps after compound them chaotically). */
 static void test_two_devices_match_one(void **state)
 {
-    daemon_proc d;
-    client c;
-    watched one, two;
+    ts_daemon d;
+    ts_client c;
+    ts_watched one, two;
     job_extra x1 = {.devices = 1, .fail_devices = {-1}};
     job_extra x2 = {.devices = 2, .fail_devices = {-1}};
     int64_t a, b;
 
-    daemon_start(&d, "cpu:2");
-    connect_hello(&c, &d);
+    ts_daemon_start(&d, "cpu:2");
+    ts_connect_hello(&c, d.sock);
     a = submit_ex(&c, "one", 64, 30, &x1, NULL, 0);
-    watch_to_end(&c, a, &one);
+    ts_watch_to_end(&c, a, &one);
     b = submit_ex(&c, "two", 64, 30, &x2, NULL, 0);
-    watch_to_end(&c, b, &two);
+    ts_watch_to_end(&c, b, &two);
     assert_string_equal(one.final_state, "succeeded");
     assert_string_equal(two.final_state, "succeeded");
     assert_int_equal(two.train_loss_rows, 30);
     for (int i = 0; i < 30; i++)
         assert_true(fabs(one.losses[i] - two.losses[i]) <= 1e-4 * fabs(one.losses[i]));
-    client_close(&c);
-    assert_int_equal(daemon_stop(&d), 0);
+    ts_client_close(&c);
+    assert_int_equal(ts_daemon_stop(&d), 0);
 }
 
-static void expect_failure(client *c, int64_t id, const char *message, const char *stage)
+static void expect_failure(ts_client *c, int64_t id, const char *message, const char *stage)
 {
-    watched w;
+    ts_watched w;
 
-    watch_to_end(c, id, &w);
+    ts_watch_to_end(c, id, &w);
     assert_string_equal(w.final_state, "failed");
     if (strcmp(w.error, message) != 0)
         fail_msg("%s: expected error \"%s\", got \"%s\"", stage, message, w.error);
@@ -765,30 +420,30 @@ static void expect_failure(client *c, int64_t id, const char *message, const cha
  * the devices then run the next job. */
 static void test_injected_failures_name_each_device(void **state)
 {
-    daemon_proc d;
-    client c;
-    watched w;
-    job_extra one = {.devices = 3, .fail_step = 5, .fail_kind = "panic", .fail_devices = {1, -1},
-                     .batch = 96};
-    job_extra two = {.devices = 3, .fail_step = 3, .fail_kind = "oom", .fail_devices = {0, 2, -1},
-                     .batch = 96};
-    job_extra nan = {.devices = 3, .fail_step = 4, .fail_kind = "nan", .fail_devices = {1, -1},
-                     .batch = 96};
+    ts_daemon d;
+    ts_client c;
+    ts_watched w;
+    job_extra one = {
+        .devices = 3, .fail_step = 5, .fail_kind = "panic", .fail_devices = {1, -1}, .batch = 96};
+    job_extra two = {
+        .devices = 3, .fail_step = 3, .fail_kind = "oom", .fail_devices = {0, 2, -1}, .batch = 96};
+    job_extra nan = {
+        .devices = 3, .fail_step = 4, .fail_kind = "nan", .fail_devices = {1, -1}, .batch = 96};
     job_extra ok = {.devices = 3, .fail_devices = {-1}, .batch = 96};
     const td_pval *job, *devs;
     td_proto_frame *f;
     int64_t id;
 
-    daemon_start(&d, "cpu:3");
-    connect_hello(&c, &d);
+    ts_daemon_start(&d, "cpu:3");
+    ts_connect_hello(&c, d.sock);
     id = submit_ex(&c, "one-fails", 32, 50, &one, NULL, 0);
     expect_failure(&c, id, "training worker on device 1 failed: injected panic at step 5",
                    "one device");
-    f = status(&c, id, &job);
+    f = ts_status(&c, id, &job);
     devs = td_pv_get(td_pv_get(job, "error"), "devices");
     assert_int_equal(td_pv_len(devs), 1);
-    assert_int_equal(get_i(td_pv_at(devs, 0), "device"), 1);
-    assert_int_equal(get_i(td_pv_at(devs, 0), "code"), TD_EPANIC);
+    assert_int_equal(ts_get_i(td_pv_at(devs, 0), "device"), 1);
+    assert_int_equal(ts_get_i(td_pv_at(devs, 0), "code"), TD_EPANIC);
     td_proto_frame_free(f);
 
     id = submit_ex(&c, "two-fail", 32, 50, &two, NULL, 0);
@@ -797,97 +452,94 @@ static void test_injected_failures_name_each_device(void **state)
                    "  training worker on device 0 failed: out of memory\n"
                    "  training worker on device 2 failed: out of memory",
                    "two devices");
-    f = status(&c, id, &job);
+    f = ts_status(&c, id, &job);
     devs = td_pv_get(td_pv_get(job, "error"), "devices");
     assert_int_equal(td_pv_len(devs), 2);
-    assert_int_equal(get_i(td_pv_at(devs, 1), "device"), 2);
+    assert_int_equal(ts_get_i(td_pv_at(devs, 1), "device"), 2);
     td_proto_frame_free(f);
 
     id = submit_ex(&c, "nan", 32, 50, &nan, NULL, 0);
     expect_failure(&c, id, "training worker on device 1 failed: loss is NaN at step 4", "nan");
 
     id = submit_ex(&c, "after", 32, 20, &ok, NULL, 0);
-    watch_to_end(&c, id, &w);
+    ts_watch_to_end(&c, id, &w);
     assert_string_equal(w.final_state, "succeeded");
     assert_int_equal(w.train_loss_rows, 20);
-    client_close(&c);
-    assert_int_equal(daemon_stop(&d), 0);
+    ts_client_close(&c);
+    assert_int_equal(ts_daemon_stop(&d), 0);
 }
 
 /* Two jobs on two devices at once, one failing at step 5: the other finishes with every
  * metric stored. */
 static void test_failure_spares_the_other_job(void **state)
 {
-    daemon_proc d;
-    client c;
-    watched w;
+    ts_daemon d;
+    ts_client c;
+    ts_watched w;
     job_extra bad = {.devices = 1, .fail_step = 5, .fail_kind = "data", .fail_devices = {0, 1, -1}};
     int64_t good, failing;
 
-    daemon_start(&d, "cpu:2");
-    connect_hello(&c, &d);
+    ts_daemon_start(&d, "cpu:2");
+    ts_connect_hello(&c, d.sock);
     good = submit(&c, "good", 64, 300, NULL, 0);
     failing = submit_ex(&c, "bad", 64, 300, &bad, NULL, 0);
-    expect_failure(&c, failing,
-                   "dataset error during training step: injected read error at step 5", "data");
-    watch_to_end(&c, good, &w);
+    expect_failure(&c, failing, "dataset error during training step: injected read error at step 5",
+                   "data");
+    ts_watch_to_end(&c, good, &w);
     assert_string_equal(w.final_state, "succeeded");
     assert_int_equal(w.train_loss_rows, 300);
     assert_int_equal(w.dup_or_disorder, 0);
-    client_close(&c);
+    ts_client_close(&c);
     assert_int_equal(stored_rows(&d, good, "train_loss"), 300);
-    assert_int_equal(daemon_stop(&d), 0);
+    assert_int_equal(ts_daemon_stop(&d), 0);
 }
 
 /* A cancelled running job leaves a checkpoint behind. */
 static void test_cancel_leaves_checkpoint(void **state)
 {
-    daemon_proc d;
-    client c;
-    watched w;
+    ts_daemon d;
+    ts_client c;
+    ts_watched w;
     td_proto_frame *f;
     char dir[400], cmd[500];
     int64_t id;
 
-    daemon_start(&d, "cpu:1");
-    connect_hello(&c, &d);
+    ts_daemon_start(&d, "cpu:1");
+    ts_connect_hello(&c, d.sock);
     id = submit(&c, "to-cancel", 64, 1000000, NULL, 0);
-    wait_state(&c, id, "running", 30);
+    ts_wait_state(&c, id, "running", 30);
     usleep(300 * 1000);
-    begin(&c, "cancel", 1);
-    td_pw_str(&c.w, "job_id");
-    td_pw_int(&c.w, id);
-    client_send(&c);
-    f = client_recv(&c);
+    ts_send_job_request(&c, "cancel", id);
+    f = ts_client_recv(&c);
     td_proto_frame_free(f);
-    watch_to_end(&c, id, &w);
+    ts_watch_to_end(&c, id, &w);
     assert_string_equal(w.final_state, "cancelled");
     snprintf(dir, sizeof(dir), "%s/checkpoints/%lld", d.dir, (long long)id);
     snprintf(cmd, sizeof(cmd), "ls %s | grep -q '^ckpt-'", dir);
     assert_int_equal(system(cmd), 0);
-    client_close(&c);
-    assert_int_equal(daemon_stop(&d), 0);
+    ts_client_close(&c);
+    assert_int_equal(ts_daemon_stop(&d), 0);
 }
 
-#define STALL_STEPS 20000
+#define STALL_STEPS   20000
 #define TD_HIGH_WATER (256 << 10) /* daemon.h's TD_CONN_HIGH_WATER, bytes */
 #define TD_PAGE_FRAME (64 << 10)  /* bytes: a rows frame of 512 rows, with room to spare */
 
 /* The most bytes the daemon has queued to any one client, from info. */
-static int64_t max_pending(client *c)
+static int64_t max_pending(ts_client *c)
 {
     td_proto_frame *f;
     const td_pval *clients;
     int64_t most = 0;
 
-    begin(c, "info", 0);
-    client_send(c);
-    f = client_recv(c);
+    ts_begin(c, "info", 0);
+    ts_client_send(c);
+    f = ts_client_recv(c);
     assert_non_null(f);
     clients = td_pv_get(td_proto_frame_root(f), "clients");
     assert_true(td_pv_len(clients) >= 1);
     for (size_t i = 0; i < td_pv_len(clients); i++) {
-        int64_t p = get_i(td_pv_at(clients, i), "pending_bytes");
+        int64_t p = ts_get_i(td_pv_at(clients, i), "pending_bytes");
         most = p > most ? p : most;
     }
     td_proto_frame_free(f);
@@ -896,42 +548,33 @@ static int64_t max_pending(client *c)
 
 /* A watcher that reads nothing does not stall the job or the other watchers, and what the
  * daemon holds for it stays bounded (the bytes queued to it, from info: the process's RSS
- * would mostly measure SQLite's page cache growing with the database); watchers that connect mid-job get every row once, in order;
- * a stalled watcher that finally reads catches up from the store. */
+ * would mostly measure SQLite's page cache growing with the database); watchers that connect
+ * mid-job get every row once, in order; a stalled watcher that finally reads catches up from the
+ * store. */
 static void test_stalled_and_late_watchers(void **state)
 {
-    daemon_proc d;
-    client run, stalled, early, late;
-    watched we, wl, ws;
+    ts_daemon d;
+    ts_client run, stalled, early, late;
+    ts_watched we, wl, ws;
     job_extra x = {.batch = 16, .fail_devices = {-1}};
     int64_t id;
 
-    daemon_start(&d, "cpu:1");
-    connect_hello(&run, &d);
-    connect_hello(&stalled, &d);
-    connect_hello(&early, &d);
+    ts_daemon_start(&d, "cpu:1");
+    ts_connect_hello(&run, d.sock);
+    ts_connect_hello(&stalled, d.sock);
+    ts_connect_hello(&early, d.sock);
     /* Small batches: many steps, so many rows (4 per step: 20000 steps, 80000+ rows and
      * about 4 MB of frames, 16 times the daemon's per-client high-water mark). */
     id = submit_ex(&run, "chatty", 16, STALL_STEPS, &x, NULL, 0);
-    begin(&stalled, "watch", 1);
-    td_pw_str(&stalled.w, "job_id");
-    td_pw_int(&stalled.w, id);
-    client_send(&stalled); /* and never read until the job has ended */
+    ts_send_job_request(&stalled, "watch", id); /* and never read until the job has ended */
 
-    wait_state(&run, id, "running", 30);
-    for (int i = 0; i < 300; i++) {
-        const td_pval *job;
-        td_proto_frame *f = status(&run, id, &job);
-        int64_t step = get_i(job, "step");
-        td_proto_frame_free(f);
-        if (step >= 500)
-            break;
+    ts_wait_state(&run, id, "running", 30);
+    for (int i = 0; i < 300 && ts_job_status(&run, id, NULL, 0) < 500; i++)
         usleep(20 * 1000);
-    }
     assert_true(max_pending(&run) <= TD_HIGH_WATER + TD_PAGE_FRAME);
-    connect_hello(&late, &d);
-    watch_to_end(&late, id, &wl);
-    watch_to_end(&early, id, &we);
+    ts_connect_hello(&late, d.sock);
+    ts_watch_to_end(&late, id, &wl);
+    ts_watch_to_end(&early, id, &we);
     /* The stalled client was sent no more than the high-water mark and one page, although
      * the job produced 16 times that. */
     assert_true(max_pending(&run) > 0);
@@ -947,9 +590,9 @@ static void test_stalled_and_late_watchers(void **state)
     {
         td_proto_frame *f;
         int64_t steps = 0, last = 0, disorder = 0, rows = 0;
-        while ((f = client_recv(&stalled)) != NULL) {
+        while ((f = ts_client_recv(&stalled)) != NULL) {
             const td_pval *root = td_proto_frame_root(f);
-            if (str_is(td_pv_get(root, "type"), "rows")) {
+            if (ts_str_is(td_pv_get(root, "type"), "rows")) {
                 const td_pval *r = td_pv_get(root, "rows");
                 for (size_t i = 0; i < td_pv_len(r); i++) {
                     int64_t step;
@@ -957,10 +600,10 @@ static void test_stalled_and_late_watchers(void **state)
                     disorder += step < last;
                     last = step;
                     rows++;
-                    steps += str_is(td_pv_at(td_pv_at(r, i), 0), "train_loss");
+                    steps += ts_str_is(td_pv_at(td_pv_at(r, i), 0), "train_loss");
                 }
             }
-            if (str_is(td_pv_get(root, "type"), "end")) {
+            if (ts_str_is(td_pv_get(root, "type"), "end")) {
                 td_proto_frame_free(f);
                 break;
             }
@@ -971,11 +614,11 @@ static void test_stalled_and_late_watchers(void **state)
         assert_int_equal(disorder, 0);
     }
     (void)ws;
-    client_close(&stalled);
-    client_close(&early);
-    client_close(&late);
-    client_close(&run);
-    assert_int_equal(daemon_stop(&d), 0);
+    ts_client_close(&stalled);
+    ts_client_close(&early);
+    ts_client_close(&late);
+    ts_client_close(&run);
+    assert_int_equal(ts_daemon_stop(&d), 0);
 }
 
 /* ---- language models ---- */
@@ -984,8 +627,8 @@ static void test_stalled_and_late_watchers(void **state)
 static void write_corpus(const char *dir, char *path, size_t size)
 {
     static const char *const words[] = {
-        "the daemon ", "trains a ", "small model ", "on every ", "device ", "and writes ",
-        "its metrics ", "to the store. ", "a watcher ", "follows ", "each step ", "live. "};
+        "the daemon ",  "trains a ",      "small model ", "on every ", "device ",    "and writes ",
+        "its metrics ", "to the store. ", "a watcher ",   "follows ",  "each step ", "live. "};
     FILE *f;
     uint64_t x = 42;
 
@@ -1050,26 +693,14 @@ static void write_gpt_job(td_pw *w, const char *name, const char *corpus, int64_
     td_pw_int(w, 3);
 }
 
-static int64_t submit_gpt(client *c, const char *name, const char *corpus, int64_t max_steps,
+static int64_t submit_gpt(ts_client *c, const char *name, const char *corpus, int64_t max_steps,
                           int64_t checkpoint_every)
 {
-    td_proto_frame *f;
-    int64_t id;
-
-    begin(c, "submit", 1);
+    ts_begin(c, "submit", 1);
     td_pw_str(&c->w, "job");
     write_gpt_job(&c->w, name, corpus, max_steps, checkpoint_every);
-    client_send(c);
-    f = client_recv(c);
-    assert_non_null(f);
-    if (!str_is(td_pv_get(td_proto_frame_root(f), "type"), "submitted")) {
-        char msg[1024] = "";
-        td_pv_strcpy(td_pv_get(td_proto_frame_root(f), "message"), msg, sizeof(msg));
-        fail_msg("gpt job refused: %s", msg);
-    }
-    id = get_i(td_proto_frame_root(f), "job_id");
-    td_proto_frame_free(f);
-    return id;
+    ts_client_send(c);
+    return ts_submitted(c);
 }
 
 typedef struct values {
@@ -1089,7 +720,7 @@ static int collect_value(void *ud, const td_metric_row *row)
 }
 
 /* Every stored value of key for job, in step order, read straight from SQLite. */
-static void stored_values(const daemon_proc *d, int64_t job, const char *key, values *out)
+static void stored_values(const ts_daemon *d, int64_t job, const char *key, values *out)
 {
     td_store *s;
     td_metric_cursor cur;
@@ -1100,9 +731,8 @@ static void stored_values(const daemon_proc *d, int64_t job, const char *key, va
     out->n = 0;
     assert_int_equal(td_store_open(&s, d->db, &err), 0);
     td_metric_cursor_init(&cur, 0);
-    assert_int_equal(td_store_metrics_page(s, job, &cur, keys, 1, 1024, collect_value, out,
-                                           &got, &err),
-                     0);
+    assert_int_equal(
+        td_store_metrics_page(s, job, &cur, keys, 1, 1024, collect_value, out, &got, &err), 0);
     td_store_close(s);
 }
 
@@ -1110,18 +740,18 @@ static void stored_values(const daemon_proc *d, int64_t job, const char *key, va
  * started (ln 256 = 5.5 for an untrained byte model). */
 static void test_gpt_learns_text(void **state)
 {
-    daemon_proc d;
-    client c;
-    watched w;
+    ts_daemon d;
+    ts_client c;
+    ts_watched w;
     values vl;
     char corpus[400];
     int64_t id;
 
-    daemon_start(&d, "cpu:1");
+    ts_daemon_start(&d, "cpu:1");
     write_corpus(d.dir, corpus, sizeof(corpus));
-    connect_hello(&c, &d);
+    ts_connect_hello(&c, d.sock);
     id = submit_gpt(&c, "tiny-gpt", corpus, 300, 0);
-    watch_to_end(&c, id, &w);
+    ts_watch_to_end(&c, id, &w);
     assert_string_equal(w.final_state, "succeeded");
     assert_int_equal(w.train_loss_rows, 300);
     stored_values(&d, id, "valid_loss", &vl);
@@ -1131,50 +761,43 @@ static void test_gpt_learns_text(void **state)
      * first evaluation's loss. Half of it is a bar any learning model clears here, and an
      * untrained or broken one does not. */
     assert_true(vl.v[vl.n - 1] < 0.5 * vl.v[0]);
-    client_close(&c);
-    assert_int_equal(daemon_stop(&d), 0);
+    ts_client_close(&c);
+    assert_int_equal(ts_daemon_stop(&d), 0);
 }
 
 /* A GPT job killed with SIGKILL after a checkpoint and resumed by a restarted daemon records
  * the same losses, bit for bit, as the same job run straight through. */
 static void test_gpt_resume_is_exact(void **state)
 {
-    daemon_proc d;
-    client c;
-    watched w;
+    ts_daemon d;
+    ts_client c;
+    ts_watched w;
     values straight, resumed;
     char corpus[400];
     int64_t a, b;
 
-    daemon_start(&d, "cpu:1");
+    ts_daemon_start(&d, "cpu:1");
     write_corpus(d.dir, corpus, sizeof(corpus));
-    connect_hello(&c, &d);
+    ts_connect_hello(&c, d.sock);
     a = submit_gpt(&c, "straight", corpus, 80, 20);
-    watch_to_end(&c, a, &w);
+    ts_watch_to_end(&c, a, &w);
     assert_string_equal(w.final_state, "succeeded");
     b = submit_gpt(&c, "killed", corpus, 80, 20);
-    wait_state(&c, b, "running", 30);
-    for (int i = 0; i < 600; i++) {
-        const td_pval *job;
-        td_proto_frame *f = status(&c, b, &job);
-        int64_t step = get_i(job, "step");
-        td_proto_frame_free(f);
-        if (step >= 45)
-            break;
+    ts_wait_state(&c, b, "running", 30);
+    for (int i = 0; i < 600 && ts_job_status(&c, b, NULL, 0) < 45; i++)
         usleep(50 * 1000);
-    }
-    client_close(&c);
-    daemon_kill9(&d);
-    daemon_start_in(&d, "cpu:1");
-    connect_hello(&c, &d);
+    ts_client_close(&c);
+    ts_daemon_kill9(&d);
+    ts_daemon_start_in(&d, "cpu:1");
+    ts_connect_hello(&c, d.sock);
     {
         /* Killed mid-run: the restarted daemon has it queued or running again. */
         const td_pval *job;
-        td_proto_frame *f = status(&c, b, &job);
-        assert_false(str_is(td_pv_get(job, "state"), "succeeded"));
+        td_proto_frame *f = ts_status(&c, b, &job);
+        assert_false(ts_str_is(td_pv_get(job, "state"), "succeeded"));
         td_proto_frame_free(f);
     }
-    watch_to_end(&c, b, &w);
+    ts_watch_to_end(&c, b, &w);
     assert_string_equal(w.final_state, "succeeded");
     stored_values(&d, a, "train_loss", &straight);
     stored_values(&d, b, "train_loss", &resumed);
@@ -1184,24 +807,24 @@ static void test_gpt_resume_is_exact(void **state)
         if (memcmp(&straight.v[i], &resumed.v[i], sizeof(double)) != 0)
             fail_msg("step %lld: %.9g straight, %.9g resumed", (long long)straight.steps[i],
                      straight.v[i], resumed.v[i]);
-    client_close(&c);
-    assert_int_equal(daemon_stop(&d), 0);
+    ts_client_close(&c);
+    assert_int_equal(ts_daemon_stop(&d), 0);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(test_job_trains_end_to_end, kill_leftover),
-        cmocka_unit_test_teardown(test_bad_input_is_refused_and_daemon_goes_on, kill_leftover),
-        cmocka_unit_test_teardown(test_cancel_queued_and_running, kill_leftover),
-        cmocka_unit_test_teardown(test_restart_requeues_running_job, kill_leftover),
-        cmocka_unit_test_teardown(test_two_devices_match_one, kill_leftover),
-        cmocka_unit_test_teardown(test_injected_failures_name_each_device, kill_leftover),
-        cmocka_unit_test_teardown(test_failure_spares_the_other_job, kill_leftover),
-        cmocka_unit_test_teardown(test_cancel_leaves_checkpoint, kill_leftover),
-        cmocka_unit_test_teardown(test_stalled_and_late_watchers, kill_leftover),
-        cmocka_unit_test_teardown(test_gpt_learns_text, kill_leftover),
-        cmocka_unit_test_teardown(test_gpt_resume_is_exact, kill_leftover),
+        cmocka_unit_test_teardown(test_job_trains_end_to_end, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_bad_input_is_refused_and_daemon_goes_on, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_cancel_queued_and_running, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_restart_requeues_running_job, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_two_devices_match_one, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_injected_failures_name_each_device, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_failure_spares_the_other_job, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_cancel_leaves_checkpoint, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_stalled_and_late_watchers, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_gpt_learns_text, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_gpt_resume_is_exact, ts_kill_leftover),
     };
     signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests_name("integration", tests, NULL, NULL);

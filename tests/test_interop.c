@@ -5,7 +5,6 @@
  * trainctl (TRAINCTL_BIN) writes the same file bytes and the same text. Also: the errors
  * (an mlp job, a job with no checkpoint, another user, bad arguments), replies kept in request
  * order, and a client or a daemon that goes away while the work runs. */
-#include <errno.h>
 #include <poll.h>
 #include <pwd.h>
 #include <setjmp.h>
@@ -16,9 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,199 +23,17 @@
 #include <msgpack.h>
 
 #include "proto.h"
+#include "support.h"
 
-#define RECV_TIMEOUT_MS 120000 /* a frame the daemon owes us; generous for a loaded CI box */
-#define CHUNK_MAX       262144 /* bytes of one chunk's data: the protocol's limit on a bin */
-#define LLMC_HEADER     1024   /* bytes of an llm.c model file's header */
+#define CHUNK_MAX   262144 /* bytes of one chunk's data: the protocol's limit on a bin */
+#define LLMC_HEADER 1024   /* bytes of an llm.c model file's header */
 
-typedef struct daemon_proc {
-    char dir[256];
-    char sock[300];
-    pid_t pid;
-} daemon_proc;
-
-static const char *env_or(const char *name, const char *dflt)
+/* traind on one CPU device, in a fresh /tmp/traind-interop.XXXXXX of its own. */
+static void daemon_start(ts_daemon *d)
 {
-    const char *v = getenv(name);
-    return v != NULL && v[0] != '\0' ? v : dflt;
-}
-
-/* The daemon a failed test left behind, killed by the teardown. */
-static pid_t live_pid = -1;
-
-static int can_connect(const char *sock)
-{
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    int fd = socket(AF_UNIX, SOCK_STREAM, 0), ok;
-
-    if (strlen(sock) >= sizeof(sa.sun_path))
-        return 0;
-    memcpy(sa.sun_path, sock, strlen(sock) + 1);
-    ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-    close(fd);
-    return ok;
-}
-
-static void daemon_start(daemon_proc *d)
-{
-    const char *bin = env_or("TRAIND_BIN", "build/daemon/traind");
-    char log[320];
-
     snprintf(d->dir, sizeof(d->dir), "/tmp/traind-interop.XXXXXX");
     assert_non_null(mkdtemp(d->dir));
-    snprintf(d->sock, sizeof(d->sock), "%s/traind.sock", d->dir);
-    snprintf(log, sizeof(log), "%s/traind.log", d->dir);
-    d->pid = fork();
-    assert_true(d->pid >= 0);
-    if (d->pid == 0) {
-        if (freopen(log, "a", stderr) == NULL || freopen("/dev/null", "w", stdout) == NULL)
-            _exit(126);
-        execl(bin, bin, "--socket", d->sock, "--state-dir", d->dir, "--devices", "cpu:1",
-              "--log-level", "debug", (char *)NULL);
-        _exit(127);
-    }
-    live_pid = d->pid;
-    for (int i = 0; i < 200; i++) {
-        if (can_connect(d->sock))
-            return;
-        usleep(50 * 1000);
-    }
-    fail_msg("traind did not listen on %s within 10 s", d->sock);
-}
-
-/* SIGTERM and wait; returns the exit status, and removes the directory after a clean exit. */
-static int daemon_stop(daemon_proc *d)
-{
-    char cmd[300];
-    int status = 0;
-
-    kill(d->pid, SIGTERM);
-    assert_int_equal(waitpid(d->pid, &status, 0), d->pid);
-    live_pid = -1;
-    if (status == 0) {
-        snprintf(cmd, sizeof(cmd), "rm -rf %s", d->dir);
-        assert_int_equal(system(cmd), 0);
-    }
-    return status;
-}
-
-static int kill_leftover(void **state)
-{
-    if (live_pid > 0) {
-        kill(live_pid, SIGKILL);
-        waitpid(live_pid, NULL, 0);
-        live_pid = -1;
-    }
-    return 0;
-}
-
-/* ---- a minimal blocking client ---- */
-
-typedef struct client {
-    int fd;
-    td_proto_reader *r;
-    td_pw w;
-    int64_t next_id;
-} client;
-
-static void client_connect(client *c, const char *sock)
-{
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-
-    memset(c, 0, sizeof(*c));
-    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
-    c->fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    assert_true(c->fd >= 0);
-    assert_int_equal(connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    assert_int_equal(td_proto_reader_new(&c->r, 0), 0);
-    td_pw_init(&c->w);
-    c->next_id = 1;
-}
-
-static void client_close(client *c)
-{
-    close(c->fd);
-    td_proto_reader_free(c->r);
-    td_pw_free(&c->w);
-}
-
-static void client_send(client *c)
-{
-    const char *p;
-    size_t len;
-
-    assert_int_equal(td_pw_finish(&c->w, &p, &len), 0);
-    while (len > 0) {
-        ssize_t n = write(c->fd, p, len);
-        assert_true(n > 0);
-        p += n;
-        len -= (size_t)n;
-    }
-}
-
-/* Next frame, or NULL when the daemon closed the connection. Fails the test on timeout. */
-static td_proto_frame *client_recv(client *c)
-{
-    static char buf[65536];
-    td_proto_frame *f = NULL;
-    td_error_t err;
-
-    for (;;) {
-        int rc = td_proto_reader_next(c->r, &f, &err);
-        struct pollfd p = {.fd = c->fd, .events = POLLIN};
-        ssize_t n;
-
-        assert_true(rc >= 0);
-        if (rc == 1)
-            return f;
-        if (poll(&p, 1, RECV_TIMEOUT_MS) == 0)
-            fail_msg("no frame from traind within %d ms", RECV_TIMEOUT_MS);
-        n = read(c->fd, buf, sizeof(buf));
-        if (n <= 0)
-            return NULL;
-        assert_int_equal(td_proto_reader_feed(c->r, buf, (size_t)n), 0);
-    }
-}
-
-static int str_is(const td_pval *v, const char *s)
-{
-    size_t len;
-    const char *p = td_pv_str(v, &len);
-    return p != NULL && len == strlen(s) && memcmp(p, s, len) == 0;
-}
-
-static int64_t get_i(const td_pval *m, const char *key)
-{
-    int64_t v = -999;
-    assert_int_equal(td_pv_int(td_pv_get(m, key), &v), 0);
-    return v;
-}
-
-/* Starts a request of 2 + extra pairs; returns its id. */
-static int64_t begin(client *c, const char *type, uint32_t extra)
-{
-    td_pw_reset(&c->w);
-    td_pw_map(&c->w, 2 + extra);
-    td_pw_str(&c->w, "type");
-    td_pw_str(&c->w, type);
-    td_pw_str(&c->w, "id");
-    td_pw_int(&c->w, c->next_id);
-    return c->next_id++;
-}
-
-static void connect_hello(client *c, const char *sock)
-{
-    td_proto_frame *f;
-
-    client_connect(c, sock);
-    begin(c, "hello", 1);
-    td_pw_str(&c->w, "version");
-    td_pw_int(&c->w, TD_PROTO_VERSION);
-    client_send(c);
-    f = client_recv(c);
-    assert_non_null(f);
-    assert_true(str_is(td_pv_get(td_proto_frame_root(f), "type"), "hello"));
-    td_proto_frame_free(f);
+    ts_daemon_start_in(d, "cpu:1");
 }
 
 /* ---- jobs ---- */
@@ -335,75 +150,23 @@ static void write_mlp_job(td_pw *w, const char *corpus)
     td_pw_int(w, 10);
 }
 
-static int64_t submitted(client *c)
+static int64_t submit_gpt(ts_client *c, const char *corpus, const char *init_from,
+                          const gpt_dims *g, int64_t max_steps, int64_t checkpoint_every)
 {
-    td_proto_frame *f = client_recv(c);
-    int64_t id;
-
-    assert_non_null(f);
-    if (!str_is(td_pv_get(td_proto_frame_root(f), "type"), "submitted")) {
-        char msg[1024] = "";
-        td_pv_strcpy(td_pv_get(td_proto_frame_root(f), "message"), msg, sizeof(msg));
-        fail_msg("job refused: %s", msg);
-    }
-    id = get_i(td_proto_frame_root(f), "job_id");
-    td_proto_frame_free(f);
-    return id;
-}
-
-static int64_t submit_gpt(client *c, const char *corpus, const char *init_from, const gpt_dims *g,
-                          int64_t max_steps, int64_t checkpoint_every)
-{
-    begin(c, "submit", 1);
+    ts_begin(c, "submit", 1);
     td_pw_str(&c->w, "job");
     write_gpt_job(&c->w, corpus, init_from, g, max_steps, checkpoint_every);
-    client_send(c);
-    return submitted(c);
+    ts_client_send(c);
+    return ts_submitted(c);
 }
 
-static int64_t submit_mlp(client *c, const char *corpus)
+static int64_t submit_mlp(ts_client *c, const char *corpus)
 {
-    begin(c, "submit", 1);
+    ts_begin(c, "submit", 1);
     td_pw_str(&c->w, "job");
     write_mlp_job(&c->w, corpus);
-    client_send(c);
-    return submitted(c);
-}
-
-/* How a watched job ended, and its last valid_loss. */
-typedef struct ended {
-    char state[16];
-    int64_t valid_step; /* -1: no valid_loss row */
-    double valid_loss;
-} ended;
-
-static void watch_to_end(client *c, int64_t job, ended *out)
-{
-    td_proto_frame *f;
-
-    out->valid_step = -1;
-    begin(c, "watch", 1);
-    td_pw_str(&c->w, "job_id");
-    td_pw_int(&c->w, job);
-    client_send(c);
-    while ((f = client_recv(c)) != NULL) {
-        const td_pval *root = td_proto_frame_root(f), *rows = td_pv_get(root, "rows");
-        for (size_t i = 0; i < td_pv_len(rows); i++) {
-            const td_pval *row = td_pv_at(rows, i);
-            if (str_is(td_pv_at(row, 0), "valid_loss")) {
-                assert_int_equal(td_pv_int(td_pv_at(row, 1), &out->valid_step), 0);
-                assert_int_equal(td_pv_double(td_pv_at(row, 2), &out->valid_loss), 0);
-            }
-        }
-        if (str_is(td_pv_get(root, "type"), "end")) {
-            assert_int_equal(
-                td_pv_strcpy(td_pv_get(td_pv_get(root, "job"), "state"), out->state, 16), 0);
-            td_proto_frame_free(f);
-            return;
-        }
-        td_proto_frame_free(f);
-    }
-    fail_msg("connection closed before the end of the watch");
+    ts_client_send(c);
+    return ts_submitted(c);
 }
 
 /* ---- export and sample over the protocol ---- */
@@ -417,47 +180,42 @@ static int take_error(td_proto_frame *f, char *msg, size_t size)
     assert_non_null(f);
     root = td_proto_frame_root(f);
     msg[0] = '\0';
-    if (str_is(td_pv_get(root, "type"), "error")) {
-        code = get_i(root, "code");
+    if (ts_str_is(td_pv_get(root, "type"), "error")) {
+        code = ts_get_i(root, "code");
         assert_int_equal(td_pv_strcpy(td_pv_get(root, "message"), msg, size), 0);
     }
     td_proto_frame_free(f);
     return (int)code;
 }
 
-static int64_t send_export(client *c, int64_t job)
+static int64_t send_export(ts_client *c, int64_t job)
 {
-    int64_t id = begin(c, "export", 1);
-
-    td_pw_str(&c->w, "job_id");
-    td_pw_int(&c->w, job);
-    client_send(c);
-    return id;
+    return ts_send_job_request(c, "export", job);
 }
 
 /* Receives an export's chunks up to its end frame: the file in *buf (malloc'd), its size
  * returned. Checks ids, each chunk's size and the end's byte count. */
-static size_t recv_export(client *c, int64_t id, int64_t job, char **buf)
+static size_t recv_export(ts_client *c, int64_t id, int64_t job, char **buf)
 {
     size_t len = 0, cap = 0;
     td_proto_frame *f;
 
     *buf = NULL;
-    while ((f = client_recv(c)) != NULL) {
+    while ((f = ts_client_recv(c)) != NULL) {
         const td_pval *root = td_proto_frame_root(f), *data = td_pv_get(root, "data");
-        assert_int_equal(get_i(root, "id"), id);
-        if (str_is(td_pv_get(root, "type"), "end")) {
-            assert_int_equal(get_i(root, "job_id"), job);
-            assert_int_equal(get_i(root, "bytes"), (int64_t)len);
+        assert_int_equal(ts_get_i(root, "id"), id);
+        if (ts_str_is(td_pv_get(root, "type"), "end")) {
+            assert_int_equal(ts_get_i(root, "job_id"), job);
+            assert_int_equal(ts_get_i(root, "bytes"), (int64_t)len);
             td_proto_frame_free(f);
             return len;
         }
-        if (!str_is(td_pv_get(root, "type"), "chunk")) {
+        if (!ts_str_is(td_pv_get(root, "type"), "chunk")) {
             char msg[1024] = "";
             td_pv_strcpy(td_pv_get(root, "message"), msg, sizeof(msg));
             fail_msg("export of job %lld: %s", (long long)job, msg);
         }
-        assert_int_equal(get_i(root, "job_id"), job);
+        assert_int_equal(ts_get_i(root, "job_id"), job);
         assert_int_equal(td_pv_type_of(data), TD_PV_BIN);
         assert_true(data->via.bin.size > 0 && data->via.bin.size <= CHUNK_MAX);
         if (len + data->via.bin.size > cap) {
@@ -480,11 +238,11 @@ typedef struct sample_args {
     int64_t seed;       /* -1: leave out */
 } sample_args;
 
-static int64_t send_sample(client *c, int64_t job, const sample_args *a)
+static int64_t send_sample(ts_client *c, int64_t job, const sample_args *a)
 {
     uint32_t n =
         1 + (a->tokens >= 0) + (a->prompt != NULL) + (a->temperature >= 0) + (a->seed >= 0);
-    int64_t id = begin(c, "sample", n);
+    int64_t id = ts_begin(c, "sample", n);
 
     td_pw_str(&c->w, "job_id");
     td_pw_int(&c->w, job);
@@ -504,30 +262,30 @@ static int64_t send_sample(client *c, int64_t job, const sample_args *a)
         td_pw_str(&c->w, "seed");
         td_pw_int(&c->w, a->seed);
     }
-    client_send(c);
+    ts_client_send(c);
     return id;
 }
 
 /* A sample's text into out (size bytes); returns its length. */
-static size_t sample_text(client *c, int64_t job, const sample_args *a, char *out, size_t size)
+static size_t sample_text(ts_client *c, int64_t job, const sample_args *a, char *out, size_t size)
 {
     int64_t id = send_sample(c, job, a);
-    td_proto_frame *f = client_recv(c);
+    td_proto_frame *f = ts_client_recv(c);
     const td_pval *root;
     const char *text;
     size_t len = 0;
 
     assert_non_null(f);
     root = td_proto_frame_root(f);
-    if (!str_is(td_pv_get(root, "type"), "sample")) {
+    if (!ts_str_is(td_pv_get(root, "type"), "sample")) {
         char msg[1024] = "";
         td_pv_strcpy(td_pv_get(root, "message"), msg, sizeof(msg));
         fail_msg("sample of job %lld: %s", (long long)job, msg);
     }
-    assert_int_equal(get_i(root, "id"), id);
-    assert_int_equal(get_i(root, "job_id"), job);
+    assert_int_equal(ts_get_i(root, "id"), id);
+    assert_int_equal(ts_get_i(root, "job_id"), job);
     if (a->seed >= 0)
-        assert_int_equal(get_i(root, "seed"), a->seed);
+        assert_int_equal(ts_get_i(root, "seed"), a->seed);
     text = td_pv_str(td_pv_get(root, "text"), &len);
     assert_non_null(text);
     assert_true(len < size);
@@ -595,10 +353,9 @@ static char *read_file(const char *path, size_t *len)
 
 /* Runs trainctl with args (a printf format) against sock, stdout and stderr into files in
  * dir; returns the exit status. */
-static int trainctl(const daemon_proc *d, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+static int trainctl(const ts_daemon *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-static int trainctl(const daemon_proc *d, const char *fmt, ...)
+static int trainctl(const ts_daemon *d, const char *fmt, ...)
 {
     char args[1024], cmd[2048];
     va_list ap;
@@ -608,13 +365,13 @@ static int trainctl(const daemon_proc *d, const char *fmt, ...)
     vsnprintf(args, sizeof(args), fmt, ap);
     va_end(ap);
     snprintf(cmd, sizeof(cmd), "%s --socket %s %s >%s/tc.out 2>%s/tc.err",
-             env_or("TRAINCTL_BIN", "build/client/trainctl"), d->sock, args, d->dir, d->dir);
+             ts_env_or("TRAINCTL_BIN", "build/client/trainctl"), d->sock, args, d->dir, d->dir);
     status = system(cmd);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 /* trainctl's last stdout or stderr, malloc'd. */
-static char *tc_output(const daemon_proc *d, const char *which, size_t *len)
+static char *tc_output(const ts_daemon *d, const char *which, size_t *len)
 {
     char path[320];
     char *buf;
@@ -631,9 +388,9 @@ static char *tc_output(const daemon_proc *d, const char *which, size_t *len)
 /* Train, export, start a new job from the file, sample; then the same through trainctl. */
 static void test_export_import_sample(void **state)
 {
-    daemon_proc d;
-    client c;
-    ended a, b;
+    ts_daemon d;
+    ts_client c;
+    ts_watched a, b;
     char corpus[320], model[320], cli_model[320], tmp[330];
     char text[8192], again[8192], greedy[8192], greedy2[8192];
     sample_args args = {.tokens = 50, .temperature = -1, .seed = 7};
@@ -645,25 +402,22 @@ static void test_export_import_sample(void **state)
 
     daemon_start(&d);
     write_corpus(d.dir, corpus, sizeof(corpus));
-    connect_hello(&c, d.sock);
+    ts_connect_hello(&c, d.sock);
     ja = submit_gpt(&c, corpus, NULL, &tiny, 60, 30);
-    watch_to_end(&c, ja, &a);
-    assert_string_equal(a.state, "succeeded");
+    ts_watch_to_end(&c, ja, &a);
+    assert_string_equal(a.final_state, "succeeded");
     assert_int_equal(a.valid_step, 60);
 
     /* (a) The export, with a status request sent right behind it: its reply comes after the
      * export's end frame, since a connection's replies keep the order of its requests. */
     export_id = send_export(&c, ja);
-    status_id = begin(&c, "status", 1);
-    td_pw_str(&c.w, "job_id");
-    td_pw_int(&c.w, ja);
-    client_send(&c);
+    status_id = ts_send_job_request(&c, "status", ja);
     len = recv_export(&c, export_id, ja, &file);
     check_llmc(file, len);
-    f = client_recv(&c);
+    f = ts_client_recv(&c);
     assert_non_null(f);
-    assert_int_equal(get_i(td_proto_frame_root(f), "id"), status_id);
-    assert_true(str_is(td_pv_get(td_proto_frame_root(f), "type"), "job"));
+    assert_int_equal(ts_get_i(td_proto_frame_root(f), "id"), status_id);
+    assert_true(ts_str_is(td_pv_get(td_proto_frame_root(f), "type"), "job"));
     td_proto_frame_free(f);
     snprintf(model, sizeof(model), "%s/model.bin", d.dir);
     write_file(model, file, len);
@@ -674,8 +428,8 @@ static void test_export_import_sample(void **state)
      * corpus, valid_fraction, seq_len and batch_size), and the forward runs the same kernels
      * with the same thread count in the same order. */
     jb = submit_gpt(&c, corpus, model, NULL, 0, 30);
-    watch_to_end(&c, jb, &b);
-    assert_string_equal(b.state, "succeeded");
+    ts_watch_to_end(&c, jb, &b);
+    assert_string_equal(b.final_state, "succeeded");
     assert_int_equal(b.valid_step, 0);
     if (memcmp(&a.valid_loss, &b.valid_loss, sizeof(double)) != 0)
         fail_msg("valid_loss %.17g after training, %.17g from the exported file", a.valid_loss,
@@ -727,21 +481,21 @@ static void test_export_import_sample(void **state)
 
     free(file);
     free(cli_file);
-    client_close(&c);
-    assert_int_equal(daemon_stop(&d), 0);
+    ts_client_close(&c);
+    assert_int_equal(ts_daemon_stop(&d), 0);
 }
 
 /* Asks for an export as nobody: 0 when refused with want, else a code saying what came. */
 static int export_as_nobody(const char *sock, int64_t job, const char *want)
 {
-    client c;
+    ts_client c;
     char msg[1024];
     int code;
 
-    connect_hello(&c, sock);
+    ts_connect_hello(&c, sock);
     send_export(&c, job);
-    code = take_error(client_recv(&c), msg, sizeof(msg));
-    client_close(&c);
+    code = take_error(ts_client_recv(&c), msg, sizeof(msg));
+    ts_client_close(&c);
     if (code != -4215 || strcmp(msg, want) != 0) {
         fprintf(stderr, "export as nobody: code %d \"%s\"\n", code, msg);
         return 1;
@@ -753,8 +507,8 @@ static int export_as_nobody(const char *sock, int64_t job, const char *want)
  * exports its latest checkpoint. */
 static void test_errors_and_running_job(void **state)
 {
-    daemon_proc d;
-    client c;
+    ts_daemon d;
+    ts_client c;
     char corpus[320], msg[1024], want[256], path[320];
     sample_args bad[] = {
         {.tokens = 0, .temperature = -1, .seed = -1},
@@ -769,43 +523,43 @@ static void test_errors_and_running_job(void **state)
 
     daemon_start(&d);
     write_corpus(d.dir, corpus, sizeof(corpus));
-    connect_hello(&c, d.sock);
+    ts_connect_hello(&c, d.sock);
     running = submit_gpt(&c, corpus, NULL, &tiny, 1000000, 20);
     mlp = submit_mlp(&c, corpus);
     queued = submit_gpt(&c, corpus, NULL, &tiny, 10, 5);
 
     send_export(&c, mlp);
-    assert_int_equal(take_error(client_recv(&c), msg, sizeof(msg)), -4200);
+    assert_int_equal(take_error(ts_client_recv(&c), msg, sizeof(msg)), -4200);
     snprintf(want, sizeof(want), "job %lld is an mlp job; only gpt jobs export to llm.c files",
              (long long)mlp);
     assert_string_equal(msg, want);
     send_sample(&c, mlp, &args);
-    assert_int_equal(take_error(client_recv(&c), msg, sizeof(msg)), -4200);
+    assert_int_equal(take_error(ts_client_recv(&c), msg, sizeof(msg)), -4200);
     snprintf(want, sizeof(want), "job %lld is an mlp job; only gpt jobs can be sampled",
              (long long)mlp);
     assert_string_equal(msg, want);
     snprintf(want, sizeof(want), "job %lld has no checkpoint yet", (long long)queued);
     send_export(&c, queued);
-    assert_int_equal(take_error(client_recv(&c), msg, sizeof(msg)), -4205);
+    assert_int_equal(take_error(ts_client_recv(&c), msg, sizeof(msg)), -4205);
     assert_string_equal(msg, want);
     send_sample(&c, queued, &args);
-    assert_int_equal(take_error(client_recv(&c), msg, sizeof(msg)), -4205);
+    assert_int_equal(take_error(ts_client_recv(&c), msg, sizeof(msg)), -4205);
     assert_string_equal(msg, want);
     send_export(&c, 99);
-    assert_int_equal(take_error(client_recv(&c), msg, sizeof(msg)), -4205);
+    assert_int_equal(take_error(ts_client_recv(&c), msg, sizeof(msg)), -4205);
     assert_string_equal(msg, "no job 99");
     send_sample(&c, running, &bad[0]);
-    assert_int_equal(take_error(client_recv(&c), msg, sizeof(msg)), -4203);
+    assert_int_equal(take_error(ts_client_recv(&c), msg, sizeof(msg)), -4203);
     assert_string_equal(msg, "tokens: must be an integer from 1 to 4096");
     send_sample(&c, running, &bad[1]);
-    assert_int_equal(take_error(client_recv(&c), msg, sizeof(msg)), -4203);
-    begin(&c, "sample", 2); /* a temperature below zero */
+    assert_int_equal(take_error(ts_client_recv(&c), msg, sizeof(msg)), -4203);
+    ts_begin(&c, "sample", 2); /* a temperature below zero */
     td_pw_str(&c.w, "job_id");
     td_pw_int(&c.w, running);
     td_pw_str(&c.w, "temperature");
     td_pw_double(&c.w, -0.5);
-    client_send(&c);
-    assert_int_equal(take_error(client_recv(&c), msg, sizeof(msg)), -4203);
+    ts_client_send(&c);
+    assert_int_equal(take_error(ts_client_recv(&c), msg, sizeof(msg)), -4203);
     assert_non_null(strstr(msg, "temperature: must be a number >= 0"));
 
     /* trainctl: the refusal's message and exit 1, no file left; usage errors are 64. */
@@ -820,14 +574,7 @@ static void test_errors_and_running_job(void **state)
 
     /* The running job, once past its first checkpoint (step 20), exports and samples. */
     for (int i = 0; i < 1200 && step < 25; i++) {
-        begin(&c, "status", 1);
-        td_pw_str(&c.w, "job_id");
-        td_pw_int(&c.w, running);
-        client_send(&c);
-        td_proto_frame *f = client_recv(&c);
-        assert_non_null(f);
-        step = get_i(td_pv_get(td_proto_frame_root(f), "job"), "step");
-        td_proto_frame_free(f);
+        step = ts_job_status(&c, running, NULL, 0);
         usleep(50 * 1000);
     }
     assert_true(step >= 25);
@@ -861,26 +608,23 @@ static void test_errors_and_running_job(void **state)
     /* The queued ones first, so that none starts. */
     int64_t order[3] = {queued, mlp, running};
     for (int i = 0; i < 3; i++) {
-        begin(&c, "cancel", 1);
-        td_pw_str(&c.w, "job_id");
-        td_pw_int(&c.w, order[i]);
-        client_send(&c);
-        assert_int_equal(take_error(client_recv(&c), msg, sizeof(msg)), 0);
+        ts_send_job_request(&c, "cancel", order[i]);
+        assert_int_equal(take_error(ts_client_recv(&c), msg, sizeof(msg)), 0);
     }
-    client_close(&c);
-    assert_int_equal(daemon_stop(&d), 0);
+    ts_client_close(&c);
+    assert_int_equal(ts_daemon_stop(&d), 0);
 }
 
 /* Waits until the daemon has n connections (info's clients). */
-static void wait_clients(client *c, size_t n)
+static void wait_clients(ts_client *c, size_t n)
 {
     size_t now = 0;
 
     for (int i = 0; i < 600; i++) {
         td_proto_frame *f;
-        begin(c, "info", 0);
-        client_send(c);
-        f = client_recv(c);
+        ts_begin(c, "info", 0);
+        ts_client_send(c);
+        f = ts_client_recv(c);
         assert_non_null(f);
         now = td_pv_len(td_pv_get(td_proto_frame_root(f), "clients"));
         td_proto_frame_free(f);
@@ -899,9 +643,9 @@ static void test_client_leaves_mid_work(void **state)
     /* 4096 tokens of this model take seconds (3.4 s on a 2-core box): plenty of time to
      * see another client served and to stop the daemon while the sample is still running. */
     static const gpt_dims mid = {2, 64, 128};
-    daemon_proc d;
-    client c, gone, slow;
-    ended a;
+    ts_daemon d;
+    ts_client c, gone, slow;
+    ts_watched a;
     char corpus[320], cmd[400];
     sample_args long_sample = {.tokens = 4096, .temperature = -1, .seed = 3};
     struct pollfd p;
@@ -912,18 +656,18 @@ static void test_client_leaves_mid_work(void **state)
 
     daemon_start(&d);
     write_corpus(d.dir, corpus, sizeof(corpus));
-    connect_hello(&c, d.sock);
+    ts_connect_hello(&c, d.sock);
     job = submit_gpt(&c, corpus, NULL, &tiny, 30, 30);
-    watch_to_end(&c, job, &a);
-    assert_string_equal(a.state, "succeeded");
+    ts_watch_to_end(&c, job, &a);
+    assert_string_equal(a.final_state, "succeeded");
     /* One at a time, each export alone, each client dropped by the daemon before the next
      * comes, so that no pool thread opens a file while the loop closes a socket: libuv closes
      * with a raw syscall TSan does not see, and a directory opened on the socket's old number
      * then reads as a race under tests/tsan.sh, though the kernel orders the two. */
     for (int i = 0; i < 5; i++) {
-        connect_hello(&gone, d.sock);
+        ts_connect_hello(&gone, d.sock);
         send_export(&gone, job);
-        client_close(&gone);
+        ts_client_close(&gone);
         wait_clients(&c, 1);
     }
     len = recv_export(&c, send_export(&c, job), job, &file);
@@ -934,32 +678,29 @@ static void test_client_leaves_mid_work(void **state)
     assert_int_not_equal(system(cmd), 0);
 
     big = submit_gpt(&c, corpus, NULL, &mid, 1, 1);
-    watch_to_end(&c, big, &a);
-    assert_string_equal(a.state, "succeeded");
-    connect_hello(&slow, d.sock);
+    ts_watch_to_end(&c, big, &a);
+    assert_string_equal(a.final_state, "succeeded");
+    ts_connect_hello(&slow, d.sock);
     send_sample(&slow, big, &long_sample);
     usleep(200 * 1000);
-    begin(&c, "status", 1);
-    td_pw_str(&c.w, "job_id");
-    td_pw_int(&c.w, big);
-    client_send(&c);
-    f = client_recv(&c);
+    ts_send_job_request(&c, "status", big);
+    f = ts_client_recv(&c);
     assert_non_null(f);
-    assert_true(str_is(td_pv_get(td_proto_frame_root(f), "type"), "job"));
+    assert_true(ts_str_is(td_pv_get(td_proto_frame_root(f), "type"), "job"));
     td_proto_frame_free(f);
     p = (struct pollfd){.fd = slow.fd, .events = POLLIN};
     assert_int_equal(poll(&p, 1, 0), 0); /* the sample is still running */
-    client_close(&slow);
-    client_close(&c);
-    assert_int_equal(daemon_stop(&d), 0);
+    ts_client_close(&slow);
+    ts_client_close(&c);
+    assert_int_equal(ts_daemon_stop(&d), 0);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(test_export_import_sample, kill_leftover),
-        cmocka_unit_test_teardown(test_errors_and_running_job, kill_leftover),
-        cmocka_unit_test_teardown(test_client_leaves_mid_work, kill_leftover),
+        cmocka_unit_test_teardown(test_export_import_sample, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_errors_and_running_job, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_client_leaves_mid_work, ts_kill_leftover),
     };
     signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests_name("integration", tests, NULL, NULL);

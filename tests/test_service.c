@@ -28,15 +28,14 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "proto.h"
+#include "support.h"
 
 #define FMNIST           "/usr/share/datasets/fashion-mnist"
-#define RECV_TIMEOUT_MS  120000  /* a frame the daemon owes us; generous for a loaded CI box */
 #define START_TIMEOUT_MS 20000   /* traind's start, up to READY=1 or a listening socket */
 #define EXIT_TIMEOUT_MS  60000   /* traind's exit after SIGTERM or a bad configuration */
 #define WATCHDOG_USEC    "20000" /* the watchdog the notify test asks for: 20 ms */
@@ -62,33 +61,6 @@ typedef struct spawn_opts {
     const char *listen_pid; /* LISTEN_PID to set instead of the child's own, or NULL */
     mode_t umask;
 } spawn_opts;
-
-/* The daemon a failed test left behind, killed by the teardown so that nothing outlives the
- * run (an orphan would also hold meson's output pipe open). */
-static pid_t live_pid = -1;
-
-static const char *env_or(const char *name, const char *dflt)
-{
-    const char *v = getenv(name);
-    return v != NULL && v[0] != '\0' ? v : dflt;
-}
-
-static long long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int kill_leftover(void **state)
-{
-    if (live_pid > 0) {
-        kill(live_pid, SIGKILL);
-        waitpid(live_pid, NULL, 0);
-        live_pid = -1;
-    }
-    return 0;
-}
 
 static void svc_init(svc *s)
 {
@@ -164,7 +136,7 @@ static void child_env(const spawn_opts *o)
 /* Starts traind with args (NULL-terminated, after the binary); stderr goes to s->log. */
 static void spawn_traind(svc *s, const char *const *args, const spawn_opts *o)
 {
-    const char *bin = env_or("TRAIND_BIN", "build/daemon/traind");
+    const char *bin = ts_env_or("TRAIND_BIN", "build/daemon/traind");
     const char *argv[24];
     size_t n = 0;
 
@@ -182,13 +154,13 @@ static void spawn_traind(svc *s, const char *const *args, const spawn_opts *o)
         execv(bin, (char *const *)argv);
         _exit(127);
     }
-    live_pid = s->pid;
+    ts_live_pid = s->pid;
 }
 
 /* Waits for the child to exit and returns its wait status; fails the test on timeout. */
 static int wait_exit(svc *s, int timeout_ms)
 {
-    long long until = now_ms() + timeout_ms;
+    long long until = ts_now_ms() + timeout_ms;
     int status = 0;
 
     for (;;) {
@@ -196,11 +168,11 @@ static int wait_exit(svc *s, int timeout_ms)
         if (r == s->pid)
             break;
         assert_int_equal(r, 0);
-        if (now_ms() > until)
+        if (ts_now_ms() > until)
             fail_msg("traind (pid %d) did not exit within %d ms", (int)s->pid, timeout_ms);
         usleep(10 * 1000);
     }
-    live_pid = -1;
+    ts_live_pid = -1;
     s->pid = -1;
     return status;
 }
@@ -211,27 +183,14 @@ static int stop_traind(svc *s)
     return wait_exit(s, EXIT_TIMEOUT_MS);
 }
 
-static int can_connect(const char *sock)
-{
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    int fd = socket(AF_UNIX, SOCK_STREAM, 0), ok;
-
-    if (strlen(sock) >= sizeof(sa.sun_path))
-        return 0;
-    memcpy(sa.sun_path, sock, strlen(sock) + 1);
-    ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-    close(fd);
-    return ok;
-}
-
 static void wait_listening(svc *s, const char *sock)
 {
-    for (long long until = now_ms() + START_TIMEOUT_MS; now_ms() < until;) {
-        if (can_connect(sock))
+    for (long long until = ts_now_ms() + START_TIMEOUT_MS; ts_now_ms() < until;) {
+        if (ts_can_connect(sock))
             return;
         if (waitpid(s->pid, NULL, WNOHANG) == s->pid) {
             char log[4096];
-            live_pid = s->pid = -1;
+            ts_live_pid = s->pid = -1;
             read_file(s->log, log, sizeof(log));
             fail_msg("traind exited before listening on %s; its log:\n%s", sock, log);
         }
@@ -240,124 +199,10 @@ static void wait_listening(svc *s, const char *sock)
     fail_msg("traind did not listen on %s within %d ms", sock, START_TIMEOUT_MS);
 }
 
-/* ---- a minimal blocking client ---- */
-
-typedef struct client {
-    int fd;
-    td_proto_reader *r;
-    td_pw w;
-    int64_t next_id;
-} client;
-
-static int client_connect(client *c, const char *sock)
-{
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-
-    memset(c, 0, sizeof(*c));
-    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
-    c->fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    assert_true(c->fd >= 0);
-    if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        close(c->fd);
-        return -errno;
-    }
-    assert_int_equal(td_proto_reader_new(&c->r, 0), 0);
-    td_pw_init(&c->w);
-    c->next_id = 1;
-    return 0;
-}
-
-static void client_close(client *c)
-{
-    close(c->fd);
-    td_proto_reader_free(c->r);
-    td_pw_free(&c->w);
-}
-
-static void client_send(client *c)
-{
-    const char *frame;
-    size_t len;
-
-    assert_int_equal(td_pw_finish(&c->w, &frame, &len), 0);
-    while (len > 0) {
-        ssize_t n = write(c->fd, frame, len);
-        assert_true(n > 0);
-        frame += n;
-        len -= (size_t)n;
-    }
-}
-
-/* Next frame, or NULL when the daemon closed the connection. Fails the test on timeout. */
-static td_proto_frame *client_recv(client *c)
-{
-    char buf[65536];
-    td_proto_frame *f = NULL;
-    td_error_t err;
-    int rc;
-
-    for (;;) {
-        rc = td_proto_reader_next(c->r, &f, &err);
-        assert_true(rc >= 0);
-        if (rc == 1)
-            return f;
-        struct pollfd p = {.fd = c->fd, .events = POLLIN};
-        if (poll(&p, 1, RECV_TIMEOUT_MS) == 0)
-            fail_msg("no frame from traind within %d ms", RECV_TIMEOUT_MS);
-        ssize_t n = read(c->fd, buf, sizeof(buf));
-        if (n <= 0)
-            return NULL;
-        assert_int_equal(td_proto_reader_feed(c->r, buf, (size_t)n), 0);
-    }
-}
-
-static int str_is(const td_pval *v, const char *s)
-{
-    size_t len;
-    const char *p = td_pv_str(v, &len);
-    return p != NULL && len == strlen(s) && memcmp(p, s, len) == 0;
-}
-
-static int64_t get_i(const td_pval *m, const char *key)
-{
-    int64_t v = -999;
-    assert_int_equal(td_pv_int(td_pv_get(m, key), &v), 0);
-    return v;
-}
-
-static void begin(client *c, const char *type, uint32_t extra)
-{
-    td_pw_reset(&c->w);
-    td_pw_map(&c->w, 2 + extra);
-    td_pw_str(&c->w, "type");
-    td_pw_str(&c->w, type);
-    td_pw_str(&c->w, "id");
-    td_pw_int(&c->w, c->next_id++);
-}
-
-/* Connects and says hello; fails the test unless traind answers with its version. */
-static void connect_hello(client *c, const char *sock)
-{
-    td_proto_frame *f;
-
-    assert_int_equal(client_connect(c, sock), 0);
-    begin(c, "hello", 1);
-    td_pw_str(&c->w, "version");
-    td_pw_int(&c->w, TD_PROTO_VERSION);
-    client_send(c);
-    f = client_recv(c);
-    assert_non_null(f);
-    assert_true(str_is(td_pv_get(td_proto_frame_root(f), "type"), "hello"));
-    td_proto_frame_free(f);
-}
-
 /* Submits an MLP 784-hidden-10 on Fashion-MNIST; returns the job id. */
-static int64_t submit(client *c, int hidden, int batch, int64_t max_steps)
+static int64_t submit(ts_client *c, int hidden, int batch, int64_t max_steps)
 {
-    td_proto_frame *f;
-    int64_t id;
-
-    begin(c, "submit", 1);
+    ts_begin(c, "submit", 1);
     td_pw_str(&c->w, "job");
     td_pw_map(&c->w, 5);
     td_pw_str(&c->w, "name");
@@ -387,60 +232,29 @@ static int64_t submit(client *c, int hidden, int batch, int64_t max_steps)
     td_pw_int(&c->w, batch);
     td_pw_str(&c->w, "max_steps");
     td_pw_int(&c->w, max_steps);
-    client_send(c);
-    f = client_recv(c);
-    assert_non_null(f);
-    if (!str_is(td_pv_get(td_proto_frame_root(f), "type"), "submitted")) {
-        char msg[512] = "";
-        td_pv_strcpy(td_pv_get(td_proto_frame_root(f), "message"), msg, sizeof(msg));
-        fail_msg("submit refused: %s", msg);
-    }
-    id = get_i(td_proto_frame_root(f), "job_id");
-    td_proto_frame_free(f);
-    return id;
+    ts_client_send(c);
+    return ts_submitted(c);
 }
 
-/* The job's state into state and its last completed step. */
-static int64_t job_status(client *c, int64_t id, char *state, size_t size)
-{
-    td_proto_frame *f;
-    const td_pval *job;
-    int64_t step;
-
-    begin(c, "status", 1);
-    td_pw_str(&c->w, "job_id");
-    td_pw_int(&c->w, id);
-    client_send(c);
-    f = client_recv(c);
-    assert_non_null(f);
-    job = td_pv_get(td_proto_frame_root(f), "job");
-    assert_int_equal(td_pv_strcpy(td_pv_get(job, "state"), state, size), 0);
-    step = get_i(job, "step");
-    td_proto_frame_free(f);
-    return step;
-}
-
-static void cancel(client *c, int64_t id)
+/* Cancels job id; fails the test unless traind answers that it is cancelled. */
+static void cancel(ts_client *c, int64_t id)
 {
     td_proto_frame *f;
 
-    begin(c, "cancel", 1);
-    td_pw_str(&c->w, "job_id");
-    td_pw_int(&c->w, id);
-    client_send(c);
-    f = client_recv(c);
+    ts_send_job_request(c, "cancel", id);
+    f = ts_client_recv(c);
     assert_non_null(f);
-    assert_true(str_is(td_pv_get(td_proto_frame_root(f), "type"), "cancelled"));
+    assert_true(ts_str_is(td_pv_get(td_proto_frame_root(f), "type"), "cancelled"));
     td_proto_frame_free(f);
 }
 
 /* Waits until job id has completed at least one step while running; fails on timeout. */
-static void wait_running_step(client *c, int64_t id, int timeout_s)
+static void wait_running_step(ts_client *c, int64_t id, int timeout_s)
 {
     char state[32];
 
-    for (long long until = now_ms() + timeout_s * 1000LL; now_ms() < until;) {
-        int64_t step = job_status(c, id, state, sizeof(state));
+    for (long long until = ts_now_ms() + timeout_s * 1000LL; ts_now_ms() < until;) {
+        int64_t step = ts_job_status(c, id, state, sizeof(state));
         if (strcmp(state, "running") == 0 && step >= 1)
             return;
         if (strcmp(state, "running") != 0 && strcmp(state, "queued") != 0)
@@ -448,19 +262,6 @@ static void wait_running_step(client *c, int64_t id, int timeout_s)
         usleep(50 * 1000);
     }
     fail_msg("job %lld did not complete a step within %d s", (long long)id, timeout_s);
-}
-
-static void wait_state(client *c, int64_t id, const char *want, int timeout_s)
-{
-    char state[32] = "";
-
-    for (long long until = now_ms() + timeout_s * 1000LL; now_ms() < until;) {
-        job_status(c, id, state, sizeof(state));
-        if (strcmp(state, want) == 0)
-            return;
-        usleep(50 * 1000);
-    }
-    fail_msg("job %lld is %s, not %s, after %d s", (long long)id, state, want, timeout_s);
 }
 
 /* ---- the notification socket, as systemd holds it ---- */
@@ -513,8 +314,8 @@ static int notify_wait_for(int fd, const char *line, int timeout_ms, char *out, 
 {
     char buf[1024];
 
-    for (long long until = now_ms() + timeout_ms; now_ms() < until;)
-        if (notify_recv(fd, buf, sizeof(buf), (int)(until - now_ms())) && has_line(buf, line)) {
+    for (long long until = ts_now_ms() + timeout_ms; ts_now_ms() < until;)
+        if (notify_recv(fd, buf, sizeof(buf), (int)(until - ts_now_ms())) && has_line(buf, line)) {
             if (out != NULL)
                 snprintf(out, size, "%s", buf);
             return 1;
@@ -537,8 +338,8 @@ static int watchdog_count(int fd, int ms)
     int n = 0;
 
     notify_drain(fd);
-    for (long long until = now_ms() + ms; now_ms() < until;)
-        if (notify_recv(fd, buf, sizeof(buf), (int)(until - now_ms())))
+    for (long long until = ts_now_ms() + ms; ts_now_ms() < until;)
+        if (notify_recv(fd, buf, sizeof(buf), (int)(until - ts_now_ms())))
             n += has_line(buf, "WATCHDOG=1");
     return n;
 }
@@ -551,11 +352,11 @@ static long long watchdog_longest_gap(int fd, int ms, int want)
     long long last, longest = 0, until;
 
     notify_drain(fd);
-    last = now_ms();
+    last = ts_now_ms();
     until = last + ms;
-    while (now_ms() < until && longest < want) {
+    while (ts_now_ms() < until && longest < want) {
         int got = notify_recv(fd, buf, sizeof(buf), 10);
-        long long t = now_ms();
+        long long t = ts_now_ms();
         if (t - last > longest)
             longest = t - last;
         if (got && has_line(buf, "WATCHDOG=1"))
@@ -597,7 +398,7 @@ static void expect_config_error(const char *text, const char *const *args, const
     if (strstr(log, expected) == NULL)
         fail_msg("expected \"%s\" in traind's log; got:\n%s", expected, log);
     /* It stops before it binds or creates anything. */
-    assert_false(can_connect(s.sock));
+    assert_false(ts_can_connect(s.sock));
     svc_remove(&s);
 }
 
@@ -686,7 +487,7 @@ static void test_config_applies_and_flags_override(void **state)
     args[3] = other;
     spawn_traind(&s, args, &o);
     wait_listening(&s, other);
-    assert_false(can_connect(s.sock));
+    assert_false(ts_can_connect(s.sock));
     assert_int_equal(stop_traind(&s), 0);
     /* A socket traind bound itself is gone once it has stopped. */
     assert_int_not_equal(stat(other, &st), 0);
@@ -732,7 +533,7 @@ static int connects_as(const char *sock, uid_t uid, gid_t gid, const gid_t *grou
     if (pid == 0) {
         if (setgroups((size_t)n, groups) != 0 || setgid(gid) != 0 || setuid(uid) != 0)
             _exit(3);
-        _exit(can_connect(sock) ? 0 : (errno == EACCES ? 1 : 2));
+        _exit(ts_can_connect(sock) ? 0 : (errno == EACCES ? 1 : 2));
     }
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_true(WIFEXITED(status));
@@ -925,8 +726,8 @@ static int other_user_checks(const as_other *o)
         fprintf(stderr, "cancel as another user: got %s \"%s\"\n", type, msg);
         return 11;
     }
-    if (raw_request(o->sock, build_submit_private, (void *)o->private_path, type, msg,
-                    sizeof(msg), &njobs) != 0 ||
+    if (raw_request(o->sock, build_submit_private, (void *)o->private_path, type, msg, sizeof(msg),
+                    &njobs) != 0 ||
         strcmp(type, "error") != 0 || strcmp(msg, o->want_submit) != 0) {
         fprintf(stderr, "private dataset as another user: got %s \"%s\"\n", type, msg);
         return 12;
@@ -944,7 +745,7 @@ static void test_other_user_owner_and_access(void **state)
     gid_t gid = pick_group(group, sizeof(group));
     struct passwd *nobody = getpwnam("nobody");
     as_other a;
-    client c;
+    ts_client c;
     pid_t pid;
     int status;
     svc s;
@@ -966,7 +767,7 @@ static void test_other_user_owner_and_access(void **state)
     snprintf(private_path, sizeof(private_path), "%s/images.gz", private_dir);
     write_file(private_path, "not for nobody");
 
-    connect_hello(&c, s.sock);
+    ts_connect_hello(&c, s.sock);
     a = (as_other){.sock = s.sock, .private_path = private_path};
     a.job = submit(&c, 32, 64, 1000000);
     snprintf(a.want_cancel, sizeof(a.want_cancel), "permission denied: job %lld belongs to root",
@@ -988,7 +789,7 @@ static void test_other_user_owner_and_access(void **state)
     assert_int_equal(WEXITSTATUS(status), 0);
     /* Its owner may cancel it. */
     cancel(&c, a.job);
-    client_close(&c);
+    ts_client_close(&c);
     assert_int_equal(stop_traind(&s), 0);
     svc_remove(&s);
 }
@@ -1014,7 +815,7 @@ static void test_socket_activation(void **state)
     char activated[300], text[600], log[8192];
     const char *args[] = {"--config", NULL, NULL};
     struct stat st;
-    client c;
+    ts_client c;
     svc s;
     int lfd, fd;
 
@@ -1030,8 +831,8 @@ static void test_socket_activation(void **state)
     for (int round = 0; round < 2; round++) {
         o.listen_fd = lfd;
         spawn_traind(&s, args, &o);
-        connect_hello(&c, activated);
-        client_close(&c);
+        ts_connect_hello(&c, activated);
+        ts_client_close(&c);
         assert_int_not_equal(stat(s.sock, &st), 0);
         assert_int_equal(stop_traind(&s), 0);
         assert_int_equal(stat(activated, &st), 0);
@@ -1074,7 +875,7 @@ static void test_notify_ready_watchdog_stopping(void **state)
     const char *args[] = {"--config", NULL, NULL};
     spawn_opts o = {.env = env, .listen_fd = -1, .umask = 022};
     long long gap;
-    client c;
+    ts_client c;
     int64_t id;
     svc s;
     int nfd, n;
@@ -1095,9 +896,9 @@ static void test_notify_ready_watchdog_stopping(void **state)
     /* READY=1 means the socket serves at that moment: no polling for it first. */
     if (!notify_wait_for(nfd, "READY=1", START_TIMEOUT_MS, msg, sizeof(msg)))
         fail_msg("no READY=1 within %d ms", START_TIMEOUT_MS);
-    assert_true(can_connect(s.sock));
+    assert_true(ts_can_connect(s.sock));
     assert_non_null(strstr(msg, "STATUS=listening on "));
-    connect_hello(&c, s.sock);
+    ts_connect_hello(&c, s.sock);
 
     /* Idle: a ping every 10 ms. A loaded box may hold some back; most must come. */
     n = watchdog_count(nfd, 1000);
@@ -1122,11 +923,11 @@ static void test_notify_ready_watchdog_stopping(void **state)
                  5 * WATCHDOG_MS, WATCHDOG_MS, gap);
     /* Once the job has ended, the idle worker has nothing to prove: the pings come back. */
     cancel(&c, id);
-    wait_state(&c, id, "cancelled", 300);
+    ts_wait_state(&c, id, "cancelled", 300);
     n = watchdog_count(nfd, 1000);
     if (n < 10)
         fail_msg("only %d WATCHDOG=1 in 1 s after the slow job ended", n);
-    client_close(&c);
+    ts_client_close(&c);
 
     kill(s.pid, SIGTERM);
     if (!notify_wait_for(nfd, "STOPPING=1", EXIT_TIMEOUT_MS, NULL, 0))
@@ -1157,8 +958,8 @@ static void test_notify_abstract_socket(void **state)
     spawn_traind(&s, args, &o);
     if (!notify_wait_for(nfd, "READY=1", START_TIMEOUT_MS, NULL, 0))
         fail_msg("no READY=1 on the abstract socket %s", name);
-    for (long long until = now_ms() + 300; now_ms() < until;)
-        if (notify_recv(nfd, buf, sizeof(buf), (int)(until - now_ms())))
+    for (long long until = ts_now_ms() + 300; ts_now_ms() < until;)
+        if (notify_recv(nfd, buf, sizeof(buf), (int)(until - ts_now_ms())))
             pings += has_line(buf, "WATCHDOG=1");
     assert_int_equal(pings, 0);
     assert_int_equal(stop_traind(&s), 0);
@@ -1190,7 +991,7 @@ static int run_capture(const char *cmd, char *out, size_t size)
  * --man=no, since the man pages are not installed either. */
 static void test_units_verify(void **state)
 {
-    const char *bin = env_or("TRAIND_BIN", "build/daemon/traind");
+    const char *bin = ts_env_or("TRAIND_BIN", "build/daemon/traind");
     char root[512], cmd[1536], out[16384], dir[128] = "/tmp/traind-units.XXXXXX";
     char *slash;
     int rc;
@@ -1245,14 +1046,14 @@ static void test_units_verify(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(test_config_errors, kill_leftover),
-        cmocka_unit_test_teardown(test_config_applies_and_flags_override, kill_leftover),
-        cmocka_unit_test_teardown(test_socket_mode_and_group, kill_leftover),
-        cmocka_unit_test_teardown(test_other_user_owner_and_access, kill_leftover),
-        cmocka_unit_test_teardown(test_socket_activation, kill_leftover),
-        cmocka_unit_test_teardown(test_notify_abstract_socket, kill_leftover),
-        cmocka_unit_test_teardown(test_notify_ready_watchdog_stopping, kill_leftover),
-        cmocka_unit_test_teardown(test_units_verify, kill_leftover),
+        cmocka_unit_test_teardown(test_config_errors, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_config_applies_and_flags_override, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_socket_mode_and_group, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_other_user_owner_and_access, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_socket_activation, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_notify_abstract_socket, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_notify_ready_watchdog_stopping, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_units_verify, ts_kill_leftover),
     };
     signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests(tests, NULL, NULL);
