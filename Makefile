@@ -23,8 +23,9 @@ test: build
 demo: build
 	@scripts/demo.sh $(BUILD)
 
+# Every benchmark, short runs, each figure under a heading (bench/all.sh).
 bench: build
-	@$(BUILD)/bench/bench_mlp
+	@bench/all.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-tsan
