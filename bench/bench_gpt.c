@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "hostreduce.h"
 #include "metricq.h"
 #include "store.h"
 #include "train.h"
@@ -472,40 +473,10 @@ out:
 
 /* ---- --world: cpu:1 against cpu:W ---- */
 
-/* The daemon's host all-reduce. daemon/run.c keeps its barrier() and hook_allreduce() static,
- * so this is a faithful copy of them, to be kept in step with run.c: a mutex and condition
- * variable barrier with a generation count; at the all-reduce each replica publishes the
- * address of its gradient buffer under the mutex, passes the barrier, averages its slice of
- * the elements across every replica's buffer (summing in rank order, so the result does not
- * depend on timing) and writes the mean into all of them, then passes the barrier again.
- * Nothing is copied in or out. As in run.c's replica_train, the replicas also meet at the
- * barrier before every step, where the daemon decides whether to go on. Left out: the abort
- * paths (a failed replica releasing the others), which cost nothing while all goes well. */
-typedef struct group {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int world;
-    int arrived;
-    uint64_t gen;
-    float *bufs[MAX_WORLD];
-} group;
-
-static void barrier(group *g)
-{
-    uint64_t gen;
-
-    pthread_mutex_lock(&g->mu);
-    gen = g->gen;
-    if (++g->arrived == g->world) {
-        g->arrived = 0;
-        g->gen++;
-        pthread_cond_broadcast(&g->cv);
-    } else {
-        while (g->gen == gen)
-            pthread_cond_wait(&g->cv, &g->mu);
-    }
-    pthread_mutex_unlock(&g->mu);
-}
+/* The replicas meet in the daemon's own host all-reduce (daemon/hostreduce.c): a barrier
+ * before every step, as run.c's replica_train has, and the in-place average of the gradient
+ * buffers between two barriers inside each step. */
+typedef td_hostreduce group;
 
 typedef struct replica {
     group *g;
@@ -521,30 +492,12 @@ typedef struct replica {
 static void host_allreduce(void *ud, float *buf, size_t n)
 {
     replica *p = ud;
-    group *g = p->g;
-    size_t lo = n * (size_t)p->rank / (size_t)g->world;
-    size_t hi = n * (size_t)(p->rank + 1) / (size_t)g->world;
-    float inv = 1.0f / (float)g->world;
-    double t0 = now_ms(), t1, t2;
+    double t0 = now_ms(), avg0 = p->g->average_ms[p->rank];
 
-    pthread_mutex_lock(&g->mu);
-    g->bufs[p->rank] = buf;
-    pthread_mutex_unlock(&g->mu);
-    barrier(g);
-    t1 = now_ms();
-    for (size_t i = lo; i < hi; i++) {
-        float s = 0;
-        for (int k = 0; k < g->world; k++)
-            s += g->bufs[k][i];
-        s *= inv;
-        for (int k = 0; k < g->world; k++)
-            g->bufs[k][i] = s;
-    }
-    t2 = now_ms();
-    barrier(g);
+    td_hostreduce_average(p->g, p->rank, buf, n);
     if (p->timed) {
         p->reduce_ms += now_ms() - t0;
-        p->average_ms += t2 - t1;
+        p->average_ms += p->g->average_ms[p->rank] - avg0;
     }
 }
 
@@ -569,7 +522,7 @@ static void *replica_block(void *arg)
         pthread_setaffinity_np(pthread_self(), sizeof(set), &set); /* best effort, as daemon.c */
     }
     for (int64_t i = 0; i < p->block; i++) {
-        barrier(p->g);
+        td_hostreduce_barrier(p->g, NULL, NULL);
         td_trainer_step(p->t);
     }
     return NULL;
@@ -581,9 +534,7 @@ static int world_new(group *g, replica *reps, int world, const td_train_config *
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int per = (int)(cores > 0 ? cores : 1) / world;
 
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->cv, NULL);
-    g->world = world;
+    td_hostreduce_init(g, world);
     for (int k = 0; k < world; k++) {
         td_train_config cfg = *base;
         td_train_hooks hooks = {.ud = &reps[k], .metric = replica_metric};
@@ -631,8 +582,7 @@ static void world_free(group *g, replica *reps, int world)
         return; /* never made */
     for (int k = 0; k < world; k++)
         td_trainer_free(reps[k].t);
-    pthread_cond_destroy(&g->cv);
-    pthread_mutex_destroy(&g->mu);
+    td_hostreduce_destroy(g);
 }
 
 static int run_world(const opts *o, int world)

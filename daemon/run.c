@@ -1,12 +1,14 @@
 /* A job running on its devices (see run.h), and the device worker threads. Everything here
  * runs on worker threads, except td_run_new/start/free, which the loop thread calls. The
- * run's mutex guards its barrier and outcomes; no lock is held across a call that may panic,
- * and the all-reduce panics only after dropping it, so a jump leaks nothing. */
+ * replicas meet in a td_hostreduce (barriers, all-reduce); the run's mutex guards the
+ * outcomes. No lock is held across a call that may panic, and the all-reduce panics only
+ * after dropping its lock, so a jump leaks nothing. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "hostreduce.h"
 #include "run.h"
 #include "td_log.h"
 #include "td_panic.h"
@@ -18,14 +20,9 @@ struct td_run {
     td_djob *job; /* the loop's; workers read only its spec and atomic flags */
     int world;
     td_worker *workers[TD_MAX_DEVICES];
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    /* the barrier */
-    int arrived;
-    uint64_t gen;
-    int aborted; /* a replica failed: every barrier from now on refuses */
-    int decision; /* what the last barrier agreed: GO or STOP_* */
-    float *bufs[TD_MAX_DEVICES];
+    td_hostreduce hr; /* the barriers and the all-reduce */
+    pthread_mutex_t mu; /* guards the outcomes below */
+    int decision; /* what the last step barrier agreed: GO or STOP_*; under hr's lock */
     /* outcomes, by rank */
     td_error_t errs[TD_MAX_DEVICES];
     int failed[TD_MAX_DEVICES];
@@ -55,7 +52,7 @@ int td_run_new(td_run **out, td_daemon *d, td_djob *job, td_worker **workers, in
     r->world = n;
     memcpy(r->workers, workers, (size_t)n * sizeof(*workers));
     pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
+    td_hostreduce_init(&r->hr, n);
     *out = r;
     return 0;
 }
@@ -76,42 +73,16 @@ void td_run_free(td_run *r)
 {
     if (r == NULL)
         return;
-    pthread_cond_destroy(&r->cv);
+    td_hostreduce_destroy(&r->hr);
     pthread_mutex_destroy(&r->mu);
     free(r);
 }
 
-/* Waits until every replica has arrived. Returns 0, or -1 when the run was aborted (a
- * replica failed) before everyone arrived. The last to arrive runs decide() under the lock. */
-static int barrier(td_run *r, void (*decide)(td_run *))
-{
-    uint64_t gen;
-    int ok;
-
-    pthread_mutex_lock(&r->mu);
-    if (r->aborted) {
-        pthread_mutex_unlock(&r->mu);
-        return -1;
-    }
-    gen = r->gen;
-    if (++r->arrived == r->world) {
-        if (decide != NULL)
-            decide(r);
-        r->arrived = 0;
-        r->gen++;
-        pthread_cond_broadcast(&r->cv);
-    } else {
-        while (r->gen == gen && !r->aborted)
-            pthread_cond_wait(&r->cv, &r->mu);
-    }
-    ok = r->gen != gen;
-    pthread_mutex_unlock(&r->mu);
-    return ok ? 0 : -1;
-}
-
 /* Called by the last replica at a step boundary: one decision for all. */
-static void decide_stop(td_run *r)
+static void decide_stop(void *ud)
 {
+    td_run *r = ud;
+
     if (atomic_load(&r->job->cancel))
         r->decision = STOP_CANCEL;
     else if (atomic_load(&r->job->interrupt))
@@ -126,9 +97,8 @@ static void run_fail(td_run *r, int rank, const td_error_t *e)
     pthread_mutex_lock(&r->mu);
     r->errs[rank] = *e;
     r->failed[rank] = 1;
-    r->aborted = 1;
-    pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+    td_hostreduce_abort(&r->hr);
 }
 
 typedef struct replica {
@@ -138,32 +108,12 @@ typedef struct replica {
     td_mq_sink *sink; /* rank 0 only */
 } replica;
 
-/* The host all-reduce: every replica averages its share of the elements across all
- * replicas' buffers, between two barriers. Sums run in rank order, so the result does not
- * depend on timing. Runs under the step's panic boundary. */
+/* The all-reduce hook: the host average of hostreduce.c, under the step's panic boundary. */
 static void hook_allreduce(void *ud, float *buf, size_t n)
 {
     replica *p = ud;
-    td_run *r = p->r;
-    size_t lo, hi;
-    float inv = 1.0f / (float)r->world;
 
-    pthread_mutex_lock(&r->mu);
-    r->bufs[p->rank] = buf;
-    pthread_mutex_unlock(&r->mu);
-    if (barrier(r, NULL) != 0)
-        td_panic(TD_EABORTED, "stopped: another device of the job failed");
-    lo = n * (size_t)p->rank / (size_t)r->world;
-    hi = n * (size_t)(p->rank + 1) / (size_t)r->world;
-    for (size_t i = lo; i < hi; i++) {
-        float s = 0;
-        for (int k = 0; k < r->world; k++)
-            s += r->bufs[k][i];
-        s *= inv;
-        for (int k = 0; k < r->world; k++)
-            r->bufs[k][i] = s;
-    }
-    if (barrier(r, NULL) != 0)
+    if (td_hostreduce_average(&p->r->hr, p->rank, buf, n) != 0)
         td_panic(TD_EABORTED, "stopped: another device of the job failed");
 }
 
@@ -244,7 +194,7 @@ static void replica_train(replica *p)
         td_daemon_post(r->d, ev);
     }
     while (!finished) {
-        if (barrier(r, decide_stop) != 0)
+        if (td_hostreduce_barrier(&r->hr, decide_stop, r) != 0)
             break;
         if (r->decision != GO) {
             stop_checkpoint(p, t);
