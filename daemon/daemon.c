@@ -1,6 +1,7 @@
 /* The daemon's job table, scheduler and device workers. Everything here runs on the loop
  * thread; the workers' side is in run.c and reaches the loop only through td_daemon_post(). */
 #include <errno.h>
+#include <glob.h>
 #include <math.h>
 #include <pwd.h>
 #include <sched.h>
@@ -151,8 +152,8 @@ static void store_state(td_daemon *d, td_djob *job, const char *state, const cha
     char line[1200];
     int code = e != NULL ? e->code : 0;
 
-    if (td_store_job_set_state(d->store, job->id, state, devs, code,
-                               code != 0 ? e->msg : NULL, &err) != 0)
+    if (td_store_job_set_state(d->store, job->id, state, devs, code, code != 0 ? e->msg : NULL,
+                               &err) != 0)
         td_log_err("job %lld: cannot record state %s: %s", (long long)job->id, state, err.msg);
     if (code != 0)
         snprintf(line, sizeof(line), "%s at step %lld: %s", state, (long long)job->step, e->msg);
@@ -242,8 +243,7 @@ static void schedule(td_daemon *d)
         if (n < job->spec.devices)
             return;
         if (td_run_new(&job->run, d, job, free_w, n) != 0) {
-            td_log_err("job %lld: out of memory starting it; it stays queued",
-                       (long long)job->id);
+            td_log_err("job %lld: out of memory starting it; it stays queued", (long long)job->id);
             return;
         }
         dispatch(d, job, free_w, n);
@@ -284,8 +284,8 @@ static void handle_done(td_daemon *d, td_event *ev)
     store_state(d, job, ev->state, NULL, &ev->err);
     if (ev->devices != NULL) {
         td_error_t err;
-        if (td_store_job_set_error_devices(d->store, job->id, ev->devices, ev->devices_len,
-                                           &err) != 0)
+        if (td_store_job_set_error_devices(d->store, job->id, ev->devices, ev->devices_len, &err) !=
+            0)
             td_log_warn("job %lld: cannot record its device errors: %s", (long long)job->id,
                         err.msg);
     }
@@ -428,6 +428,21 @@ static int load_queue(td_daemon *d, td_error_t *err)
     return rc;
 }
 
+/* Removes exports a daemon that died left half-written or unsent (work.c names them
+ * STATE_DIR/export-JOB-N.bin and unlinks them once open, so any found here are orphans). */
+static void sweep_exports(const td_daemon *d)
+{
+    char pattern[600];
+    glob_t g;
+
+    snprintf(pattern, sizeof(pattern), "%s/export-*.bin*", d->cfg.state_dir);
+    if (glob(pattern, 0, NULL, &g) == 0)
+        for (size_t i = 0; i < g.gl_pathc; i++)
+            if (unlink(g.gl_pathv[i]) == 0)
+                td_log_info("removed %s, an export left by an earlier daemon", g.gl_pathv[i]);
+    globfree(&g);
+}
+
 int td_daemon_init(td_daemon *d, uv_loop_t *loop, const td_config *cfg, td_error_t *err)
 {
     int rc;
@@ -439,6 +454,7 @@ int td_daemon_init(td_daemon *d, uv_loop_t *loop, const td_config *cfg, td_error
     rc = td_store_open(&d->store, cfg->db_path, err);
     if (rc != 0)
         return rc;
+    sweep_exports(d);
     rc = load_queue(d, err);
     if (rc != 0)
         goto fail_queue;
@@ -550,8 +566,7 @@ out:
 
 int td_daemon_checkpoint_dir(const td_daemon *d, int64_t job, char *out, size_t size)
 {
-    if (snprintf(out, size, "%s/checkpoints/%lld", d->cfg.state_dir, (long long)job) >=
-        (int)size)
+    if (snprintf(out, size, "%s/checkpoints/%lld", d->cfg.state_dir, (long long)job) >= (int)size)
         return TD_E2BIG;
     return 0;
 }
@@ -567,8 +582,8 @@ int td_daemon_check_owner(int64_t job, int64_t owner, int64_t uid, td_error_t *e
         snprintf(name, sizeof(name), "%s", pw.pw_name);
     else
         snprintf(name, sizeof(name), "uid %lld", (long long)owner);
-    return td_error_set(err, TD_EPERM, "permission denied: job %lld belongs to %s",
-                        (long long)job, name);
+    return td_error_set(err, TD_EPERM, "permission denied: job %lld belongs to %s", (long long)job,
+                        name);
 }
 
 int td_daemon_cancel(td_daemon *d, int64_t id, int64_t uid, char *state_out, td_error_t *err)
@@ -593,8 +608,8 @@ int td_daemon_cancel(td_daemon *d, int64_t id, int64_t uid, char *state_out, td_
     if (job->run != NULL) {
         atomic_store(&job->cancel, 1);
         snprintf(state_out, TD_STORE_MAX_STATE, "%s", TD_JOB_RUNNING);
-        td_log_notice("job %lld (%s): cancel requested by uid %lld", (long long)id,
-                      job->spec.name, (long long)uid);
+        td_log_notice("job %lld (%s): cancel requested by uid %lld", (long long)id, job->spec.name,
+                      (long long)uid);
         td_daemon_log(d, id, TD_LOG_NOTICE, "cancel requested");
         return 0;
     }

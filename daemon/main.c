@@ -234,6 +234,9 @@ int main(int argc, char **argv)
     if (rc != 0)
         return rc;
     signal(SIGPIPE, SIG_IGN);
+    /* A file-size limit then fails the write (EFBIG, reported as a full disk, with the older
+     * checkpoints kept) instead of killing the daemon and every job with it. */
+    signal(SIGXFSZ, SIG_IGN);
     td_notify_open(&notify);
     rc = make_dirs(cfg.state_dir);
     if (rc != 0) {

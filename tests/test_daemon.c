@@ -352,6 +352,8 @@ static void test_cancel_queued_and_running(void **state)
  * directory, it requeues the job and runs it to the end; replayed steps do not duplicate. */
 static void test_restart_requeues_running_job(void **state)
 {
+    char orphan[400];
+    FILE *orphan_file;
     ts_daemon d;
     ts_client c;
     ts_watched w;
@@ -366,9 +368,15 @@ static void test_restart_requeues_running_job(void **state)
     ts_client_close(&c);
     ts_daemon_kill9(&d);
     assert_true(stored_rows(&d, id, "train_loss") > 0);
+    /* An export the dead daemon was writing: the new one removes it. */
+    snprintf(orphan, sizeof(orphan), "%s/export-%lld-1.bin.tmp", d.dir, (long long)id);
+    orphan_file = fopen(orphan, "w");
+    assert_non_null(orphan_file);
+    fclose(orphan_file);
 
     ts_daemon_start_in(&d, "cpu:1");
     ts_connect_hello(&c, d.sock);
+    assert_int_equal(access(orphan, F_OK), -1);
     ts_watch_to_end(&c, id, &w);
     assert_string_equal(w.final_state, "succeeded");
     assert_int_equal(w.train_loss_rows, 400);
