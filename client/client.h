@@ -33,7 +33,7 @@ enum {
     TC_INTERRUPTED = 130 /* 128 + SIGINT: the user stopped a watch or an export */
 };
 
-#define TC_DEFAULT_SOCKET   "/run/traind/traind.sock"
+#define TC_DEFAULT_SOCKET    "/run/traind/traind.sock"
 #define TC_REPLY_TIMEOUT_MS  60000 /* ms a request waits for a byte of its reply */
 #define TC_SAMPLE_MAX_TOKENS 4096  /* tokens one sample may ask for (PROTOCOL.md) */
 

@@ -11,8 +11,8 @@
 const char *td_strerror(int code)
 {
     switch (code) {
-#define TD_ERRNO_TEXT(name, val, text)                                                             \
-    case val:                                                                                      \
+#define TD_ERRNO_TEXT(name, val, text) \
+    case val:                          \
         return text;
         TD_ERRNO_MAP(TD_ERRNO_TEXT)
 #undef TD_ERRNO_TEXT
@@ -28,8 +28,8 @@ const char *td_strerror(int code)
 const char *td_errname(int code)
 {
     switch (code) {
-#define TD_ERRNO_NAME(name, val, text)                                                             \
-    case val:                                                                                      \
+#define TD_ERRNO_NAME(name, val, text) \
+    case val:                          \
         return #name;
         TD_ERRNO_MAP(TD_ERRNO_NAME)
 #undef TD_ERRNO_NAME

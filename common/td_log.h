@@ -12,10 +12,10 @@ int td_log_level(void);
 
 void td_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-#define td_log_err(...) td_log(TD_LOG_ERR, __VA_ARGS__)
-#define td_log_warn(...) td_log(TD_LOG_WARNING, __VA_ARGS__)
+#define td_log_err(...)    td_log(TD_LOG_ERR, __VA_ARGS__)
+#define td_log_warn(...)   td_log(TD_LOG_WARNING, __VA_ARGS__)
 #define td_log_notice(...) td_log(TD_LOG_NOTICE, __VA_ARGS__)
-#define td_log_info(...) td_log(TD_LOG_INFO, __VA_ARGS__)
-#define td_log_debug(...) td_log(TD_LOG_DEBUG, __VA_ARGS__)
+#define td_log_info(...)   td_log(TD_LOG_INFO, __VA_ARGS__)
+#define td_log_debug(...)  td_log(TD_LOG_DEBUG, __VA_ARGS__)
 
 #endif

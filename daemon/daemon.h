@@ -18,12 +18,12 @@
 #include "proto.h"
 #include "store.h"
 
-#define TD_MAX_DEVICES 64            /* devices one daemon drives */
-#define TD_MAX_CONNS 1024            /* connections open at once; more are closed at accept */
-#define TD_CONN_HIGH_WATER (256 << 10) /* bytes queued to a client before its streams pause */
-#define TD_CONN_LOW_WATER (64 << 10)   /* bytes queued below which paused streams resume */
-#define TD_STREAM_PAGE 512           /* metric rows per rows frame */
-#define TD_PROGRESS_WRITE_MS 1000    /* how often a running job's step is written to the store */
+#define TD_MAX_DEVICES       64          /* devices one daemon drives */
+#define TD_MAX_CONNS         1024        /* connections open at once; more are closed at accept */
+#define TD_CONN_HIGH_WATER   (256 << 10) /* bytes queued to a client before its streams pause */
+#define TD_CONN_LOW_WATER    (64 << 10)  /* bytes queued below which paused streams resume */
+#define TD_STREAM_PAGE       512         /* metric rows per rows frame */
+#define TD_PROGRESS_WRITE_MS 1000 /* how often a running job's step is written to the store */
 
 typedef struct td_daemon td_daemon;
 typedef struct td_worker td_worker;
@@ -37,14 +37,14 @@ typedef struct td_djob {
     int64_t uid;
     char state[TD_STORE_MAX_STATE];
     int64_t step, total_steps;
-    int64_t durable_step; /* highest step the store thread has written */
-    double progress_written; /* monotonic ms when step was last written to the store */
-    atomic_int cancel;    /* set by the loop: stop at the next step boundary */
-    atomic_int interrupt; /* set by the loop at shutdown: stop and go back to the queue */
-    atomic_llong live_step;     /* set by rank 0's worker after each step */
+    int64_t durable_step;        /* highest step the store thread has written */
+    double progress_written;     /* monotonic ms when step was last written to the store */
+    atomic_int cancel;           /* set by the loop: stop at the next step boundary */
+    atomic_int interrupt;        /* set by the loop at shutdown: stop and go back to the queue */
+    atomic_llong live_step;      /* set by rank 0's worker after each step */
     atomic_int progress_pending; /* a PROGRESS event is posted and not yet handled */
-    td_run *run;          /* while running */
-    char device_list[64]; /* "cpu:0,cpu:1" while running */
+    td_run *run;                 /* while running */
+    char device_list[64];        /* "cpu:0,cpu:1" while running */
     struct td_djob *next;
 } td_djob;
 
@@ -57,10 +57,10 @@ struct td_worker {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    td_run *assigned;  /* guarded by mu; set by the loop, taken by the worker */
-    int rank;          /* guarded by mu: the worker's replica in assigned */
-    int stop;          /* guarded by mu */
-    td_djob *running;  /* loop thread's view */
+    td_run *assigned;          /* guarded by mu; set by the loop, taken by the worker */
+    int rank;                  /* guarded by mu: the worker's replica in assigned */
+    int stop;                  /* guarded by mu */
+    td_djob *running;          /* loop thread's view */
     atomic_llong heartbeat_ms; /* CLOCK_MONOTONIC ms at the last step start or end */
 };
 
@@ -120,7 +120,7 @@ struct td_daemon {
 
 /* daemon.c: jobs, scheduler, workers, events. */
 int td_daemon_init(td_daemon *d, uv_loop_t *loop, const td_config *cfg, td_error_t *err);
-void td_daemon_post(td_daemon *d, td_event *ev); /* any thread; takes ev */
+void td_daemon_post(td_daemon *d, td_event *ev);         /* any thread; takes ev */
 td_event *td_event_new(td_event_kind kind, int64_t job); /* any thread; aborts on ENOMEM */
 /* Validates and queues a job for the user (uid, gid) who sent it. */
 int td_daemon_submit(td_daemon *d, const td_pval *job, int64_t uid, int64_t gid, int64_t *id,

@@ -82,8 +82,7 @@ static int get_float(const td_pval *m, const char *path, const char *key, double
     return 0;
 }
 
-static int get_bool(const td_pval *m, const char *path, const char *key, int *out,
-                    td_error_t *err)
+static int get_bool(const td_pval *m, const char *path, const char *key, int *out, td_error_t *err)
 {
     const td_pval *v = td_pv_get(m, key);
 
@@ -181,8 +180,8 @@ static int parse_mlp(const td_pval *m, td_train_config *c, td_error_t *err)
  * agree with the file, which the trainer checks when it opens it. */
 static int parse_gpt(const td_pval *m, td_train_config *c, td_error_t *err)
 {
-    static const char *const keys[] = {"kind",     "n_layer",    "n_head",    "n_embd",
-                                       "seq_len",  "vocab_size", "init_from", NULL};
+    static const char *const keys[] = {"kind",    "n_layer",    "n_head",    "n_embd",
+                                       "seq_len", "vocab_size", "init_from", NULL};
     static const char *const dims[] = {"n_layer", "n_head", "n_embd", "seq_len", "vocab_size"};
     int *vals[] = {&c->n_layer, &c->n_head, &c->n_embd, &c->seq_len, &c->vocab_size};
     const td_pval *from = td_pv_get(m, "init_from");
@@ -191,13 +190,13 @@ static int parse_gpt(const td_pval *m, td_train_config *c, td_error_t *err)
     if ((rc = check_keys(m, "model", keys, err)) != 0)
         return rc;
     c->model = TD_MODEL_GPT;
-    if (from != NULL && (rc = get_path(m, "model", "init_from", c->init_from,
-                                       sizeof(c->init_from), err)) != 0)
+    if (from != NULL &&
+        (rc = get_path(m, "model", "init_from", c->init_from, sizeof(c->init_from), err)) != 0)
         return rc;
     for (int i = 0; i < 5; i++) {
         *vals[i] = 0;
-        if ((rc = get_int32(m, "model", dims[i], 1, 1 << 20, "must be a positive integer",
-                            vals[i], err)) != 0)
+        if ((rc = get_int32(m, "model", dims[i], 1, 1 << 20, "must be a positive integer", vals[i],
+                            err)) != 0)
             return rc;
         if (*vals[i] == 0 && from == NULL)
             return bad(err, "model", dims[i], "is required (or give model.init_from)");
@@ -297,7 +296,7 @@ static int parse_files(const td_pval *d, const char *key, char (*out)[TD_PATH_MA
 static int parse_data(const td_pval *d, td_train_config *c, td_error_t *err)
 {
     static const char *const idx_keys[] = {"kind", "train", "test", "shuffle", NULL};
-    static const char *const tok_keys[] = {"kind",  "train",          "valid",
+    static const char *const tok_keys[] = {"kind",    "train",          "valid",
                                            "shuffle", "valid_fraction", NULL};
     static const char *const kinds[] = {"idx", "text", "tokens", NULL};
     int kind = 0, rc;
@@ -335,7 +334,7 @@ static int parse_data(const td_pval *d, td_train_config *c, td_error_t *err)
 
 static int parse_optim(const td_pval *o, td_train_config *c, td_error_t *err)
 {
-    static const char *const keys[] = {"kind",     "lr",       "beta1",     "beta2", "eps",
+    static const char *const keys[] = {"kind",         "lr",       "beta1",     "beta2", "eps",
                                        "weight_decay", "momentum", "grad_clip", NULL};
     static const char *const kinds[] = {"adamw", "sgd", NULL};
     int kind = 0, rc;
@@ -353,8 +352,7 @@ static int parse_optim(const td_pval *o, td_train_config *c, td_error_t *err)
         return bad(err, "optim", "lr", "must be a positive number");
     if ((rc = get_float(o, "optim", "beta1", 0, 1, 1, "must be in [0, 1)", &c->beta1, err)) ||
         (rc = get_float(o, "optim", "beta2", 0, 1, 1, "must be in [0, 1)", &c->beta2, err)) ||
-        (rc = get_float(o, "optim", "momentum", 0, 1, 1, "must be in [0, 1)", &c->momentum,
-                        err)) ||
+        (rc = get_float(o, "optim", "momentum", 0, 1, 1, "must be in [0, 1)", &c->momentum, err)) ||
         (rc = get_float(o, "optim", "weight_decay", 0, 1e6, 0, "must be a number >= 0",
                         &c->weight_decay, err)) ||
         (rc = get_float(o, "optim", "grad_clip", 0, 1e30, 0,
@@ -382,10 +380,14 @@ static int parse_schedule(const td_pval *s, td_train_config *c, td_error_t *err)
     if ((rc = get_choice(s, "schedule", "kind", kinds, 1, &kind, err)) != 0)
         return rc;
     c->schedule = map[kind];
-    if ((rc = get_float(s, "schedule", "warmup", 0, 1, 1, "must be a fraction of the steps in "
-                        "[0, 1)", &c->warmup, err)) ||
-        (rc = get_float(s, "schedule", "cooldown", 0, 1, 1, "must be a fraction of the steps in "
-                        "[0, 1)", &c->cooldown, err)) ||
+    if ((rc = get_float(s, "schedule", "warmup", 0, 1, 1,
+                        "must be a fraction of the steps in "
+                        "[0, 1)",
+                        &c->warmup, err)) ||
+        (rc = get_float(s, "schedule", "cooldown", 0, 1, 1,
+                        "must be a fraction of the steps in "
+                        "[0, 1)",
+                        &c->cooldown, err)) ||
         (rc = get_float(s, "schedule", "min_lr", 0, 1e6, 0, "must be a number >= 0", &c->min_lr,
                         err)))
         return rc;
@@ -441,11 +443,24 @@ static int parse_debug(const td_pval *dbg, td_jobspec *out, td_error_t *err)
 
 int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err)
 {
-    static const char *const keys[] = {
-        "name",         "model",      "data",           "optim",            "schedule",
-        "batch_size",   "epochs",     "max_steps",      "eval_every",       "eval_batches",
-        "seed",         "devices",    "priority",       "checkpoint_every", "keep_checkpoints",
-        "on_nan",       "debug",      NULL};
+    static const char *const keys[] = {"name",
+                                       "model",
+                                       "data",
+                                       "optim",
+                                       "schedule",
+                                       "batch_size",
+                                       "epochs",
+                                       "max_steps",
+                                       "eval_every",
+                                       "eval_batches",
+                                       "seed",
+                                       "devices",
+                                       "priority",
+                                       "checkpoint_every",
+                                       "keep_checkpoints",
+                                       "on_nan",
+                                       "debug",
+                                       NULL};
     static const char *const nan_policies[] = {"fail", "skip", NULL};
     int on_nan = 0;
     td_train_config *c = &out->train;
@@ -462,8 +477,8 @@ int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err)
     if ((rc = check_keys(job, "", keys, err)) != 0)
         return rc;
     name = td_pv_get(job, "name");
-    if (name != NULL && (td_pv_strcpy(name, out->name, sizeof(out->name)) != 0 ||
-                         out->name[0] == '\0'))
+    if (name != NULL &&
+        (td_pv_strcpy(name, out->name, sizeof(out->name)) != 0 || out->name[0] == '\0'))
         return bad(err, "", "name", "must be a non-empty string of at most 127 bytes");
     if ((rc = parse_model(td_pv_get(job, "model"), c, err)) != 0 ||
         (rc = parse_data(td_pv_get(job, "data"), c, err)) != 0 ||
@@ -568,8 +583,8 @@ static int check_one(const char *what, const char *pat, int64_t uid, const gid_t
     }
     for (size_t i = 0; i < g.gl_pathc && rc == 0; i++)
         if (!readable_as(g.gl_pathv[i], uid, groups, ngroups))
-            rc = td_error_set(err, TD_EPERM, "%s: permission denied: uid %lld cannot read %s",
-                              what, (long long)uid, g.gl_pathv[i]);
+            rc = td_error_set(err, TD_EPERM, "%s: permission denied: uid %lld cannot read %s", what,
+                              (long long)uid, g.gl_pathv[i]);
     globfree(&g);
     return rc;
 }

@@ -17,9 +17,9 @@ typedef struct mq_event {
 struct td_mq_sink {
     td_mq *q;
     int64_t job;
-    uint64_t pushed; /* samples queued; guarded by q->mu */
-    uint64_t done;   /* samples written or failed; guarded by q->mu */
-    td_error_t err;  /* errors not yet reported, merged; guarded by q->mu */
+    uint64_t pushed;    /* samples queued; guarded by q->mu */
+    uint64_t done;      /* samples written or failed; guarded by q->mu */
+    td_error_t err;     /* errors not yet reported, merged; guarded by q->mu */
     uint64_t err_batch; /* batch number of the last error attached, so one batch counts once */
     double blocked_ms;
 };

@@ -21,7 +21,7 @@
 #include "td_errno.h"
 
 #define TD_MQ_CAPACITY 65536 /* samples the queue holds before producers block */
-#define TD_MQ_BATCH 4096     /* samples written in one transaction at most */
+#define TD_MQ_BATCH    4096  /* samples written in one transaction at most */
 
 typedef struct td_mq td_mq;
 typedef struct td_mq_sink td_mq_sink;

@@ -20,9 +20,9 @@ struct td_run {
     td_djob *job; /* the loop's; workers read only its spec and atomic flags */
     int world;
     td_worker *workers[TD_MAX_DEVICES];
-    td_hostreduce hr; /* the barriers and the all-reduce */
+    td_hostreduce hr;   /* the barriers and the all-reduce */
     pthread_mutex_t mu; /* guards the outcomes below */
-    int decision; /* what the last step barrier agreed: GO or STOP_*; under hr's lock */
+    int decision;       /* what the last step barrier agreed: GO or STOP_*; under hr's lock */
     /* outcomes, by rank */
     td_error_t errs[TD_MAX_DEVICES];
     int failed[TD_MAX_DEVICES];
@@ -258,8 +258,8 @@ static void collect_failures(td_run *r, td_event *done)
         for (int i = 0; i < r->world && len < sizeof(done->err.msg); i++)
             if (r->failed[i]) {
                 failure_line(line, sizeof(line), r->workers[i], &r->errs[i]);
-                len += (size_t)snprintf(done->err.msg + len, sizeof(done->err.msg) - len,
-                                        "\n  %s", line);
+                len += (size_t)snprintf(done->err.msg + len, sizeof(done->err.msg) - len, "\n  %s",
+                                        line);
             }
     }
     td_pw_init(&w);
@@ -296,8 +296,8 @@ static td_event *run_outcome(td_run *r)
         collect_failures(r, done);
     } else if (r->stopped == STOP_CANCEL) {
         snprintf(done->state, sizeof(done->state), TD_JOB_CANCELLED);
-        td_error_set(&done->err, TD_ECANCELLED, "cancelled at step %lld%s%s",
-                     (long long)r->steps, r->note.code ? "; " : "", r->note.msg);
+        td_error_set(&done->err, TD_ECANCELLED, "cancelled at step %lld%s%s", (long long)r->steps,
+                     r->note.code ? "; " : "", r->note.msg);
     } else if (r->stopped == STOP_INTERRUPT) {
         snprintf(done->state, sizeof(done->state), TD_JOB_QUEUED);
     } else if (r->store_err.code != 0) {
@@ -305,8 +305,7 @@ static td_event *run_outcome(td_run *r)
         td_error_set(&done->err, r->store_err.code, "metrics could not be stored: %s",
                      r->store_err.msg);
     } else {
-        snprintf(done->state, sizeof(done->state), r->succeeded ? TD_JOB_SUCCEEDED
-                                                                : TD_JOB_FAILED);
+        snprintf(done->state, sizeof(done->state), r->succeeded ? TD_JOB_SUCCEEDED : TD_JOB_FAILED);
         if (!r->succeeded)
             td_error_set(&done->err, TD_EPANIC, "the job stopped without an error");
     }

@@ -104,8 +104,7 @@ static void conn_send(td_conn *c)
         return;
     rc = td_pw_finish(&c->w, &frame, &len);
     if (rc != 0) {
-        td_log_err("client pid %lld: cannot build a reply: %s", (long long)c->pid,
-                   td_strerror(rc));
+        td_log_err("client pid %lld: cannot build a reply: %s", (long long)c->pid, td_strerror(rc));
         conn_close(c);
         return;
     }
@@ -663,8 +662,8 @@ static void req_stream(td_conn *c, const td_pval *root, int64_t id, int watch)
     }
     td_job_row_clear(&row);
     st = calloc(1, sizeof(*st));
-    if (st == NULL || (td_pv_len(keys) > 0 &&
-                       (st->keys = calloc(td_pv_len(keys), sizeof(char *))) == NULL)) {
+    if (st == NULL ||
+        (td_pv_len(keys) > 0 && (st->keys = calloc(td_pv_len(keys), sizeof(char *))) == NULL)) {
         free(st);
         send_error(c, id, TD_ENOMEM, "out of memory");
         return;
@@ -1060,8 +1059,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 
     if (nread < 0) {
         if (nread != UV_EOF)
-            td_log_info("client pid %lld: read: %s", (long long)c->pid,
-                        uv_strerror((int)nread));
+            td_log_info("client pid %lld: read: %s", (long long)c->pid, uv_strerror((int)nread));
         conn_close(c);
         return;
     }

@@ -96,8 +96,8 @@ int td_work_new(td_work **out, td_daemon *d, td_work_kind kind, int64_t job, int
                           kind == TD_WORK_EXPORT ? "export to llm.c files" : "can be sampled");
     /* Export and sample read the checkpoints every run writes. A model can recite the text it
      * was trained on, so only the job's owner (or root) may (job_config checks). */
-    if (rc == 0 && td_daemon_checkpoint_dir(d, job, cfg->checkpoint_dir,
-                                            sizeof(cfg->checkpoint_dir)) != 0)
+    if (rc == 0 &&
+        td_daemon_checkpoint_dir(d, job, cfg->checkpoint_dir, sizeof(cfg->checkpoint_dir)) != 0)
         rc = td_error_set(err, TD_EINVAL, "the state directory's path is too long");
     if (rc == 0 && kind == TD_WORK_EXPORT &&
         snprintf(w->path, sizeof(w->path), "%s/export-%lld-%u.bin", d->cfg.state_dir,

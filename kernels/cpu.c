@@ -13,7 +13,7 @@
  * -march=native. Not "fma": contracting a*b+c would round differently from the baseline
  * clone, and both clones must give the same bits. Not under a sanitizer: the ifunc resolver
  * runs before the sanitizer's runtime is up, and its instrumented code crashes there. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                            \
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
 #define TD_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else

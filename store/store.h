@@ -52,7 +52,7 @@ typedef struct td_job_row {
     double created, started, ended; /* unix seconds; 0 when not yet */
     void *spec;                     /* malloc'd msgpack map of the job as submitted */
     size_t spec_len;
-    char *spec_json; /* malloc'd JSON rendering of spec */
+    char *spec_json;   /* malloc'd JSON rendering of spec */
     void *err_devices; /* malloc'd msgpack array of {device, code, message}; NULL if none */
     size_t err_devices_len;
 } td_job_row;

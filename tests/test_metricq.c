@@ -78,9 +78,8 @@ static int64_t stored(fixture *f, int64_t job)
 
     td_metric_cursor_init(&c, 0);
     do {
-        assert_int_equal(td_store_metrics_page(f->s, job, &c, NULL, 0, 4096, count_cb, &n, &got,
-                                               &err),
-                         0);
+        assert_int_equal(
+            td_store_metrics_page(f->s, job, &c, NULL, 0, 4096, count_cb, &n, &got, &err), 0);
     } while (got == 4096);
     return n;
 }
