@@ -135,6 +135,17 @@ td_djob *td_daemon_find(td_daemon *d, int64_t id)
     return NULL;
 }
 
+/* Adds job at the end of the table, which keeps submission order. */
+static void job_append(td_daemon *d, td_djob *job)
+{
+    td_djob **p = &d->jobs;
+
+    job->next = NULL;
+    while (*p != NULL)
+        p = &(*p)->next;
+    *p = job;
+}
+
 static void job_unlink(td_daemon *d, td_djob *job)
 {
     for (td_djob **p = &d->jobs; *p != NULL; p = &(*p)->next)
@@ -375,19 +386,30 @@ static void on_async(uv_async_t *h)
 }
 
 /* Brings a queued job from the store back into memory at start. */
-static int load_job(td_daemon *d, const td_job_row *row)
+int td_daemon_stored_spec(const td_job_row *row, td_jobspec *spec, td_error_t *err)
 {
     td_proto_frame *f = NULL;
+    int rc;
+
+    if (row->spec == NULL)
+        return td_error_set(err, TD_EJOB, "the store holds no spec for job %lld",
+                            (long long)row->id);
+    rc = td_proto_decode(row->spec, row->spec_len, &f, err);
+    if (rc == 0)
+        rc = td_jobspec_parse(td_proto_frame_root(f), spec, err);
+    td_proto_frame_free(f);
+    return rc;
+}
+
+static int load_job(td_daemon *d, const td_job_row *row)
+{
     td_error_t err;
     td_djob *job = calloc(1, sizeof(*job));
     int rc;
 
     if (job == NULL)
         return TD_ENOMEM;
-    rc = td_proto_decode(row->spec, row->spec_len, &f, &err);
-    if (rc == 0)
-        rc = td_jobspec_parse(td_proto_frame_root(f), &job->spec, &err);
-    td_proto_frame_free(f);
+    rc = td_daemon_stored_spec(row, &job->spec, &err);
     if (rc != 0) {
         /* The spec was valid when submitted; a dataset may have gone since. */
         td_log_warn("job %lld: cannot be resumed: %s", (long long)row->id, err.msg);
@@ -399,11 +421,7 @@ static int load_job(td_daemon *d, const td_job_row *row)
     job->uid = row->uid;
     job->step = row->step;
     snprintf(job->state, sizeof(job->state), TD_JOB_QUEUED);
-    job->next = NULL;
-    td_djob **p = &d->jobs;
-    while (*p != NULL)
-        p = &(*p)->next;
-    *p = job;
+    job_append(d, job);
     return 0;
 }
 
@@ -547,10 +565,7 @@ int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t g
         goto out;
     job->uid = uid;
     snprintf(job->state, sizeof(job->state), TD_JOB_QUEUED);
-    td_djob **p = &d->jobs;
-    while (*p != NULL)
-        p = &(*p)->next;
-    *p = job;
+    job_append(d, job);
     *id = job->id;
     td_log_notice("job %lld (%s, uid %lld): queued, %d device(s)", (long long)job->id,
                   job->spec.name, (long long)uid, job->spec.devices);

@@ -34,7 +34,6 @@ static int job_config(td_daemon *d, int64_t job, int64_t uid, td_train_config *c
 {
     td_djob *live = td_daemon_find(d, job);
     td_job_row row = {0};
-    td_proto_frame *f = NULL;
     td_jobspec *spec = NULL;
     int rc;
 
@@ -56,10 +55,7 @@ static int job_config(td_daemon *d, int64_t job, int64_t uid, td_train_config *c
         rc = td_error_set(err, TD_ENOMEM, "out of memory");
         goto out;
     }
-    rc = row.spec != NULL ? td_proto_decode(row.spec, row.spec_len, &f, err)
-                          : td_error_set(err, TD_EJOB, "the store holds no spec");
-    if (rc == 0)
-        rc = td_jobspec_parse(td_proto_frame_root(f), spec, err);
+    rc = td_daemon_stored_spec(&row, spec, err);
     if (rc != 0) {
         /* The spec was valid at submit; a file it names may have gone since. */
         td_error_t why = *err;
@@ -69,7 +65,6 @@ static int job_config(td_daemon *d, int64_t job, int64_t uid, td_train_config *c
     }
     *cfg = spec->train;
 out:
-    td_proto_frame_free(f);
     free(spec);
     td_job_row_clear(&row);
     return rc;
