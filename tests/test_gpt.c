@@ -4,7 +4,6 @@
  * its refusals, data-parallel replicas against one, the schedules, AdamW's decay, clipping,
  * the NaN policy and injected faults, evaluation-only jobs, sampling and token shards. Each
  * numerical check states its tolerance and why. Tiny models, so the file runs in seconds. */
-#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -22,8 +21,8 @@
 #include "engine.h"
 #include "td_panic.h"
 #include "train.h"
+#include "train_support.h"
 
-static char tmpdir[64];
 static char text_path[TD_PATH_MAX];
 
 /* ---- counting allocations ------------------------------------------------------------------- */
@@ -85,11 +84,6 @@ int posix_memalign(void **out, size_t align, size_t n)
 
 /* ---- fixtures: text, metrics, steps --------------------------------------------------------- */
 
-static void path_of(char *out, const char *name)
-{
-    snprintf(out, TD_PATH_MAX, "%s/%s", tmpdir, name);
-}
-
 /* A small English-like text: sentences drawn from a few words by a fixed LCG, so a tiny model
  * learns its letters and words in a few dozen steps. */
 static void write_text(const char *path, size_t bytes)
@@ -130,46 +124,6 @@ static void gpt_config(td_train_config *cfg)
     cfg->threads = 1;
 }
 
-#define MAX_SAMPLES 4096
-
-typedef struct sample {
-    char key[32];
-    int64_t step;
-    double value;
-} sample;
-
-typedef struct recorder {
-    int n;
-    sample s[MAX_SAMPLES];
-} recorder;
-
-static void record(void *ud, const char *key, int64_t step, double value)
-{
-    recorder *r = ud;
-
-    assert_true(r->n < MAX_SAMPLES);
-    snprintf(r->s[r->n].key, sizeof(r->s[r->n].key), "%s", key);
-    r->s[r->n].step = step;
-    r->s[r->n].value = value;
-    r->n++;
-}
-
-/* The values recorded under key, in order, into out (up to max); returns how many. */
-static int values_of(const recorder *r, const char *key, double *out, int64_t *steps, int max)
-{
-    int k = 0;
-
-    for (int i = 0; i < r->n && k < max; i++)
-        if (strcmp(r->s[i].key, key) == 0) {
-            if (out != NULL)
-                out[k] = r->s[i].value;
-            if (steps != NULL)
-                steps[k] = r->s[i].step;
-            k++;
-        }
-    return k;
-}
-
 /* Runs steps until done or max steps; fails the test on a panic. Returns steps taken. */
 static int64_t run_steps(td_trainer *t, int64_t max)
 {
@@ -188,9 +142,9 @@ static int64_t run_steps(td_trainer *t, int64_t max)
 }
 
 /* A trainer from cfg recording into r (cleared); fails the test when it cannot be built. */
-static td_trainer *new_trainer(const td_train_config *cfg, recorder *r)
+static td_trainer *new_trainer(const td_train_config *cfg, tt_recorder *r)
 {
-    td_train_hooks hooks = {.ud = r, .metric = record};
+    td_train_hooks hooks = {.ud = r, .metric = tt_record};
     td_trainer *t = NULL;
     td_error_t err = {0};
 
@@ -361,7 +315,7 @@ static void test_gpt_init(void **state)
  * from it, evaluation batches being smaller); metrics every step, valid_loss when due. */
 static void test_gpt_trains_and_metrics(void **state)
 {
-    static recorder r;
+    static tt_recorder r;
     td_train_config cfg;
     td_trainer *t;
     double loss[40], v[40];
@@ -377,18 +331,18 @@ static void test_gpt_trains_and_metrics(void **state)
     assert_int_equal(td_trainer_arena(t)->cap, td_trainer_step_bytes(t));
     td_trainer_free(t);
 
-    assert_int_equal(values_of(&r, "train_loss", loss, NULL, 40), 40);
-    assert_int_equal(values_of(&r, "lr", NULL, NULL, 40), 40);
-    assert_int_equal(values_of(&r, "grad_norm", v, NULL, 40), 40);
+    assert_int_equal(tt_values_of(&r, "train_loss", loss, NULL, 40), 40);
+    assert_int_equal(tt_values_of(&r, "lr", NULL, NULL, 40), 40);
+    assert_int_equal(tt_values_of(&r, "grad_norm", v, NULL, 40), 40);
     assert_true(v[0] > 0 && isfinite(v[0]));
-    assert_int_equal(values_of(&r, "step_ms", NULL, NULL, 40), 40);
-    assert_int_equal(values_of(&r, "tokens_per_s", NULL, NULL, 40), 40);
-    assert_int_equal(values_of(&r, "samples_per_s", NULL, NULL, 40), 0);
-    assert_int_equal(values_of(&r, "epoch", NULL, NULL, 40), 0);
+    assert_int_equal(tt_values_of(&r, "step_ms", NULL, NULL, 40), 40);
+    assert_int_equal(tt_values_of(&r, "tokens_per_s", NULL, NULL, 40), 40);
+    assert_int_equal(tt_values_of(&r, "samples_per_s", NULL, NULL, 40), 0);
+    assert_int_equal(tt_values_of(&r, "epoch", NULL, NULL, 40), 0);
     /* starts near log(256) = 5.55 (a uniform guess), learns the text's letters */
     assert_true(loss[0] > 5.0 && loss[0] < 6.0);
     assert_true(loss[39] < 0.6 * loss[0]);
-    assert_int_equal(values_of(&r, "valid_loss", v, steps, 40), 3);
+    assert_int_equal(tt_values_of(&r, "valid_loss", v, steps, 40), 3);
     assert_int_equal(steps[0], 15);
     assert_int_equal(steps[1], 30);
     assert_int_equal(steps[2], 40);
@@ -399,7 +353,7 @@ static void test_gpt_trains_and_metrics(void **state)
  * file and is left out): every buffer comes from td_trainer_new. */
 static void test_no_malloc_in_step(void **state)
 {
-    static recorder r;
+    static tt_recorder r;
     td_train_config cfg;
     td_trainer *t;
 
@@ -415,14 +369,14 @@ static void test_no_malloc_in_step(void **state)
     run_steps(t, 4);
     counting = 0;
     td_trainer_free(t);
-    assert_int_equal(values_of(&r, "valid_loss", NULL, NULL, 4), 2);
+    assert_int_equal(tt_values_of(&r, "valid_loss", NULL, NULL, 4), 2);
     assert_int_equal(allocations, 0);
 }
 
 /* The same job twice: bit-identical losses. */
 static void test_gpt_determinism(void **state)
 {
-    static recorder r1, r2;
+    static tt_recorder r1, r2;
     td_train_config cfg;
     double a[12], b[12];
     td_trainer *t;
@@ -434,11 +388,11 @@ static void test_gpt_determinism(void **state)
     t = new_trainer(&cfg, &r2);
     run_steps(t, 100);
     td_trainer_free(t);
-    assert_int_equal(values_of(&r1, "train_loss", a, NULL, 12), 10);
-    assert_int_equal(values_of(&r2, "train_loss", b, NULL, 12), 10);
+    assert_int_equal(tt_values_of(&r1, "train_loss", a, NULL, 12), 10);
+    assert_int_equal(tt_values_of(&r2, "train_loss", b, NULL, 12), 10);
     assert_memory_equal(a, b, 10 * sizeof(double));
-    assert_int_equal(values_of(&r1, "valid_loss", a, NULL, 12), 1);
-    assert_int_equal(values_of(&r2, "valid_loss", b, NULL, 12), 1);
+    assert_int_equal(tt_values_of(&r1, "valid_loss", a, NULL, 12), 1);
+    assert_int_equal(tt_values_of(&r2, "valid_loss", b, NULL, 12), 1);
     assert_true(a[0] == b[0]);
 }
 
@@ -448,7 +402,7 @@ static void test_gpt_determinism(void **state)
  * configuration is refused. */
 static void test_gpt_resume(void **state)
 {
-    static recorder r1, r2, r3;
+    static tt_recorder r1, r2, r3;
     td_train_config cfg;
     td_trainer *t;
     double a[16], b[16];
@@ -457,7 +411,7 @@ static void test_gpt_resume(void **state)
     int n;
 
     gpt_config(&cfg);
-    path_of(cfg.train_files[0], "small.txt");
+    tt_path_of(cfg.train_files[0], "small.txt");
     write_text(cfg.train_files[0], 330);
     cfg.valid_fraction = 0.2f;
     cfg.eval_every = 3;
@@ -466,7 +420,7 @@ static void test_gpt_resume(void **state)
     run_steps(t, 100);
     td_trainer_free(t);
 
-    path_of(dir, "ckpt-resume");
+    tt_path_of(dir, "ckpt-resume");
     snprintf(cfg.checkpoint_dir, TD_PATH_MAX, "%s", dir);
     cfg.checkpoint_every = 4;
     t = new_trainer(&cfg, &r2);
@@ -477,16 +431,16 @@ static void test_gpt_resume(void **state)
     run_steps(t, 100);
     td_trainer_free(t);
 
-    assert_int_equal(values_of(&r1, "train_loss", a, sa, 16), 12);
-    n = values_of(&r3, "train_loss", b, sb, 16);
+    assert_int_equal(tt_values_of(&r1, "train_loss", a, sa, 16), 12);
+    n = tt_values_of(&r3, "train_loss", b, sb, 16);
     assert_int_equal(n, 8);
     for (int i = 0; i < n; i++) {
         assert_int_equal(sb[i], 5 + i);
         if (a[4 + i] != b[i])
             fail_msg("step %d: straight %.9g, resumed %.9g", 5 + i, a[4 + i], b[i]);
     }
-    assert_int_equal(values_of(&r1, "valid_loss", a, sa, 16), 4);
-    assert_int_equal(values_of(&r3, "valid_loss", b, sb, 16), 3);
+    assert_int_equal(tt_values_of(&r1, "valid_loss", a, sa, 16), 4);
+    assert_int_equal(tt_values_of(&r3, "valid_loss", b, sb, 16), 3);
     for (int i = 0; i < 3; i++)
         assert_true(a[1 + i] == b[i] && sa[1 + i] == sb[i]);
 
@@ -515,7 +469,7 @@ static void test_gpt_checkpoint_now(void **state)
     t = new_trainer(&cfg, NULL);
     assert_int_equal(td_trainer_checkpoint(t, &err), 0); /* no directory: nothing */
     td_trainer_free(t);
-    path_of(cfg.checkpoint_dir, "ckpt-now");
+    tt_path_of(cfg.checkpoint_dir, "ckpt-now");
     t = new_trainer(&cfg, NULL);
     run_steps(t, 3);
     assert_int_equal(td_trainer_checkpoint(t, &err), 0);
@@ -552,7 +506,7 @@ static void write_header(const char *path, int32_t magic, int32_t version, const
  * arithmetic). The file is llm.c's: header and size. Then the refusals. */
 static void test_llmc_round_trip(void **state)
 {
-    static recorder r1, r2;
+    static tt_recorder r1, r2;
     td_train_config cfg, cfg2;
     td_trainer *t;
     td_error_t err = {0};
@@ -567,8 +521,8 @@ static void test_llmc_round_trip(void **state)
 
     gpt_config(&cfg);
     cfg.max_steps = 3;
-    path_of(cfg.checkpoint_dir, "ckpt-export");
-    path_of(model, "model.bin");
+    tt_path_of(cfg.checkpoint_dir, "ckpt-export");
+    tt_path_of(model, "model.bin");
     assert_int_equal(td_export_llmc(&cfg, model, &err), TD_ENOTFOUND);
     t = new_trainer(&cfg, &r1);
     run_steps(t, 10);
@@ -598,10 +552,10 @@ static void test_llmc_round_trip(void **state)
     t = new_trainer(&cfg2, &r2);
     assert_int_equal(td_trainer_step(t), 1);
     td_trainer_free(t);
-    assert_int_equal(values_of(&r1, "valid_loss", v1, NULL, 4), 1);
-    assert_int_equal(values_of(&r2, "valid_loss", v2, s2, 4), 1);
+    assert_int_equal(tt_values_of(&r1, "valid_loss", v1, NULL, 4), 1);
+    assert_int_equal(tt_values_of(&r2, "valid_loss", v2, s2, 4), 1);
     assert_int_equal(s2[0], 0);
-    assert_int_equal(values_of(&r2, "train_loss", NULL, NULL, 4), 0);
+    assert_int_equal(tt_values_of(&r2, "train_loss", NULL, NULL, 4), 0);
     if (v1[0] != v2[0])
         fail_msg("valid loss %.9g trained, %.9g imported", v1[0], v2[0]);
 
@@ -614,7 +568,7 @@ static void test_llmc_round_trip(void **state)
     cfg2.seq_len = 16;
 
     /* bad files */
-    path_of(bad, "bad.bin");
+    tt_path_of(bad, "bad.bin");
     snprintf(cfg2.init_from, TD_PATH_MAX, "%s", bad);
     int32_t dims[6] = {16, 256, 2, 4, 32, 256};
     write_header(bad, 20240520, 3, dims, nparams);
@@ -626,7 +580,7 @@ static void test_llmc_round_trip(void **state)
     dims[4] = 30; /* C not a multiple of NH */
     write_header(bad, 20240326, 3, dims, nparams);
     expect_new_fails(&cfg2, TD_EDATA, "bad header", "n_embd");
-    path_of(cfg2.init_from, "missing.bin");
+    tt_path_of(cfg2.init_from, "missing.bin");
     expect_new_fails(&cfg2, TD_ENOTFOUND, "missing.bin", NULL);
 }
 
@@ -648,7 +602,7 @@ typedef struct replica {
     reduce_group *g;
     int rank;
     td_train_config cfg;
-    recorder *r;
+    tt_recorder *r;
     td_error_t err;
     int rc;
 } replica;
@@ -669,10 +623,10 @@ static void test_allreduce(void *ud, float *buf, size_t n)
     pthread_barrier_wait(&g->barrier);
 }
 
-/* record() for replicas: the recorder hangs off the replica. */
+/* tt_record() for replicas: the recorder hangs off the replica. */
 static void replica_record(void *ud, const char *key, int64_t step, double value)
 {
-    record(((replica *)ud)->r, key, step, value);
+    tt_record(((replica *)ud)->r, key, step, value);
 }
 
 static void *replica_main(void *arg)
@@ -694,7 +648,7 @@ static void *replica_main(void *arg)
 }
 
 /* Runs cfg on world replicas in threads; rank 0's metrics land in r. */
-static void run_replicas(const td_train_config *cfg, int world, recorder *r)
+static void run_replicas(const td_train_config *cfg, int world, tt_recorder *r)
 {
     reduce_group g = {.world = world};
     replica reps[MAX_WORLD];
@@ -727,7 +681,7 @@ static void run_replicas(const td_train_config *cfg, int world, recorder *r)
  * slice, weight or missing average (off by 1e-2 or more). Only rank 0 records. */
 static void test_data_parallel(void **state)
 {
-    static recorder r1, rw;
+    static tt_recorder r1, rw;
     td_train_config cfg;
     double a[16], b[16];
     int64_t sa[16], sb[16];
@@ -742,16 +696,16 @@ static void test_data_parallel(void **state)
     td_trainer_free(t);
     for (int world = 2; world <= 3; world++) {
         run_replicas(&cfg, world, &rw);
-        assert_int_equal(values_of(&r1, "train_loss", a, sa, 16), 8);
-        assert_int_equal(values_of(&rw, "train_loss", b, sb, 16), 8);
+        assert_int_equal(tt_values_of(&r1, "train_loss", a, sa, 16), 8);
+        assert_int_equal(tt_values_of(&rw, "train_loss", b, sb, 16), 8);
         for (int i = 0; i < 8; i++)
             if (fabs(a[i] - b[i]) > 1e-5 * fabs(a[i]))
                 fail_msg("world %d, step %d: %.9g vs world 1 %.9g", world, i + 1, b[i], a[i]);
-        assert_int_equal(values_of(&r1, "valid_loss", a, sa, 16), 2);
-        assert_int_equal(values_of(&rw, "valid_loss", b, sb, 16), 2);
+        assert_int_equal(tt_values_of(&r1, "valid_loss", a, sa, 16), 2);
+        assert_int_equal(tt_values_of(&rw, "valid_loss", b, sb, 16), 2);
         for (int i = 0; i < 2; i++)
             assert_true(fabs(a[i] - b[i]) <= 1e-5 * fabs(a[i]));
-        assert_int_equal(values_of(&rw, "grad_norm", NULL, NULL, 16), 8);
+        assert_int_equal(tt_values_of(&rw, "grad_norm", NULL, NULL, 16), 8);
     }
 }
 
@@ -796,7 +750,7 @@ static void test_schedules(void **state)
 /* The trainer records lr from the schedule, step by step. */
 static void test_schedule_through_trainer(void **state)
 {
-    static recorder r;
+    static tt_recorder r;
     td_train_config cfg;
     td_trainer *t;
     double v[16];
@@ -808,7 +762,7 @@ static void test_schedule_through_trainer(void **state)
     t = new_trainer(&cfg, &r);
     run_steps(t, 100);
     td_trainer_free(t);
-    assert_int_equal(values_of(&r, "lr", v, NULL, 16), 10);
+    assert_int_equal(tt_values_of(&r, "lr", v, NULL, 16), 10);
     for (int i = 0; i < 10; i++)
         assert_true(v[i] == (double)td_schedule_lr(&cfg, i + 1, 10));
     assert_float_equal(v[2], 1e-2, 1e-8);
@@ -870,7 +824,7 @@ static void test_adamw_decays_matrices_only(void **state)
  * parameters of size ~0.02..1, differences of ~1e-3 each. */
 static void test_grad_clip(void **state)
 {
-    static recorder r;
+    static tt_recorder r;
     td_train_config cfg;
     td_trainer *t;
     td_params *p;
@@ -887,7 +841,7 @@ static void test_grad_clip(void **state)
     before = malloc(p->n * sizeof(float));
     memcpy(before, p->data, p->n * sizeof(float));
     run_steps(t, 1);
-    assert_int_equal(values_of(&r, "grad_norm", &norm, NULL, 1), 1);
+    assert_int_equal(tt_values_of(&r, "grad_norm", &norm, NULL, 1), 1);
     assert_true(norm > 0.05);
     for (size_t i = 0; i < p->n; i++)
         ss += ((double)p->data[i] - before[i]) * ((double)p->data[i] - before[i]);
@@ -904,7 +858,7 @@ static void test_grad_clip(void **state)
  * it was, records nan_skipped 1 and no train_loss, and the job goes on. */
 static void test_nan_policy(void **state)
 {
-    static recorder r;
+    static tt_recorder r;
     td_train_config cfg;
     td_trainer *t;
     td_error_t e = {0};
@@ -935,11 +889,11 @@ static void test_nan_policy(void **state)
     run_steps(t, 100);
     td_trainer_free(t);
     free(before);
-    assert_int_equal(values_of(&r, "nan_skipped", v, s, 4), 1);
+    assert_int_equal(tt_values_of(&r, "nan_skipped", v, s, 4), 1);
     assert_int_equal(s[0], 3);
     assert_true(v[0] == 1.0);
-    assert_int_equal(values_of(&r, "train_loss", NULL, NULL, 16), 9);
-    assert_int_equal(values_of(&r, "lr", NULL, NULL, 16), 10);
+    assert_int_equal(tt_values_of(&r, "train_loss", NULL, NULL, 16), 9);
+    assert_int_equal(tt_values_of(&r, "lr", NULL, NULL, 16), 10);
 }
 
 /* A NaN in the parameters is a NaN loss: the policy applies to real NaNs the same way. */
@@ -1007,7 +961,7 @@ static void test_gpt_config_errors(void **state)
     cfg.data = TD_DATA_IDX;
     expect_new_fails(&cfg, TD_EINVAL, "text or tokens", NULL);
     gpt_config(&cfg);
-    path_of(cfg.train_files[0], "nothing-here-*.txt");
+    tt_path_of(cfg.train_files[0], "nothing-here-*.txt");
     expect_new_fails(&cfg, TD_EDATA, "nothing-here-*.txt", NULL);
 }
 
@@ -1016,7 +970,7 @@ static void test_gpt_config_errors(void **state)
 /* max_steps 0: one call evaluates, records valid_loss at step 0 and answers done. */
 static void test_max_steps_zero(void **state)
 {
-    static recorder r;
+    static tt_recorder r;
     td_train_config cfg;
     td_trainer *t;
     double v;
@@ -1029,7 +983,7 @@ static void test_max_steps_zero(void **state)
     assert_int_equal(td_trainer_step(t), 1);
     assert_int_equal(td_trainer_step(t), 1);
     td_trainer_free(t);
-    assert_int_equal(values_of(&r, "valid_loss", &v, &s, 1), 1);
+    assert_int_equal(tt_values_of(&r, "valid_loss", &v, &s, 1), 1);
     assert_int_equal(s, 0);
     assert_true(v > 5.0 && v < 6.0);
     assert_int_equal(r.n, 1);
@@ -1046,7 +1000,7 @@ static void test_sample(void **state)
 
     gpt_config(&cfg);
     cfg.max_steps = 30;
-    path_of(cfg.checkpoint_dir, "ckpt-sample");
+    tt_path_of(cfg.checkpoint_dir, "ckpt-sample");
     assert_int_equal(td_sample(&cfg, "the ", 10, 1.0f, 1, a, sizeof(a), &err), TD_ENOTFOUND);
     t = new_trainer(&cfg, NULL);
     run_steps(t, 100);
@@ -1085,7 +1039,7 @@ static void write_shard(const char *path, int n, int vocab)
  * prints token ids. */
 static void test_token_shards(void **state)
 {
-    static recorder r;
+    static tt_recorder r;
     td_train_config cfg;
     td_trainer *t;
     td_error_t err = {0};
@@ -1095,19 +1049,19 @@ static void test_token_shards(void **state)
     gpt_config(&cfg);
     cfg.data = TD_DATA_TOKENS;
     cfg.vocab_size = 300;
-    path_of(cfg.train_files[0], "shard_train.bin");
+    tt_path_of(cfg.train_files[0], "shard_train.bin");
     write_shard(cfg.train_files[0], 4000, 300);
-    path_of(cfg.valid_files[0], "shard_valid.bin");
+    tt_path_of(cfg.valid_files[0], "shard_valid.bin");
     write_shard(cfg.valid_files[0], 600, 300);
     cfg.n_valid_files = 1;
     cfg.valid_fraction = 0.0f;
-    path_of(cfg.checkpoint_dir, "ckpt-tokens");
+    tt_path_of(cfg.checkpoint_dir, "ckpt-tokens");
     t = new_trainer(&cfg, &r);
     assert_int_equal(td_trainer_params(t)->tensors[TD_GPT_WTE]->shape[0], 320);
     run_steps(t, 100);
     td_trainer_free(t);
-    assert_int_equal(values_of(&r, "train_loss", v, NULL, 8), 8);
-    assert_int_equal(values_of(&r, "valid_loss", NULL, NULL, 8), 1);
+    assert_int_equal(tt_values_of(&r, "train_loss", v, NULL, 8), 8);
+    assert_int_equal(tt_values_of(&r, "valid_loss", NULL, NULL, 8), 1);
     assert_int_equal(td_sample(&cfg, "5, 12", 3, 1.0f, 1, out, sizeof(out), &err), 0);
     assert_non_null(strchr(out, ' '));
     assert_int_equal(td_sample(&cfg, "5 400", 3, 1.0f, 1, out, sizeof(out), &err), TD_EINVAL);
@@ -1116,24 +1070,18 @@ static void test_token_shards(void **state)
 /* ---- fixture ------------------------------------------------------------------------------------
  */
 
-static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    return remove(path);
-}
-
 static int setup(void **state)
 {
-    snprintf(tmpdir, sizeof(tmpdir), "/tmp/td_test_gpt_XXXXXX");
-    if (mkdtemp(tmpdir) == NULL)
+    if (tt_tmpdir_make("/tmp/td_test_gpt_XXXXXX") != 0)
         return -1;
-    path_of(text_path, "text.txt");
+    tt_path_of(text_path, "text.txt");
     write_text(text_path, 20000);
     return 0;
 }
 
 static int teardown(void **state)
 {
-    return nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    return tt_tmpdir_remove();
 }
 
 int main(void)

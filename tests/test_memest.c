@@ -8,7 +8,6 @@
  * so on the CPU every figure is equal to the byte, with one stated exception: without reading
  * the data the estimate takes an mlp's evaluation batch at its largest (1000 samples), so for
  * a test split smaller than that it is an upper bound, checked as such. */
-#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,44 +22,15 @@
 #include "engine.h"
 #include "td_panic.h"
 #include "train.h"
+#include "train_support.h"
 
 #define SIDE    8
 #define PIXELS  (SIDE * SIDE)
 #define CLASSES 4
 
-static char tmpdir[64];
 static char text_path[TD_PATH_MAX];
 
 /* ---- data the trainers read ----------------------------------------------------------------- */
-
-static void path_of(char *out, const char *name)
-{
-    snprintf(out, TD_PATH_MAX, "%s/%s", tmpdir, name);
-}
-
-static void be32(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char)(v >> 24);
-    p[1] = (unsigned char)(v >> 16);
-    p[2] = (unsigned char)(v >> 8);
-    p[3] = (unsigned char)v;
-}
-
-/* An IDX file: magic, dims, then body. */
-static void write_idx(const char *path, uint32_t magic, const uint32_t *dims, int ndim,
-                      const uint8_t *body, size_t len)
-{
-    unsigned char h[16];
-    FILE *f = fopen(path, "wb");
-
-    assert_non_null(f);
-    be32(h, magic);
-    for (int i = 0; i < ndim; i++)
-        be32(h + 4 * (i + 1), dims[i]);
-    assert_int_equal(fwrite(h, 1, 4u * (size_t)(ndim + 1), f), 4u * (size_t)(ndim + 1));
-    assert_int_equal(fwrite(body, 1, len, f), len);
-    assert_int_equal(fclose(f), 0);
-}
 
 /* n random SIDE x SIDE images with labels in [0, CLASSES), as name-images / name-labels. */
 static void write_split(td_idx_split *split, const char *name, int n)
@@ -79,11 +49,11 @@ static void write_split(td_idx_split *split, const char *name, int n)
             img[(size_t)i * PIXELS + p] = (uint8_t)td_rng_below(&rng, 256);
     }
     snprintf(fname, sizeof(fname), "%s-images", name);
-    path_of(split->images, fname);
-    write_idx(split->images, TD_IDX_MAGIC_IMAGES, idims, 3, img, (size_t)n * PIXELS);
+    tt_path_of(split->images, fname);
+    tt_write_idx(split->images, 0, TD_IDX_MAGIC_IMAGES, idims, 3, img, (size_t)n * PIXELS);
     snprintf(fname, sizeof(fname), "%s-labels", name);
-    path_of(split->labels, fname);
-    write_idx(split->labels, TD_IDX_MAGIC_LABELS, ldims, 1, lab, (size_t)n);
+    tt_path_of(split->labels, fname);
+    tt_write_idx(split->labels, 0, TD_IDX_MAGIC_LABELS, ldims, 1, lab, (size_t)n);
     free(img);
     free(lab);
 }
@@ -382,24 +352,18 @@ static void test_gpt2_124m_figures(void **state)
                   e.attention / MiB, e.workspace / MiB, e.total / MiB);
 }
 
-static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    return remove(path);
-}
-
 static int setup(void **state)
 {
-    snprintf(tmpdir, sizeof(tmpdir), "/tmp/td_test_memest_XXXXXX");
-    if (mkdtemp(tmpdir) == NULL)
+    if (tt_tmpdir_make("/tmp/td_test_memest_XXXXXX") != 0)
         return -1;
-    path_of(text_path, "text.txt");
+    tt_path_of(text_path, "text.txt");
     write_text(text_path, 20000);
     return 0;
 }
 
 static int teardown(void **state)
 {
-    return nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    return tt_tmpdir_remove();
 }
 
 int main(void)

@@ -2,7 +2,6 @@
  * determinism from the seed, training on small synthetic IDX files the tests write (gzipped
  * and plain), dataset and shape errors with their messages, the NaN/Inf panic, exact step
  * counts and metric timing, the arena estimate, and one epoch of the real Fashion-MNIST. */
-#include <ftw.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,13 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <cmocka.h>
 
 #include "engine.h"
 #include "td_panic.h"
 #include "train.h"
+#include "train_support.h"
 
 #ifndef FASHION_DIR /* -DFASHION_DIR=... points the real-data test elsewhere */
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
@@ -32,49 +31,7 @@
 #define N_TRAIN 1000
 #define N_TEST  200
 
-static char tmpdir[64];
-
 /* ---- writing IDX files ------------------------------------------------------------------ */
-
-static void be32(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char)(v >> 24);
-    p[1] = (unsigned char)(v >> 16);
-    p[2] = (unsigned char)(v >> 8);
-    p[3] = (unsigned char)v;
-}
-
-/* Writes a header (magic, dims) and body, gzipped or plain. body_len may be shorter than the
- * header promises, to make a truncated file. */
-static void write_file(const char *path, int gz, uint32_t magic, const uint32_t *dims, int ndim,
-                       const uint8_t *body, size_t body_len)
-{
-    unsigned char h[16];
-
-    be32(h, magic);
-    for (int i = 0; i < ndim; i++)
-        be32(h + 4 * (i + 1), dims[i]);
-    if (gz) {
-        gzFile f = gzopen(path, "wb");
-        assert_non_null(f);
-        assert_int_equal(gzwrite(f, h, 4u * (unsigned)(ndim + 1)), 4 * (ndim + 1));
-        if (body_len > 0)
-            assert_int_equal(gzwrite(f, body, (unsigned)body_len), (int)body_len);
-        assert_int_equal(gzclose(f), Z_OK);
-    } else {
-        FILE *f = fopen(path, "wb");
-        assert_non_null(f);
-        assert_int_equal(fwrite(h, 1, 4u * (size_t)(ndim + 1), f), 4u * (size_t)(ndim + 1));
-        if (body_len > 0)
-            assert_int_equal(fwrite(body, 1, body_len, f), body_len);
-        assert_int_equal(fclose(f), 0);
-    }
-}
-
-static void path_of(char *out, const char *name)
-{
-    snprintf(out, TD_PATH_MAX, "%s/%s", tmpdir, name);
-}
 
 /* A synthetic split of n samples as (name)-images / (name)-labels, gzipped or not. */
 static void write_split(td_idx_split *split, const char *name, int n, int gz, uint64_t seed)
@@ -97,11 +54,11 @@ static void write_split(td_idx_split *split, const char *name, int n, int gz, ui
             }
     }
     snprintf(fname, sizeof(fname), "%s-images%s", name, gz ? ".gz" : "");
-    path_of(split->images, fname);
-    write_file(split->images, gz, TD_IDX_MAGIC_IMAGES, idims, 3, img, (size_t)n * PIXELS);
+    tt_path_of(split->images, fname);
+    tt_write_idx(split->images, gz, TD_IDX_MAGIC_IMAGES, idims, 3, img, (size_t)n * PIXELS);
     snprintf(fname, sizeof(fname), "%s-labels%s", name, gz ? ".gz" : "");
-    path_of(split->labels, fname);
-    write_file(split->labels, gz, TD_IDX_MAGIC_LABELS, ldims, 1, lab, (size_t)n);
+    tt_path_of(split->labels, fname);
+    tt_write_idx(split->labels, gz, TD_IDX_MAGIC_LABELS, ldims, 1, lab, (size_t)n);
     free(img);
     free(lab);
 }
@@ -121,48 +78,6 @@ static void synth_config(td_train_config *cfg, int gz)
     cfg->epochs = 3;
     write_split(&cfg->train, gz ? "gz-train" : "train", N_TRAIN, gz, 11);
     write_split(&cfg->test, gz ? "gz-test" : "test", N_TEST, gz, 12);
-}
-
-/* ---- collecting metrics ------------------------------------------------------------------ */
-
-#define MAX_SAMPLES 4096
-
-typedef struct sample {
-    char key[32];
-    int64_t step;
-    double value;
-} sample;
-
-typedef struct recorder {
-    int n;
-    sample s[MAX_SAMPLES];
-} recorder;
-
-static void record(void *ud, const char *key, int64_t step, double value)
-{
-    recorder *r = ud;
-
-    assert_true(r->n < MAX_SAMPLES);
-    snprintf(r->s[r->n].key, sizeof(r->s[r->n].key), "%s", key);
-    r->s[r->n].step = step;
-    r->s[r->n].value = value;
-    r->n++;
-}
-
-/* The values recorded under key, in order, into out (up to max); returns how many. */
-static int values_of(const recorder *r, const char *key, double *out, int64_t *steps, int max)
-{
-    int k = 0;
-
-    for (int i = 0; i < r->n && k < max; i++)
-        if (strcmp(r->s[i].key, key) == 0) {
-            if (out != NULL)
-                out[k] = r->s[i].value;
-            if (steps != NULL)
-                steps[k] = r->s[i].step;
-            k++;
-        }
-    return k;
 }
 
 /* Runs every step; fails the test on a panic. Returns steps taken. */
@@ -351,14 +266,14 @@ static void test_arena_exhausted_panics(void **state)
  * bytes, so their runs match bit for bit. */
 static void test_synthetic_trains_gz_and_plain(void **state)
 {
-    static recorder r[2];
+    static tt_recorder r[2];
     double loss[2][64], acc[4];
 
     for (int gz = 0; gz < 2; gz++) {
         td_train_config cfg;
         td_trainer *t = NULL;
         td_error_t err = {0};
-        td_train_hooks hooks = {.ud = &r[gz], .metric = record};
+        td_train_hooks hooks = {.ud = &r[gz], .metric = tt_record};
         int n;
 
         memset(&r[gz], 0, sizeof(r[gz]));
@@ -366,12 +281,12 @@ static void test_synthetic_trains_gz_and_plain(void **state)
         assert_int_equal(td_trainer_new(&t, &cfg, &hooks, &err), 0);
         assert_int_equal(run_all(t), 24);
         td_trainer_free(t);
-        n = values_of(&r[gz], "train_loss", loss[gz], NULL, 64);
+        n = tt_values_of(&r[gz], "train_loss", loss[gz], NULL, 64);
         assert_int_equal(n, 24);
         /* first loss near log(4) = 1.386 for a fresh model; last well below it */
         assert_true(loss[gz][0] > 1.0);
         assert_true(loss[gz][23] < 0.5 * loss[gz][0]);
-        assert_int_equal(values_of(&r[gz], "test_accuracy", acc, NULL, 4), 3);
+        assert_int_equal(tt_values_of(&r[gz], "test_accuracy", acc, NULL, 4), 3);
         assert_true(acc[2] > 0.9);
     }
     assert_memory_equal(loss[0], loss[1], 24 * sizeof(double));
@@ -380,7 +295,7 @@ static void test_synthetic_trains_gz_and_plain(void **state)
 /* Same seed, same losses bit for bit; another seed, other losses. */
 static void test_determinism(void **state)
 {
-    static recorder r[3];
+    static tt_recorder r[3];
     double loss[3][24];
     uint64_t seeds[3] = {42, 42, 43};
 
@@ -388,7 +303,7 @@ static void test_determinism(void **state)
         td_train_config cfg;
         td_trainer *t = NULL;
         td_error_t err = {0};
-        td_train_hooks hooks = {.ud = &r[i], .metric = record};
+        td_train_hooks hooks = {.ud = &r[i], .metric = tt_record};
 
         memset(&r[i], 0, sizeof(r[i]));
         synth_config(&cfg, 0);
@@ -397,7 +312,7 @@ static void test_determinism(void **state)
         assert_int_equal(td_trainer_new(&t, &cfg, &hooks, &err), 0);
         run_all(t);
         td_trainer_free(t);
-        assert_int_equal(values_of(&r[i], "train_loss", loss[i], NULL, 24), 20);
+        assert_int_equal(tt_values_of(&r[i], "train_loss", loss[i], NULL, 24), 20);
     }
     assert_memory_equal(loss[0], loss[1], 20 * sizeof(double));
     assert_memory_not_equal(loss[0], loss[2], 20 * sizeof(double));
@@ -406,11 +321,11 @@ static void test_determinism(void **state)
 /* SGD with momentum trains the same task. */
 static void test_sgd_trains(void **state)
 {
-    static recorder r;
+    static tt_recorder r;
     td_train_config cfg;
     td_trainer *t = NULL;
     td_error_t err = {0};
-    td_train_hooks hooks = {.ud = &r, .metric = record};
+    td_train_hooks hooks = {.ud = &r, .metric = tt_record};
     double loss[24];
 
     memset(&r, 0, sizeof(r));
@@ -421,7 +336,7 @@ static void test_sgd_trains(void **state)
     assert_int_equal(td_trainer_new(&t, &cfg, &hooks, &err), 0);
     run_all(t);
     td_trainer_free(t);
-    assert_int_equal(values_of(&r, "train_loss", loss, NULL, 24), 24);
+    assert_int_equal(tt_values_of(&r, "train_loss", loss, NULL, 24), 24);
     assert_true(loss[23] < 0.5 * loss[0]);
 }
 
@@ -431,7 +346,7 @@ static void test_sgd_trains(void **state)
  * -1, replaces epochs: fewer steps, or more (the data cycles on), or none at all. */
 static void test_total_steps_and_metrics(void **state)
 {
-    static recorder r;
+    static tt_recorder r;
     struct {
         int epochs;
         int64_t max_steps, eval_every, total;
@@ -442,7 +357,7 @@ static void test_total_steps_and_metrics(void **state)
         td_train_config cfg;
         td_trainer *t = NULL;
         td_error_t err = {0};
-        td_train_hooks hooks = {.ud = &r, .metric = record};
+        td_train_hooks hooks = {.ud = &r, .metric = tt_record};
         int64_t steps[64];
         double v[64];
         int n;
@@ -462,14 +377,14 @@ static void test_total_steps_and_metrics(void **state)
         assert_int_equal(td_trainer_steps_done(t), cases[k].total);
         td_trainer_free(t);
 
-        assert_int_equal(values_of(&r, "train_loss", NULL, NULL, 64), cases[k].total);
-        assert_int_equal(values_of(&r, "lr", v, NULL, 64), cases[k].total);
+        assert_int_equal(tt_values_of(&r, "train_loss", NULL, NULL, 64), cases[k].total);
+        assert_int_equal(tt_values_of(&r, "lr", v, NULL, 64), cases[k].total);
         assert_true(cases[k].total == 0 || v[0] == (double)1e-2f);
-        assert_int_equal(values_of(&r, "step_ms", NULL, NULL, 64), cases[k].total);
-        assert_int_equal(values_of(&r, "samples_per_s", NULL, NULL, 64), cases[k].total);
+        assert_int_equal(tt_values_of(&r, "step_ms", NULL, NULL, 64), cases[k].total);
+        assert_int_equal(tt_values_of(&r, "samples_per_s", NULL, NULL, 64), cases[k].total);
 
         /* epoch at steps 1, 9, 17, ... with values 1, 2, 3, ... */
-        n = values_of(&r, "epoch", v, steps, 64);
+        n = tt_values_of(&r, "epoch", v, steps, 64);
         assert_int_equal(n, (int)((cases[k].total + 7) / 8));
         for (int i = 0; i < n; i++) {
             assert_int_equal(steps[i], 1 + 8 * i);
@@ -477,8 +392,8 @@ static void test_total_steps_and_metrics(void **state)
         }
 
         /* evaluations: each epoch's last step (or every eval_every) and the last step */
-        n = values_of(&r, "test_accuracy", v, steps, 64);
-        assert_int_equal(values_of(&r, "test_loss", NULL, NULL, 64), n);
+        n = tt_values_of(&r, "test_accuracy", v, steps, 64);
+        assert_int_equal(tt_values_of(&r, "test_loss", NULL, NULL, 64), n);
         int expect = 0;
         for (int64_t s = cases[k].total == 0 ? 0 : 1; s <= cases[k].total; s++) {
             int due = s == cases[k].total ||
@@ -497,11 +412,11 @@ static void test_total_steps_and_metrics(void **state)
 /* The last batch of an epoch is the remainder: samples_per_s * step_ms says 104 at step 8. */
 static void test_last_batch_is_partial(void **state)
 {
-    static recorder r;
+    static tt_recorder r;
     td_train_config cfg;
     td_trainer *t = NULL;
     td_error_t err = {0};
-    td_train_hooks hooks = {.ud = &r, .metric = record};
+    td_train_hooks hooks = {.ud = &r, .metric = tt_record};
     double sps[8], ms[8];
 
     memset(&r, 0, sizeof(r));
@@ -510,8 +425,8 @@ static void test_last_batch_is_partial(void **state)
     assert_int_equal(td_trainer_new(&t, &cfg, &hooks, &err), 0);
     run_all(t);
     td_trainer_free(t);
-    assert_int_equal(values_of(&r, "samples_per_s", sps, NULL, 8), 8);
-    assert_int_equal(values_of(&r, "step_ms", ms, NULL, 8), 8);
+    assert_int_equal(tt_values_of(&r, "samples_per_s", sps, NULL, 8), 8);
+    assert_int_equal(tt_values_of(&r, "step_ms", ms, NULL, 8), 8);
     assert_true(ms[7] > 0.0);
     assert_true(fabs(sps[0] * ms[0] / 1e3 - 128.0) < 0.01);
     assert_true(fabs(sps[7] * ms[7] / 1e3 - 104.0) < 0.01);
@@ -563,7 +478,7 @@ static void test_bad_files(void **state)
     synth_config(&cfg, 1);
 
     /* missing */
-    path_of(cfg.train.images, "nope-images.gz");
+    tt_path_of(cfg.train.images, "nope-images.gz");
     expect_new_fails(&cfg, TD_EDATA, cfg.train.images, "no such file");
 
     /* bad magic: a labels file given as the images */
@@ -572,22 +487,22 @@ static void test_bad_files(void **state)
                      "bad magic 0x00000801, expected 0x00000803 (IDX images)");
 
     /* bad magic, zeros, plain file */
-    path_of(path, "zeros");
-    write_file(path, 0, 0, dims, 3, body, sizeof(body));
+    tt_path_of(path, "zeros");
+    tt_write_idx(path, 0, 0, dims, 3, body, sizeof(body));
     snprintf(cfg.train.images, TD_PATH_MAX, "%s", path);
     expect_new_fails(&cfg, TD_EDATA, path, "bad magic 0x00000000, expected 0x00000803");
 
     /* truncated pixels, gzipped and plain: 100 8x8 images promised, 1000 bytes given */
     for (int gz = 0; gz < 2; gz++) {
-        path_of(path, gz ? "short-images.gz" : "short-images");
-        write_file(path, gz, TD_IDX_MAGIC_IMAGES, dims, 3, body, sizeof(body));
+        tt_path_of(path, gz ? "short-images.gz" : "short-images");
+        tt_write_idx(path, gz, TD_IDX_MAGIC_IMAGES, dims, 3, body, sizeof(body));
         snprintf(cfg.train.images, TD_PATH_MAX, "%s", path);
         expect_new_fails(&cfg, TD_EDATA, path,
                          "truncated: expected 6400 bytes of pixels, got 1000");
     }
 
     /* an empty file: not even a header */
-    path_of(path, "empty");
+    tt_path_of(path, "empty");
     fclose(fopen(path, "wb"));
     snprintf(cfg.train.images, TD_PATH_MAX, "%s", path);
     expect_new_fails(&cfg, TD_EDATA, path, "truncated");
@@ -599,7 +514,7 @@ static void test_bad_files(void **state)
         static unsigned char buf[1 << 16];
         size_t n = fread(buf, 1, sizeof(buf), f);
         fclose(f);
-        path_of(path, "cut-images.gz");
+        tt_path_of(path, "cut-images.gz");
         f = fopen(path, "wb");
         fwrite(buf, 1, n / 2, f);
         fclose(f);
@@ -609,13 +524,13 @@ static void test_bad_files(void **state)
 
     /* labels count mismatch: 1000 images, 100 labels */
     synth_config(&cfg, 0);
-    path_of(cfg.train.labels, "few-labels");
-    write_file(cfg.train.labels, 0, TD_IDX_MAGIC_LABELS, dims, 1, body, 100);
+    tt_path_of(cfg.train.labels, "few-labels");
+    tt_write_idx(cfg.train.labels, 0, TD_IDX_MAGIC_LABELS, dims, 1, body, 100);
     expect_new_fails(&cfg, TD_EDATA, cfg.train.labels, "labels file has 100 items but images file");
 
     /* the test split is checked too, and named */
     synth_config(&cfg, 0);
-    path_of(cfg.test.labels, "missing-test-labels");
+    tt_path_of(cfg.test.labels, "missing-test-labels");
     expect_new_fails(&cfg, TD_EDATA, cfg.test.labels, "no such file");
 }
 
@@ -757,9 +672,9 @@ static void test_config_defaults(void **state)
  * the epochs begun are replayed. */
 static void test_mlp_resume(void **state)
 {
-    static recorder r1, r2;
+    static tt_recorder r1, r2;
     td_train_config cfg;
-    td_train_hooks h1 = {.ud = &r1, .metric = record}, h2 = {.ud = &r2, .metric = record};
+    td_train_hooks h1 = {.ud = &r1, .metric = tt_record}, h2 = {.ud = &r2, .metric = tt_record};
     td_trainer *t = NULL;
     td_error_t err = {0};
     double a[24], b[24];
@@ -772,7 +687,7 @@ static void test_mlp_resume(void **state)
     run_all(t);
     td_trainer_free(t);
 
-    path_of(cfg.checkpoint_dir, "mlp-ckpt");
+    tt_path_of(cfg.checkpoint_dir, "mlp-ckpt");
     cfg.checkpoint_every = 10;
     assert_int_equal(td_trainer_new(&t, &cfg, &h2, &err), 0);
     for (int i = 0; i < 11; i++)
@@ -783,8 +698,8 @@ static void test_mlp_resume(void **state)
     assert_int_equal(td_trainer_steps_done(t), 10);
     run_all(t);
     td_trainer_free(t);
-    assert_int_equal(values_of(&r1, "train_loss", a, NULL, 24), 20);
-    assert_int_equal(values_of(&r2, "train_loss", b, NULL, 24), 10);
+    assert_int_equal(tt_values_of(&r1, "train_loss", a, NULL, 24), 20);
+    assert_int_equal(tt_values_of(&r2, "train_loss", b, NULL, 24), 10);
     assert_memory_equal(a + 10, b, 10 * sizeof(double));
 }
 
@@ -793,9 +708,9 @@ static void test_mlp_resume(void **state)
  * 128, the last of 4). Every step records grad_norm. */
 static void test_mlp_valid_split(void **state)
 {
-    static recorder r;
+    static tt_recorder r;
     td_train_config cfg;
-    td_train_hooks hooks = {.ud = &r, .metric = record};
+    td_train_hooks hooks = {.ud = &r, .metric = tt_record};
     td_trainer *t = NULL;
     td_error_t err = {0};
     double v[8], sps[8], ms[8];
@@ -809,15 +724,15 @@ static void test_mlp_valid_split(void **state)
     assert_int_equal(td_trainer_total_steps(t), 16);
     run_all(t);
     td_trainer_free(t);
-    assert_int_equal(values_of(&r, "valid_accuracy", v, s, 8), 2);
+    assert_int_equal(tt_values_of(&r, "valid_accuracy", v, s, 8), 2);
     assert_int_equal(s[0], 8);
     assert_int_equal(s[1], 16);
     assert_true(v[1] > 0.5);
-    assert_int_equal(values_of(&r, "valid_loss", NULL, NULL, 8), 2);
-    assert_int_equal(values_of(&r, "test_loss", NULL, NULL, 8), 2);
-    assert_int_equal(values_of(&r, "grad_norm", NULL, NULL, 24), 16);
-    assert_int_equal(values_of(&r, "samples_per_s", sps, NULL, 8), 8);
-    assert_int_equal(values_of(&r, "step_ms", ms, NULL, 8), 8);
+    assert_int_equal(tt_values_of(&r, "valid_loss", NULL, NULL, 8), 2);
+    assert_int_equal(tt_values_of(&r, "test_loss", NULL, NULL, 8), 2);
+    assert_int_equal(tt_values_of(&r, "grad_norm", NULL, NULL, 24), 16);
+    assert_int_equal(tt_values_of(&r, "samples_per_s", sps, NULL, 8), 8);
+    assert_int_equal(tt_values_of(&r, "step_ms", ms, NULL, 8), 8);
     assert_true(fabs(sps[7] * ms[7] / 1e3 - 4.0) < 0.01);
 }
 
@@ -825,11 +740,11 @@ static void test_mlp_valid_split(void **state)
  * (PyTorch's recipe gets ~0.84 after one epoch and 0.867 after three). */
 static void test_fashion_mnist_one_epoch(void **state)
 {
-    static recorder r;
+    static tt_recorder r;
     td_train_config cfg;
     td_trainer *t = NULL;
     td_error_t err = {0};
-    td_train_hooks hooks = {.ud = &r, .metric = record};
+    td_train_hooks hooks = {.ud = &r, .metric = tt_record};
     double acc[2], loss[2];
     const int layers[4] = {784, 256, 256, 10};
 
@@ -850,8 +765,8 @@ static void test_fashion_mnist_one_epoch(void **state)
     assert_int_equal(td_trainer_total_steps(t), 469);
     assert_int_equal(run_all(t), 469);
     td_trainer_free(t);
-    assert_int_equal(values_of(&r, "test_accuracy", acc, NULL, 2), 1);
-    assert_int_equal(values_of(&r, "test_loss", loss, NULL, 2), 1);
+    assert_int_equal(tt_values_of(&r, "test_accuracy", acc, NULL, 2), 1);
+    assert_int_equal(tt_values_of(&r, "test_loss", loss, NULL, 2), 1);
     print_message("fashion-mnist, 1 epoch: test_loss %.4f, test_accuracy %.4f\n", loss[0], acc[0]);
     assert_true(acc[0] > 0.83);
     assert_true(loss[0] < 0.5);
@@ -859,20 +774,14 @@ static void test_fashion_mnist_one_epoch(void **state)
 
 /* ---- fixture --------------------------------------------------------------------------------- */
 
-static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    return remove(path);
-}
-
 static int setup(void **state)
 {
-    snprintf(tmpdir, sizeof(tmpdir), "/tmp/td_test_train_XXXXXX");
-    return mkdtemp(tmpdir) == NULL ? -1 : 0;
+    return tt_tmpdir_make("/tmp/td_test_train_XXXXXX");
 }
 
 static int teardown(void **state)
 {
-    return nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    return tt_tmpdir_remove();
 }
 
 int main(void)

@@ -1,0 +1,112 @@
+/* Helpers shared by the train/ unit tests (test_train.c, test_gpt.c, test_memest.c): the
+ * temporary-directory fixture, the IDX file writer and the metric recorder. See
+ * train_support.h. */
+#include <ftw.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include <cmocka.h>
+
+#include "train.h"
+#include "train_support.h"
+
+char tt_tmpdir[64];
+
+/* Copies the template into tt_tmpdir and lets mkdtemp fill in its Xs. */
+int tt_tmpdir_make(const char *template)
+{
+    snprintf(tt_tmpdir, sizeof(tt_tmpdir), "%s", template);
+    return mkdtemp(tt_tmpdir) == NULL ? -1 : 0;
+}
+
+/* nftw's callback for tt_tmpdir_remove: removes one file or (emptied) directory. */
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+/* Walks tt_tmpdir depth first, so each directory is empty when its turn comes. */
+int tt_tmpdir_remove(void)
+{
+    return nftw(tt_tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* Joins tt_tmpdir and name into out, which holds TD_PATH_MAX bytes. */
+void tt_path_of(char *out, const char *name)
+{
+    snprintf(out, TD_PATH_MAX, "%s/%s", tt_tmpdir, name);
+}
+
+/* Stores v big-endian at p, as IDX headers are. */
+static void be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+/* Writes the header (magic, dims) and body, through zlib when gz is set and stdio otherwise;
+ * every write is asserted, so a failure fails the calling test. */
+void tt_write_idx(const char *path, int gz, uint32_t magic, const uint32_t *dims, int ndim,
+                  const uint8_t *body, size_t body_len)
+{
+    unsigned char h[16];
+
+    be32(h, magic);
+    for (int i = 0; i < ndim; i++)
+        be32(h + 4 * (i + 1), dims[i]);
+    if (gz) {
+        gzFile f = gzopen(path, "wb");
+        assert_non_null(f);
+        assert_int_equal(gzwrite(f, h, 4u * (unsigned)(ndim + 1)), 4 * (ndim + 1));
+        if (body_len > 0)
+            assert_int_equal(gzwrite(f, body, (unsigned)body_len), (int)body_len);
+        assert_int_equal(gzclose(f), Z_OK);
+    } else {
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        assert_int_equal(fwrite(h, 1, 4u * (size_t)(ndim + 1), f), 4u * (size_t)(ndim + 1));
+        if (body_len > 0)
+            assert_int_equal(fwrite(body, 1, body_len, f), body_len);
+        assert_int_equal(fclose(f), 0);
+    }
+}
+
+/* Appends one sample to the tt_recorder in ud; more than TT_MAX_SAMPLES fails the test. */
+void tt_record(void *ud, const char *key, int64_t step, double value)
+{
+    tt_recorder *r = ud;
+
+    assert_true(r->n < TT_MAX_SAMPLES);
+    snprintf(r->s[r->n].key, sizeof(r->s[r->n].key), "%s", key);
+    r->s[r->n].step = step;
+    r->s[r->n].value = value;
+    r->n++;
+}
+
+/* Scans the samples in order, copying the value and step of each one under key into out and
+ * steps (either may be NULL) until max are found. */
+int tt_values_of(const tt_recorder *r, const char *key, double *out, int64_t *steps, int max)
+{
+    int k = 0;
+
+    for (int i = 0; i < r->n && k < max; i++)
+        if (strcmp(r->s[i].key, key) == 0) {
+            if (out != NULL)
+                out[k] = r->s[i].value;
+            if (steps != NULL)
+                steps[k] = r->s[i].step;
+            k++;
+        }
+    return k;
+}

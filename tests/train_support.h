@@ -1,0 +1,48 @@
+/* Helpers shared by the train/ unit tests (test_train.c, test_gpt.c, test_memest.c): a
+ * temporary directory made before the group and removed after it, IDX files written plain or
+ * gzipped, and a metric hook that records every sample for the test to look up. They fail the
+ * calling test through cmocka's assertions, so include <cmocka.h> first. */
+#ifndef TD_TESTS_TRAIN_SUPPORT_H
+#define TD_TESTS_TRAIN_SUPPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The group's temporary directory, set by tt_tmpdir_make. */
+extern char tt_tmpdir[64];
+
+/* Makes tt_tmpdir from a mkdtemp template ("/tmp/td_test_x_XXXXXX"); 0, or -1 on failure. */
+int tt_tmpdir_make(const char *template);
+
+/* Removes tt_tmpdir and everything in it; 0, or nonzero on failure. */
+int tt_tmpdir_remove(void);
+
+/* out (TD_PATH_MAX bytes) = tt_tmpdir/name. */
+void tt_path_of(char *out, const char *name);
+
+/* Writes an IDX file: magic, ndim big-endian dims, then body, gzipped when gz is set.
+ * body_len may be shorter than the header promises, to make a truncated file. */
+void tt_write_idx(const char *path, int gz, uint32_t magic, const uint32_t *dims, int ndim,
+                  const uint8_t *body, size_t body_len);
+
+#define TT_MAX_SAMPLES 4096
+
+typedef struct tt_sample {
+    char key[32];
+    int64_t step;
+    double value;
+} tt_sample;
+
+/* Every metric a trainer reported, in order (up to TT_MAX_SAMPLES). */
+typedef struct tt_recorder {
+    int n;
+    tt_sample s[TT_MAX_SAMPLES];
+} tt_recorder;
+
+/* A td_train_hooks metric hook; ud is a tt_recorder. */
+void tt_record(void *ud, const char *key, int64_t step, double value);
+
+/* The values recorded under key, in order, into out (up to max); returns how many. */
+int tt_values_of(const tt_recorder *r, const char *key, double *out, int64_t *steps, int max);
+
+#endif
