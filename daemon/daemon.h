@@ -139,6 +139,16 @@ void td_daemon_log(td_daemon *d, int64_t job, int level, const char *line);
 td_djob *td_daemon_find(td_daemon *d, int64_t id);
 void td_daemon_shutdown(td_daemon *d);
 
+/* The kind of a daemon's devices (all of one kind: --devices cpu:N or cuda:...). */
+typedef enum { TD_DEV_CPU = 0, TD_DEV_CUDA = 1 } td_dev_kind;
+
+/* daemon.c: the memory a job would have on worker index's device, for the memory guard and
+ * submit --dry-run: cuda, cudaMemGetInfo's free and total bytes of the GPU; cpu,
+ * MemAvailable and MemTotal of /proc/meminfo (shared by every cpu device). Loop thread.
+ * TD_ECUDA / TD_EIO with err saying why. */
+int td_daemon_device_memory(td_daemon *d, int index, size_t *free_bytes, size_t *total_bytes,
+                            td_error_t *err);
+
 /* server.c: the control socket, connections, requests, streams. */
 int td_server_listen(td_daemon *d, td_error_t *err);
 void td_server_close(td_daemon *d);

@@ -16,6 +16,11 @@ typedef struct td_jobspec {
     int devices;  /* devices requested; default 1 */
     int priority; /* higher runs first; default 0 */
     td_train_config train;
+    int batch_auto;        /* batch_size "auto": the memory guard picks the largest batch that
+                            * fits the job's devices at its first start (train.batch_size is 0
+                            * until then); the daemon then stores the choice in the job */
+    double nccl_timeout_s; /* "nccl_timeout_s": seconds a collective may take before the job
+                            * fails; 0: the daemon's default (traind.conf [cuda] nccl_timeout_s) */
     /* debug.fail, applied by the daemon to the replicas on the named devices */
     td_fail_kind fail_kind; /* TD_FAIL_NONE when the job has no debug.fail */
     int64_t fail_step;
@@ -24,6 +29,13 @@ typedef struct td_jobspec {
 
 /* Fills *out from job. Returns 0, or TD_EJOB with err naming the field. */
 int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err);
+
+/* Re-encodes the stored job map spec (msgpack, as submitted) with its "batch_size" set to
+ * batch (replacing "auto"), into *out (malloc'd, *out_len bytes; caller frees). For the
+ * daemon to store the batch an "auto" job was given, so a restart resumes with the same one.
+ * TD_EPROTO for a spec that is not a map, TD_ENOMEM. */
+int td_jobspec_set_batch(const void *spec, size_t len, int batch, void **out, size_t *out_len,
+                         td_error_t *err);
 
 /* Refuses a job naming a file its submitter could not read. The daemon (often root) opens
  * datasets and init_from files itself, so it checks, as the submitting user (uid, gid and the

@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -621,8 +622,38 @@ static void sgd_update(float *restrict param, float *restrict buf, const float *
     }
 }
 
+/* ---- memory: host memory, so the copies are memcpy ------------------------------------ */
+
+#define CPU_ALIGN 256 /* bytes: the CUDA backend's alignment, so layouts match across tables */
+
+static int cpu_alloc(void **p, size_t bytes, td_error_t *err)
+{
+    size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+
+    *p = aligned_alloc(CPU_ALIGN, rounded > 0 ? rounded : CPU_ALIGN);
+    if (*p == NULL)
+        return td_error_set(err, TD_ENOMEM, "out of host memory allocating %zu bytes", bytes);
+    return 0;
+}
+
+static void cpu_free(void *p)
+{
+    free(p);
+}
+
+static void cpu_copy(void *dst, const void *src, size_t bytes)
+{
+    if (bytes > 0 && dst != src)
+        memcpy(dst, src, bytes);
+}
+
 static const td_kernels cpu_kernels = {
     .name = "cpu",
+    .host = 1,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
     .set_threads = set_threads,
     .zero = zero,
     .matmul_forward = matmul_forward,

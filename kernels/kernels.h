@@ -17,12 +17,30 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "td_errno.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct td_kernels {
-    const char *name; /* "cpu" */
+    const char *name; /* "cpu", "cuda" */
+
+    /* 1 when the backend's memory is host memory that the caller may read and write in place
+     * (cpu); 0 when it is not (cuda: device memory), and the caller moves bytes in and out
+     * only with upload and download. */
+    int host;
+
+    // Memory where the backend computes: *p = bytes (not cleared), aligned to 256 bytes.
+    // TD_ENOMEM or TD_ECUDA with err naming the size; *p NULL then. Release with free (NULL ok)
+    int (*alloc)(void **p, size_t bytes, td_error_t *err);
+    void (*free)(void *p);
+    // dst (backend memory) = src (host memory), bytes of it; returns when the copy is done and
+    // every op queued before it has run
+    void (*upload)(void *dst, const void *src, size_t bytes);
+    // dst (host memory) = src (backend memory); returns when the copy is done, after every op
+    // queued before it. A failed op queued earlier panics here
+    void (*download)(void *dst, const void *src, size_t bytes);
 
     // How many threads the backend's library may use (OpenBLAS: process-wide); n > 0
     void (*set_threads)(int n);

@@ -38,8 +38,16 @@ typedef enum {
     TD_FAIL_PANIC,
     TD_FAIL_NAN,
     TD_FAIL_OOM,
-    TD_FAIL_DATA
+    TD_FAIL_DATA,
+    TD_FAIL_STICKY /* a sticky CUDA error (illegal address): TD_ECUDA, and the daemon treats
+                    * the process's CUDA state as lost, as it would for a real one */
 } td_fail_kind;
+/* The precision of a job's matmuls on a GPU. fp32: fp32 throughout (TF32 only with tf32 on).
+ * bf16: matmul operands rounded to bf16, products summed in fp32, everything else (activations
+ * in memory, master weights, gradients, optimizer state) fp32: PyTorch autocast's split.
+ * DEFAULT: bf16 for a gpt on cuda devices, fp32 otherwise (the daemon resolves it). The CPU
+ * backend computes fp32 whatever this says. */
+typedef enum { TD_PRECISION_DEFAULT = 0, TD_PRECISION_FP32, TD_PRECISION_BF16 } td_precision;
 
 /* An IDX image file and its label file (gzipped or not, told apart by the gzip magic). */
 typedef struct td_idx_split {
@@ -116,6 +124,17 @@ typedef struct td_train_config {
 
     td_on_nan on_nan; /* default fail */
 
+    /* where the trainer computes: a backend table (kernels.h); NULL: td_kernels_cpu(). A
+     * device backend (cuda) computes on the calling thread's context, which the caller binds
+     * before td_trainer_new() and keeps bound for every call on the trainer (the daemon's
+     * worker thread does). Not a job-file key, not part of the config hash. */
+    const struct td_kernels *kernels;
+    td_precision precision; /* job file "precision"; for the record and mfu's peak: the
+                             * backend's context computes as the caller set it */
+    int tf32;               /* job file "tf32": fp32 matmuls on a GPU may use TF32; default 0 */
+    double peak_flops;      /* the device's peak FLOP/s at the precision used; > 0: record mfu
+                             * every step (the daemon sets it for cuda devices) */
+
     /* fault injection: at step debug_fail_step (>= 1) this replica fails as debug_fail_kind
      * says (the daemon sets it only on the devices the job names) */
     int64_t debug_fail_step;
@@ -142,6 +161,11 @@ typedef struct td_train_hooks {
 } td_train_hooks;
 
 typedef struct td_trainer td_trainer;
+
+/* FLOPs of one training step of cfg's model over a global batch, llm.c's count (forward and
+ * backward, 6 per parameter per token, plus attention's 6*L*C*T per token; an mlp 6 per
+ * parameter per sample), so mfu here and llm.c's mean the same. 0 for a bad config. */
+double td_train_flops_per_step(const td_train_config *cfg);
 
 /* Builds a trainer: reads the dataset, checks it against the model (mlp: layers[0] must equal
  * the image size, the last layer must cover every label; gpt: text needs vocab_size >= 256),

@@ -764,6 +764,11 @@ static void inject_fault(const td_trainer *t, int64_t step)
         td_panic(TD_ENOMEM, "out of memory");
     case TD_FAIL_DATA:
         td_panic(TD_EDATA, "injected read error at step %lld", (long long)step);
+    case TD_FAIL_STICKY:
+        td_panic(TD_ECUDA,
+                 "injected sticky CUDA error at step %lld: cudaErrorIllegalAddress: an illegal "
+                 "memory access was encountered",
+                 (long long)step);
     case TD_FAIL_NAN: /* poisons the loss, in step_loss() */
     case TD_FAIL_NONE:
         break;

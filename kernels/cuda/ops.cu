@@ -1000,6 +1000,11 @@ static void sgd_update(float *param, float *buf, const float *grad, size_t n, fl
 // In kernels.h's order (C++ designated initializers must keep it).
 static const td_kernels cuda_kernels = {
     .name = "cuda",
+    .host = 0,
+    .alloc = td_cuda_alloc,
+    .free = td_cuda_free,
+    .upload = td_cuda_upload,
+    .download = td_cuda_download,
     .set_threads = set_threads,
     .zero = zero,
     .matmul_forward = matmul_forward,
