@@ -87,6 +87,17 @@ struct CUstream_st *td_cuda_ctx_stream(const td_cuda_ctx *c);
  * Panics on a cuBLAS error. */
 void td_cuda_ctx_set_tf32(td_cuda_ctx *c, int on);
 
+/* Turns bf16 mixed precision on (1) or off (0) for the context's matmuls from the next op on
+ * (the job's precision, train.h td_precision): operands rounded to bf16, products summed and
+ * stored in fp32; every other op and every buffer stays fp32. Default off. */
+void td_cuda_ctx_set_bf16(td_cuda_ctx *c, int on);
+
+/* The device's peak dense FLOP/s for matmuls at a precision (bf16 1: bf16 tensor cores; else
+ * tf32 1: TF32 tensor cores; else plain fp32), the denominator of mfu, from the device's
+ * properties (NVIDIA's datasheet figures for the models it knows: H100/H200 SXM and PCIe, A100,
+ * ...). TD_ENOTFOUND for a device it does not know (then no mfu is recorded), TD_ECUDA. */
+int td_cuda_peak_flops(int device, int bf16, int tf32, double *flops, td_error_t *err);
+
 /* The CUDA table: kernels (.cu) for every op of kernels.h and cuBLAS for every matmul,
  * computing on the calling thread's context; an op called without one panics (TD_ESTATE).
  * Differences from the CPU twin, all within the tolerances tests/test_gpu.c states: sums
