@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "engine.h"
+#include "fake_device.h"
 #include "td_panic.h"
 #include "train.h"
 #include "train_support.h"
@@ -104,9 +105,11 @@ static double mlp_loss(td_ctx *c, td_mlp *m, td_tensor *x, const int *y)
 {
     td_ctx eval = {.k = c->k, .arena = c->arena, .tape = NULL};
     size_t mark = c->arena->used;
+    int tensors = c->arena->n_tensors;
     double loss = td_mlp_forward(&eval, m, x, y, NULL)->data[0];
 
     c->arena->used = mark;
+    c->arena->n_tensors = tensors;
     return loss;
 }
 
@@ -150,6 +153,7 @@ static void test_mlp_gradient_through_tape(void **state)
         for (size_t i = 0; i < x->n; i++)
             x->data[i] = 4.0f * td_rng_uniform(&rng) - 2.0f;
         size_t mark = arena.used;
+        int tensors = arena.n_tensors;
 
         loss = td_mlp_forward(&c, &m, x, y, NULL);
         assert_int_equal(tape.len, td_mlp_tape_len(&m));
@@ -168,6 +172,7 @@ static void test_mlp_gradient_through_tape(void **state)
         saved = malloc(p.n * sizeof(float));
         memcpy(saved, p.grad, p.n * sizeof(float));
         arena.used = mark;
+        arena.n_tensors = tensors;
 
         for (int t = 0; t < p.count; t++) {
             td_tensor *pt = p.tensors[t];
@@ -703,6 +708,71 @@ static void test_mlp_resume(void **state)
     assert_memory_equal(a + 10, b, 10 * sizeof(double));
 }
 
+/* The mlp on the fake device (tests/fake_device.h: memory the host cannot touch, the CPU's
+ * arithmetic behind it): its losses, norms and accuracies (valid and test splits, whose
+ * evaluation counts correct rows on the device) are the CPU run's bit for bit, with SGD and
+ * momentum; the step loop allocates nothing there; a checkpoint written from the device
+ * resumes on it exactly. */
+static void test_mlp_on_device(void **state)
+{
+    static tt_recorder cpu, dev, resumed;
+    td_train_config cfg;
+    td_train_hooks hooks = {.ud = &cpu, .metric = tt_record};
+    td_trainer *t = NULL;
+    td_error_t err = {0};
+    fd_counters before;
+    double a[32], b[32], x[8], y[8];
+    int n;
+
+    synth_config(&cfg, 0);
+    cfg.optim = TD_OPTIM_SGD;
+    cfg.lr = 0.05f;
+    cfg.valid_fraction = 0.1f;
+    cfg.max_steps = 20;
+    cfg.eval_every = 10;
+    assert_int_equal(td_trainer_new(&t, &cfg, &hooks, &err), 0);
+    run_all(t);
+    td_trainer_free(t);
+
+    cfg.kernels = fd_kernels();
+    hooks.ud = &dev;
+    assert_int_equal(td_trainer_new(&t, &cfg, &hooks, &err), 0);
+    before = fd_counts();
+    run_all(t);
+    assert_int_equal(fd_counts().allocs, before.allocs);
+    td_trainer_free(t);
+    n = tt_values_of(&cpu, "train_loss", a, NULL, 32);
+    assert_int_equal(n, 20);
+    assert_int_equal(tt_values_of(&dev, "train_loss", b, NULL, 32), n);
+    assert_memory_equal(a, b, (size_t)n * sizeof(double));
+    for (int k = 0; k < 4; k++) {
+        const char *key[] = {"grad_norm", "valid_accuracy", "test_loss", "test_accuracy"};
+        n = tt_values_of(&cpu, key[k], k == 0 ? a : x, NULL, k == 0 ? 32 : 8);
+        assert_true(n > 0);
+        assert_int_equal(tt_values_of(&dev, key[k], k == 0 ? b : y, NULL, k == 0 ? 32 : 8), n);
+        assert_memory_equal(k == 0 ? a : x, k == 0 ? b : y, (size_t)n * sizeof(double));
+    }
+
+    tt_path_of(cfg.checkpoint_dir, "mlp-device-ckpt");
+    cfg.checkpoint_every = 7;
+    hooks.ud = NULL;
+    hooks.metric = NULL;
+    assert_int_equal(td_trainer_new(&t, &cfg, &hooks, &err), 0);
+    for (int i = 0; i < 8; i++)
+        assert_true(td_trainer_step_caught(t, &err) >= 0);
+    td_trainer_free(t);
+    hooks.ud = &resumed;
+    hooks.metric = tt_record;
+    memset(&resumed, 0, sizeof(resumed));
+    assert_int_equal(td_trainer_new(&t, &cfg, &hooks, &err), 0);
+    assert_int_equal(td_trainer_steps_done(t), 7);
+    run_all(t);
+    td_trainer_free(t);
+    assert_int_equal(tt_values_of(&cpu, "train_loss", a, NULL, 32), 20);
+    assert_int_equal(tt_values_of(&resumed, "train_loss", b, NULL, 32), 13);
+    assert_memory_equal(a + 7, b, 13 * sizeof(double));
+}
+
 /* valid_fraction holds out the train split's last samples: valid_loss and valid_accuracy at
  * each evaluation, next to test_*; the epoch shrinks to the samples left (900: 8 steps of
  * 128, the last of 4). Every step records grad_norm. */
@@ -803,6 +873,7 @@ int main(void)
         cmocka_unit_test(test_config_defaults),
         cmocka_unit_test(test_mlp_resume),
         cmocka_unit_test(test_mlp_valid_split),
+        cmocka_unit_test(test_mlp_on_device),
         cmocka_unit_test(test_fashion_mnist_one_epoch),
     };
 

@@ -15,29 +15,59 @@ size_t td_arena_round(size_t bytes)
     return (bytes + TD_ARENA_ALIGN - 1) & ~(size_t)(TD_ARENA_ALIGN - 1);
 }
 
-/* Acquires cap bytes (rounded up to the alignment), aligned. */
-int td_arena_init(td_arena *a, size_t cap)
+/* Acquires cap bytes (rounded up to the alignment), aligned, from k or the heap, and the
+ * header pool. */
+static int arena_init(td_arena *a, size_t cap, const td_kernels *k, td_error_t *err)
 {
+    int rc = 0;
+
     memset(a, 0, sizeof(*a));
     cap = td_arena_round(cap > 0 ? cap : 1);
-    a->base = aligned_alloc(TD_ARENA_ALIGN, cap);
-    if (a->base == NULL)
-        return TD_ENOMEM;
+    a->tensors = calloc(TD_ARENA_TENSORS, sizeof(*a->tensors));
+    if (a->tensors == NULL)
+        return td_error_set(err, TD_ENOMEM, "no memory for %d tensor headers", TD_ARENA_TENSORS);
+    if (k != NULL && !k->host) {
+        rc = k->alloc((void **)&a->base, cap, err);
+        a->k = rc == 0 ? k : NULL;
+    } else if ((a->base = aligned_alloc(TD_ARENA_ALIGN, cap)) == NULL) {
+        rc = td_error_set(err, TD_ENOMEM, "no memory for a %zu-byte activation arena", cap);
+    }
+    if (rc != 0) {
+        td_arena_free(a);
+        return rc;
+    }
     a->cap = cap;
     return 0;
+}
+
+int td_arena_init(td_arena *a, size_t cap)
+{
+    td_error_t e;
+
+    return arena_init(a, cap, NULL, &e);
+}
+
+int td_arena_init_on(td_arena *a, size_t cap, const td_kernels *k, td_error_t *err)
+{
+    return arena_init(a, cap, k, err);
 }
 
 void td_arena_free(td_arena *a)
 {
     if (a == NULL)
         return;
-    free(a->base);
+    if (a->k != NULL)
+        a->k->free(a->base);
+    else
+        free(a->base);
+    free(a->tensors);
     memset(a, 0, sizeof(*a));
 }
 
 void td_arena_reset(td_arena *a)
 {
     a->used = 0;
+    a->n_tensors = 0;
 }
 
 /* A slice of the arena; running out is a bug in the size estimate or a model bigger than
@@ -97,13 +127,13 @@ static float *alloc_floats(size_t n)
  * all-reduce. */
 int td_params_alloc(td_params *p, int n_moments)
 {
-    p->data = alloc_floats(p->n);
+    p->data = p->host_data = alloc_floats(p->n);
     p->grad = alloc_floats(p->n + TD_PARAMS_ALIGN);
     if (p->data == NULL || p->grad == NULL)
         goto fail;
-    if (n_moments >= 1 && (p->m = alloc_floats(p->n)) == NULL)
+    if (n_moments >= 1 && (p->m = p->host_m = alloc_floats(p->n)) == NULL)
         goto fail;
-    if (n_moments >= 2 && (p->v = alloc_floats(p->n)) == NULL)
+    if (n_moments >= 2 && (p->v = p->host_v = alloc_floats(p->n)) == NULL)
         goto fail;
     for (int i = 0; i < p->count; i++) {
         p->tensors[i]->data = p->data + p->offset[i];
@@ -116,15 +146,87 @@ fail:
     return TD_ENOMEM;
 }
 
+/* One device buffer of n floats, filled from host (or zeroed when host is NULL). */
+static int place_one(float **out, const float *host, size_t n, const td_kernels *k, td_error_t *err)
+{
+    int rc;
+
+    *out = NULL;
+    if (n == 0)
+        return 0;
+    rc = k->alloc((void **)out, n * sizeof(float), err);
+    if (rc != 0)
+        return rc;
+    if (host != NULL)
+        k->upload(*out, host, n * sizeof(float));
+    else
+        k->zero(*out, n);
+    return 0;
+}
+
+int td_params_place(td_params *p, const td_kernels *k, td_error_t *err)
+{
+    float *d = NULL, *g = NULL, *m = NULL, *v = NULL;
+    int rc;
+
+    if (k->host || p->k != NULL)
+        return 0;
+    rc = place_one(&d, p->data, p->n, k, err);
+    if (rc == 0)
+        rc = place_one(&g, NULL, p->n + TD_PARAMS_ALIGN, k, err);
+    if (rc == 0 && p->m != NULL)
+        rc = place_one(&m, p->m, p->n, k, err);
+    if (rc == 0 && p->v != NULL)
+        rc = place_one(&v, p->v, p->n, k, err);
+    if (rc != 0) {
+        k->free(d);
+        k->free(g);
+        k->free(m);
+        k->free(v);
+        return rc;
+    }
+    free(p->grad);
+    p->data = d;
+    p->grad = g;
+    p->m = m;
+    p->v = v;
+    p->k = k;
+    for (int i = 0; i < p->count; i++) {
+        p->tensors[i]->data = p->data + p->offset[i];
+        p->tensors[i]->grad = p->grad + p->offset[i];
+    }
+    return 0;
+}
+
+void td_params_to_host(td_params *p)
+{
+    if (p->k == NULL)
+        return;
+    p->k->download(p->host_data, p->data, p->n * sizeof(float));
+    if (p->m != NULL)
+        p->k->download(p->host_m, p->m, p->n * sizeof(float));
+    if (p->v != NULL)
+        p->k->download(p->host_v, p->v, p->n * sizeof(float));
+}
+
 void td_params_free(td_params *p)
 {
     if (p == NULL)
         return;
-    free(p->data);
-    free(p->grad);
-    free(p->m);
-    free(p->v);
+    if (p->k != NULL) {
+        p->k->free(p->data);
+        p->k->free(p->grad);
+        p->k->free(p->m);
+        p->k->free(p->v);
+    } else {
+        free(p->grad);
+    }
+    free(p->host_data);
+    free(p->host_m);
+    free(p->host_v);
     p->data = p->grad = p->m = p->v = NULL;
+    p->host_data = p->host_m = p->host_v = NULL;
+    p->k = NULL;
     for (int i = 0; i < p->count; i++)
         p->tensors[i]->data = p->tensors[i]->grad = NULL;
 }
@@ -175,11 +277,12 @@ static td_tape_entry *tape_push(td_tape *t, td_op_id op, td_tensor *out, td_tens
 
 /* ---- ops: forward -------------------------------------------------------------------- */
 
-/* A tensor header and its data (and gradient) are separate slices, so each starts aligned. */
+/* A tensor's data (and gradient) are separate slices, so each starts aligned; its header comes
+ * from the arena's host pool. */
 size_t td_tensor_bytes(size_t n, int with_grad)
 {
     size_t data = td_arena_round(n * sizeof(float));
-    return td_arena_round(sizeof(td_tensor)) + data + (with_grad ? data : 0);
+    return data + (with_grad ? data : 0);
 }
 
 td_tensor *td_tensor_new(td_ctx *c, int ndim, const int *shape, int with_grad)
@@ -190,7 +293,9 @@ td_tensor *td_tensor_new(td_ctx *c, int ndim, const int *shape, int with_grad)
     if (ndim < 1 || ndim > TD_TENSOR_MAX_DIMS)
         td_panic(TD_ESHAPE, "tensor with %d dimensions (1 to %d supported)", ndim,
                  TD_TENSOR_MAX_DIMS);
-    t = td_arena_alloc(c->arena, sizeof(td_tensor));
+    if (c->arena->n_tensors >= TD_ARENA_TENSORS)
+        td_panic(TD_ENOMEM, "activation arena: more than %d tensors in one pass", TD_ARENA_TENSORS);
+    t = &c->arena->tensors[c->arena->n_tensors++];
     memset(t, 0, sizeof(*t));
     for (int i = 0; i < ndim; i++) {
         t->shape[i] = shape[i];
@@ -471,7 +576,7 @@ void td_backward(td_ctx *c, td_tensor *loss)
 {
     if (c->tape == NULL || loss->grad == NULL)
         td_panic(TD_ESTATE, "backward without a recorded forward");
-    loss->grad[0] = 1.0f;
+    c->k->upload(loss->grad, &(float){1.0f}, sizeof(float));
     for (int i = c->tape->len - 1; i >= 0; i--) {
         const td_tape_entry *e = &c->tape->entries[i];
         backward_of[e->op](c, e);

@@ -40,16 +40,26 @@ typedef struct td_tensor {
 
 /* A bump allocator: td_arena_alloc() hands out aligned slices, td_arena_reset() takes them
  * all back at once. peak remembers the most ever in use, so tests can hold the trainer's
- * size estimate to what a step really takes. */
+ * size estimate to what a step really takes. The slices are where the backend computes (host
+ * memory, or a device's for td_arena_init_on with a device backend); the tensor headers that
+ * point into them are host memory, from a pool of TD_ARENA_TENSORS kept beside the slices, so
+ * the engine reads shapes and pointers without touching the device. */
+#define TD_ARENA_TENSORS 2048 /* headers: a forward of the largest gpt (64 layers) makes ~1050 */
+
 typedef struct td_arena {
     char *base;
-    size_t cap;  /* bytes */
-    size_t used; /* bytes */
-    size_t peak; /* bytes */
+    size_t cap;          /* bytes */
+    size_t used;         /* bytes */
+    size_t peak;         /* bytes */
+    const td_kernels *k; /* base came from k->alloc; NULL: from aligned_alloc */
+    td_tensor *tensors;  /* TD_ARENA_TENSORS headers, host memory */
+    int n_tensors;       /* in use */
 } td_arena;
 
-/* Acquires cap bytes. 0 or TD_ENOMEM. Release with td_arena_free(). */
+/* Acquires cap bytes of host memory. 0 or TD_ENOMEM. Release with td_arena_free(). */
 int td_arena_init(td_arena *a, size_t cap);
+/* Acquires cap bytes where k computes (k->alloc). 0, or k's error with err saying why. */
+int td_arena_init_on(td_arena *a, size_t cap, const td_kernels *k, td_error_t *err);
 void td_arena_free(td_arena *a); /* accepts a zeroed or freed arena */
 void td_arena_reset(td_arena *a);
 
@@ -69,12 +79,18 @@ void *td_arena_alloc(td_arena *a, size_t bytes);
  * tensors (td_params_declare), then td_params_alloc() acquires the buffers and points every
  * declared tensor's data and grad into them. Padding between tensors stays zero. */
 typedef struct td_params {
+    /* where the backend computes: host memory, or after td_params_place() on a device backend
+     * the device's */
     float *data; /* parameters, n floats */
     float *grad; /* gradients, n floats, then TD_PARAMS_ALIGN floats of slack: grad[n] carries
                   * the loss through a data-parallel all-reduce of n + 1 floats */
     float *m;    /* first moment (AdamW) or momentum buffer (SGD); NULL if unused */
     float *v;    /* second moment (AdamW); NULL if unused */
-    size_t n;    /* floats in each buffer, padding included */
+    /* host memory: data, m and v themselves on a host backend; after td_params_place() on a
+     * device backend, host copies, current after td_params_to_host() (checkpoints) */
+    float *host_data, *host_m, *host_v;
+    const td_kernels *k; /* the device backend data, grad, m, v came from; NULL: host */
+    size_t n;            /* floats in each buffer, padding included */
     int count;
     td_tensor *tensors[TD_PARAMS_MAX];
     size_t offset[TD_PARAMS_MAX];       /* floats from the start of each buffer */
@@ -89,6 +105,18 @@ int td_params_declare(td_params *p, td_tensor *t, int ndim, const int *shape);
  * points the declared tensors into them. 0 or TD_ENOMEM. Release with td_params_free(). */
 int td_params_alloc(td_params *p, int n_moments);
 void td_params_free(td_params *p); /* accepts a zeroed or freed td_params */
+
+/* Moves the buffers to where k computes, once initialised or loaded on the host: nothing for a
+ * host backend; for a device backend, acquires data, grad, m and v there (k->alloc), uploads
+ * the parameters and moments, zeroes the gradient, keeps the host parameters and moments as
+ * host_data, host_m, host_v and points every declared tensor into the device buffers (a gpt's
+ * layer views need td_gpt_bind() again). 0, or k's error with err saying why; the buffers
+ * are the host's as before then. */
+int td_params_place(td_params *p, const td_kernels *k, td_error_t *err);
+
+/* Copies the device's parameters and moments into host_data, host_m, host_v (nothing on a
+ * host backend). Panics on a device error: call it under a boundary. */
+void td_params_to_host(td_params *p);
 
 /* ---- the tape --------------------------------------------------------------------------- */
 
@@ -325,8 +353,9 @@ int td_optim_moments(const td_train_config *cfg);
 void td_optim_step(const td_kernels *k, td_params *p, const td_train_config *cfg, float lr,
                    int64_t t);
 
-/* The global L2 norm of the gradients (over p->n floats; padding is zero). */
-double td_grad_norm(const td_kernels *k, const td_params *p);
+/* The global L2 norm of the gradients (over p->n floats; padding is zero). sumsq is one double
+ * of k's memory for the kernel's result (downloaded; panics on a device error). */
+double td_grad_norm(const td_kernels *k, const td_params *p, double *sumsq);
 
 /* The learning rate of step t (1-based) of a job of total steps (schedule.c). */
 float td_schedule_lr(const td_train_config *cfg, int64_t t, int64_t total);

@@ -217,3 +217,28 @@ int td_train_largest_batch(const td_train_config *cfg, size_t bytes, int *batch,
     *batch = lo;
     return 0;
 }
+
+/* llm.c's count (gpt2_estimate_mfu): per token 6 FLOPs per parameter (forward 2, backward 4;
+ * its parameter count includes the padded vocabulary rows) plus attention's 6*L*C*T; an mlp 6
+ * per parameter per sample. Over the global batch. */
+double td_train_flops_per_step(const td_train_config *cfg)
+{
+    td_error_t e;
+
+    if (cfg->model == TD_MODEL_GPT) {
+        td_gpt_dims d;
+        double N, T;
+        if (td__train_gpt_dims(cfg, &d, &e) != 0)
+            return 0.0;
+        T = cfg->seq_len > 0 ? cfg->seq_len : d.maxT;
+        N = (double)td_gpt_num_params(&d) + (double)(d.Vp - d.V) * d.C;
+        return (6.0 * N + 6.0 * d.L * d.C * T) * T * cfg->batch_size;
+    }
+    if (cfg->model == TD_MODEL_MLP) {
+        double N = 0.0;
+        for (int l = 0; l + 1 < cfg->n_layers; l++)
+            N += (double)cfg->layers[l] * cfg->layers[l + 1] + cfg->layers[l + 1];
+        return 6.0 * N * cfg->batch_size;
+    }
+    return 0.0;
+}

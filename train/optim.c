@@ -36,10 +36,11 @@ void td_optim_step(const td_kernels *k, td_params *p, const td_train_config *cfg
     }
 }
 
-double td_grad_norm(const td_kernels *k, const td_params *p)
+double td_grad_norm(const td_kernels *k, const td_params *p, double *sumsq)
 {
     double ss = 0.0;
 
-    k->sumsq(&ss, p->grad, p->n);
+    k->sumsq(sumsq, p->grad, p->n);
+    k->download(&ss, sumsq, sizeof(ss));
     return sqrt(ss);
 }

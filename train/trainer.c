@@ -41,6 +41,10 @@ struct td_trainer {
     td_arena arena;
     td_tape tape;
     uint64_t config_hash;
+    void *scalars; /* backend memory: the grad norm's double, then the accuracy count */
+    char *stage;   /* host memory a batch is built in before its upload; NULL when the
+                    * backend's memory is host memory (the batch is built in place) */
+    double flops;  /* per step, td_train_flops_per_step() */
 
     /* mlp */
     td_mlp mlp;
@@ -259,11 +263,11 @@ int td__train_ckpt_sections(td_params *p, td_ckpt_section *s)
 {
     int n = 0;
 
-    s[n++] = (td_ckpt_section){.name = "params", .data = p->data, .count = p->n};
-    if (p->m != NULL)
-        s[n++] = (td_ckpt_section){.name = "m", .data = p->m, .count = p->n};
-    if (p->v != NULL)
-        s[n++] = (td_ckpt_section){.name = "v", .data = p->v, .count = p->n};
+    s[n++] = (td_ckpt_section){.name = "params", .data = p->host_data, .count = p->n};
+    if (p->host_m != NULL)
+        s[n++] = (td_ckpt_section){.name = "m", .data = p->host_m, .count = p->n};
+    if (p->host_v != NULL)
+        s[n++] = (td_ckpt_section){.name = "v", .data = p->host_v, .count = p->n};
     return n;
 }
 
@@ -321,6 +325,18 @@ static int max_local_rows(const td_train_config *cfg)
     return (cfg->batch_size + cfg->world - 1) / cfg->world;
 }
 
+/* The host buffer batches are built in on a device backend (bytes: the largest batch's
+ * inputs, laid out as in the arena); none on a host backend. */
+static int alloc_stage(td_trainer *t, size_t bytes, td_error_t *err)
+{
+    if (t->k->host)
+        return 0;
+    t->stage = aligned_alloc(TD_ARENA_ALIGN, td_arena_round(bytes > 0 ? bytes : 1));
+    if (t->stage == NULL)
+        return td_error_set(err, TD_ENOMEM, "no memory for a %zu-byte batch staging buffer", bytes);
+    return 0;
+}
+
 /* Dataset, model, its flat buffers, and an arena and tape for the larger of a training step
  * and an evaluation batch (rank 0 evaluates). */
 static int build_mlp(td_trainer *t, td_error_t *err)
@@ -356,9 +372,11 @@ static int build_mlp(td_trainer *t, td_error_t *err)
         t->eval_batch = most < EVAL_BATCH ? most : EVAL_BATCH;
         eval_bytes = batch_bytes(t->eval_batch, P) + td_mlp_arena_bytes(&t->mlp, t->eval_batch, 0);
     }
-    if (td_arena_init(&t->arena, step_bytes > eval_bytes ? step_bytes : eval_bytes) != 0)
-        return td_error_set(err, TD_ENOMEM, "no memory for a %zu-byte activation arena",
-                            step_bytes > eval_bytes ? step_bytes : eval_bytes);
+    rc = td_arena_init_on(&t->arena, step_bytes > eval_bytes ? step_bytes : eval_bytes, t->k, err);
+    if (rc == 0)
+        rc = alloc_stage(t, batch_bytes(BL > t->eval_batch ? BL : t->eval_batch, P), err);
+    if (rc != 0)
+        return rc;
     if (td_tape_init(&t->tape, td_mlp_tape_len(&t->mlp)) != 0)
         return td_error_set(err, TD_ENOMEM, "no memory for the tape");
 
@@ -438,9 +456,11 @@ static int build_gpt(td_trainer *t, td_error_t *err)
     if (cfg->rank == 0 && t->n_eval > 0)
         eval_bytes = token_bytes(cfg->batch_size, t->T) +
                      td_gpt_arena_bytes(&t->gpt, cfg->batch_size, t->T, 0);
-    if (td_arena_init(&t->arena, step_bytes > eval_bytes ? step_bytes : eval_bytes) != 0)
-        return td_error_set(err, TD_ENOMEM, "no memory for a %zu-byte activation arena",
-                            step_bytes > eval_bytes ? step_bytes : eval_bytes);
+    rc = td_arena_init_on(&t->arena, step_bytes > eval_bytes ? step_bytes : eval_bytes, t->k, err);
+    if (rc == 0)
+        rc = alloc_stage(t, token_bytes(t->n_eval > 0 ? cfg->batch_size : BL, t->T), err);
+    if (rc != 0)
+        return rc;
     if (td_tape_init(&t->tape, td_gpt_tape_len(&t->gpt)) != 0)
         return td_error_set(err, TD_ENOMEM, "no memory for the tape");
     t->steps_per_epoch = t->info.batches;
@@ -499,6 +519,19 @@ static int resume(td_trainer *t, td_error_t *err)
     return rc;
 }
 
+/* Moves the model, built and resumed on the host, to where the backend computes, with the
+ * step's device scalars. */
+static int place(td_trainer *t, td_error_t *err)
+{
+    int rc = td_params_place(&t->params, t->k, err);
+
+    if (rc != 0)
+        return rc;
+    if (t->cfg.model == TD_MODEL_GPT)
+        td_gpt_bind(&t->gpt);
+    return t->k->alloc(&t->scalars, 2 * sizeof(double), err);
+}
+
 int td_trainer_new(td_trainer **out, const td_train_config *cfg, const td_train_hooks *hooks,
                    td_error_t *err)
 {
@@ -517,7 +550,7 @@ int td_trainer_new(td_trainer **out, const td_train_config *cfg, const td_train_
     t->cfg = *cfg;
     if (hooks != NULL)
         t->hooks = *hooks;
-    t->k = td_kernels_cpu();
+    t->k = cfg->kernels != NULL ? cfg->kernels : td_kernels_cpu();
     if (cfg->threads > 0)
         t->k->set_threads(cfg->threads);
     t->config_hash = td__train_config_hash(cfg);
@@ -527,8 +560,11 @@ int td_trainer_new(td_trainer **out, const td_train_config *cfg, const td_train_
         goto out;
     t->total_steps = cfg->max_steps >= 0 ? cfg->max_steps : cfg->epochs * t->steps_per_epoch;
     rc = resume(t, err);
+    if (rc == 0)
+        rc = place(t, err);
     if (rc != 0)
         goto out;
+    t->flops = td_train_flops_per_step(cfg);
     *out = t;
     t = NULL;
 
@@ -601,6 +637,36 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* A one-element tensor's value, from wherever the backend keeps it. */
+static float scalar(const td_trainer *t, const td_tensor *x)
+{
+    float v;
+
+    t->k->download(&v, x->data, sizeof(v));
+    return v;
+}
+
+/* Where rows of (T) tokens and targets are built for the arena's tok and tgt: in place on a
+ * host backend; in the stage on a device one, then uploaded by upload_tokens. */
+static void stage_tokens(const td_trainer *t, int rows, int *tok, int *tgt, int **htok, int **htgt)
+{
+    size_t bytes = (size_t)rows * t->T * sizeof(int);
+
+    *htok = t->stage != NULL ? (int *)t->stage : tok;
+    *htgt = t->stage != NULL ? (int *)(t->stage + td_arena_round(bytes)) : tgt;
+}
+
+static void upload_tokens(const td_trainer *t, int rows, int *tok, int *tgt, const int *htok,
+                          const int *htgt)
+{
+    size_t bytes = (size_t)rows * t->T * sizeof(int);
+
+    if (t->stage == NULL)
+        return;
+    t->k->upload(tok, htok, bytes);
+    t->k->upload(tgt, htgt, bytes);
+}
+
 /* A batch of N samples of d into the arena: samples idx[0..N) (or first..first+N when idx is
  * NULL), pixels as floats in [0,1] and labels as ints.
  * x is (N, rows*cols), *targets is (N) */
@@ -610,14 +676,21 @@ static td_tensor *load_batch(const td_trainer *t, td_ctx *c, const td_idx *d, co
     int P = d->rows * d->cols;
     td_tensor *x = td_tensor_new(c, 2, (int[]){N, P}, 0);
     int *y = td_arena_alloc(c->arena, (size_t)N * sizeof(int));
+    size_t xbytes = (size_t)N * P * sizeof(float);
+    float *hx = t->stage != NULL ? (float *)t->stage : x->data;
+    int *hy = t->stage != NULL ? (int *)(t->stage + td_arena_round(xbytes)) : y;
 
     for (int i = 0; i < N; i++) {
         size_t s = idx != NULL ? idx[i] : (size_t)(first + i);
         const uint8_t *img = d->images + s * (size_t)P;
-        float *row = x->data + (size_t)i * P;
+        float *row = hx + (size_t)i * P;
         for (int p = 0; p < P; p++)
             row[p] = t->pixel[img[p]];
-        y[i] = d->labels[s];
+        hy[i] = d->labels[s];
+    }
+    if (t->stage != NULL) {
+        t->k->upload(x->data, hx, xbytes);
+        t->k->upload(y, hy, (size_t)N * sizeof(int));
     }
     *targets = y;
     return x;
@@ -643,8 +716,9 @@ static void evaluate_idx(td_trainer *t, const td_idx *d, int first, int n, const
         td_arena_reset(&t->arena);
         x = load_batch(t, &c, d, NULL, first + i, N, &y);
         loss = td_mlp_forward(&c, &t->mlp, x, y, &logits);
-        t->k->argmax_correct(&right, logits->data, y, N, V);
-        loss_sum += (double)loss->data[0] * N;
+        t->k->argmax_correct((int64_t *)t->scalars + 1, logits->data, y, N, V);
+        t->k->download(&right, (int64_t *)t->scalars + 1, sizeof(right));
+        loss_sum += (double)scalar(t, loss) * N;
         correct += right;
     }
     snprintf(key, sizeof(key), "%s_loss", name);
@@ -662,17 +736,19 @@ static void evaluate_gpt(td_trainer *t, int64_t step)
     td_error_t e = {0};
 
     for (int64_t i = 0; i < t->n_eval; i++) {
-        int *tok, *tgt;
+        int *tok, *tgt, *htok, *htgt;
         td_tensor *loss;
 
         td_arena_reset(&t->arena);
         tok = td_arena_alloc(&t->arena, (size_t)B * T * sizeof(int));
         tgt = td_arena_alloc(&t->arena, (size_t)B * T * sizeof(int));
-        if (td_data_valid_fill(t->data, i, 0, B, tok, tgt, &e) != 0)
+        stage_tokens(t, B, tok, tgt, &htok, &htgt);
+        if (td_data_valid_fill(t->data, i, 0, B, htok, htgt, &e) != 0)
             td_panic(TD_EDATA, "dataset error in the valid split at step %lld: %s", (long long)step,
                      e.msg);
+        upload_tokens(t, B, tok, tgt, htok, htgt);
         loss = td_gpt_forward(&c, &t->gpt, tok, tgt, B, T, NULL);
-        loss_sum += loss->data[0];
+        loss_sum += scalar(t, loss);
     }
     emit(t, "valid_loss", step, loss_sum / (double)t->n_eval);
 }
@@ -707,14 +783,31 @@ static int eval_due(const td_trainer *t, int64_t step)
 
 /* ---- checkpoints ---------------------------------------------------------------------------- */
 
+/* The device's parameters and moments into their host copies, under a boundary of its own
+ * (a device error is an error here, not a panic). */
+static int params_to_host(td_params *p, td_error_t *err)
+{
+    td_boundary b;
+
+    if (TD_TRY(&b)) {
+        td_params_to_host(p);
+        td_boundary_leave(&b);
+        return 0;
+    }
+    *err = b.err;
+    return err->code;
+}
+
 int td_trainer_checkpoint(td_trainer *t, td_error_t *err)
 {
     td_ckpt_section sec[3];
     td_ckpt_meta meta = {0};
-    int n;
+    int n, rc;
 
     if (t->cfg.rank != 0 || t->cfg.checkpoint_dir[0] == '\0')
         return 0;
+    if ((rc = params_to_host(&t->params, err)) != 0)
+        return rc;
     n = td__train_ckpt_sections(&t->params, sec);
     meta.step = t->steps_done;
     meta.config_hash = t->config_hash;
@@ -814,9 +907,12 @@ static pass gpt_forward(td_trainer *t, td_ctx *c)
     td_error_t e = {0};
     int *tok = td_arena_alloc(c->arena, (size_t)p.rows * T * sizeof(int));
     int *tgt = td_arena_alloc(c->arena, (size_t)p.rows * T * sizeof(int));
+    int *htok, *htgt;
 
-    if (td_data_fill(t->data, r0, r0 + p.rows, tok, tgt, &e) != 0)
+    stage_tokens(t, p.rows, tok, tgt, &htok, &htgt);
+    if (td_data_fill(t->data, r0, r0 + p.rows, htok, htgt, &e) != 0)
         td_panic(TD_EDATA, "%s", e.msg);
+    upload_tokens(t, p.rows, tok, tgt, htok, htgt);
     p.loss = td_gpt_forward(c, &t->gpt, tok, tgt, p.rows, T, NULL);
     return p;
 }
@@ -835,7 +931,7 @@ static float step_loss(td_trainer *t, td_ctx *c, int64_t step, pass *p)
 
     *p = cfg->model == TD_MODEL_MLP ? mlp_forward(t, c, step) : gpt_forward(t, c);
     if (p->loss != NULL)
-        value = p->loss->data[0];
+        value = scalar(t, p->loss);
     if (cfg->debug_fail_kind == TD_FAIL_NAN && cfg->debug_fail_step == step)
         value = NAN;
     if (!isfinite(value) && cfg->on_nan == TD_ON_NAN_FAIL)
@@ -856,12 +952,13 @@ static float allreduce(td_trainer *t, const pass *p, float value)
 
     if (t->cfg.world == 1)
         return value;
-    g[n] = value;
+    t->k->upload(g + n, &value, sizeof(value));
     w = (float)((double)t->cfg.world * p->rows / p->global_rows);
     if (w != 1.0f)
         t->k->scale(g, w, n + 1);
     t->hooks.allreduce(t->hooks.ud, g, n + 1);
-    return g[n];
+    t->k->download(&value, g + n, sizeof(value));
+    return value;
 }
 
 int td_trainer_step_caught(td_trainer *t, td_error_t *err)
@@ -903,7 +1000,7 @@ int td_trainer_step(td_trainer *t)
 
     value = step_loss(t, &c, step, &p);
     value = allreduce(t, &p, value);
-    norm = td_grad_norm(t->k, &t->params);
+    norm = td_grad_norm(t->k, &t->params, t->scalars);
     lr = td_schedule_lr(cfg, step, t->total_steps);
     if (!isfinite(value) || !isfinite(norm)) {
         if (cfg->on_nan == TD_ON_NAN_FAIL)
@@ -933,6 +1030,8 @@ int td_trainer_step(td_trainer *t)
     emit(t, "step_ms", step, ms);
     emit(t, cfg->model == TD_MODEL_GPT ? "tokens_per_s" : "samples_per_s", step,
          ms > 0.0 ? p.samples / (ms / 1e3) : 0.0);
+    if (cfg->peak_flops > 0.0 && ms > 0.0)
+        emit(t, "mfu", step, t->flops / (ms / 1e3) / (cfg->peak_flops * cfg->world));
     if (eval_due(t, step))
         evaluate(t, step);
     checkpoint_if_due(t, step);
@@ -944,6 +1043,9 @@ void td_trainer_free(td_trainer *t)
     if (t == NULL)
         return;
     td_tape_free(&t->tape);
+    if (t->scalars != NULL)
+        t->k->free(t->scalars);
+    free(t->stage);
     td_arena_free(&t->arena);
     td_params_free(&t->params);
     td_data_free(t->data);

@@ -1,0 +1,235 @@
+/* The fake device of fake_device.h: the CPU table behind a pointer translation. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_device.h"
+
+#define OFFSET ((uintptr_t)1 << 62) /* heap address + this: non-canonical, faults on access */
+
+static fd_counters counts;
+
+void *fd_host(const void *device)
+{
+    return device != NULL ? (void *)((uintptr_t)device - OFFSET) : NULL;
+}
+
+static void *dev(void *host)
+{
+    return host != NULL ? (void *)((uintptr_t)host + OFFSET) : NULL;
+}
+
+#define H(p)  ((float *)fd_host(p))
+#define HC(p) ((const float *)fd_host(p))
+#define CPU   td_kernels_cpu()
+
+static int fd_alloc(void **p, size_t bytes, td_error_t *err)
+{
+    int rc = CPU->alloc(p, bytes, err);
+
+    if (rc == 0) {
+        *p = dev(*p);
+        counts.allocs++;
+    }
+    return rc;
+}
+
+static void fd_free(void *p)
+{
+    if (p != NULL)
+        counts.frees++;
+    CPU->free(fd_host(p));
+}
+
+static void fd_upload(void *dst, const void *src, size_t bytes)
+{
+    counts.uploads++;
+    memcpy(fd_host(dst), src, bytes);
+}
+
+static void fd_download(void *dst, const void *src, size_t bytes)
+{
+    counts.downloads++;
+    memcpy(dst, fd_host(src), bytes);
+}
+
+static void set_threads(int n)
+{
+    CPU->set_threads(n);
+}
+
+static void zero(float *p, size_t n)
+{
+    CPU->zero(H(p), n);
+}
+
+static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                           int N, int C, int OC)
+{
+    CPU->matmul_forward(H(out), HC(inp), HC(weight), HC(bias), N, C, OC);
+}
+
+static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int N, int C, int OC)
+{
+    CPU->matmul_backward(H(dinp), H(dweight), H(dbias), HC(dout), HC(inp), HC(weight), N, C, OC);
+}
+
+static void bias_forward(float *out, const float *inp, const float *bias, int N, int C)
+{
+    CPU->bias_forward(H(out), HC(inp), HC(bias), N, C);
+}
+
+static void bias_backward(float *dinp, float *dbias, const float *dout, int N, int C)
+{
+    CPU->bias_backward(H(dinp), H(dbias), HC(dout), N, C);
+}
+
+static void relu_forward(float *out, const float *inp, size_t n)
+{
+    CPU->relu_forward(H(out), HC(inp), n);
+}
+
+static void relu_backward(float *dinp, const float *dout, const float *out, size_t n)
+{
+    CPU->relu_backward(H(dinp), HC(dout), HC(out), n);
+}
+
+static void softmax_xent_forward(float *loss, float *probs, const float *logits, const int *targets,
+                                 int N, int V, int Vp)
+{
+    CPU->softmax_xent_forward(H(loss), H(probs), HC(logits), fd_host(targets), N, V, Vp);
+}
+
+static void softmax_xent_backward(float *dlogits, const float *dloss, const float *probs,
+                                  const int *targets, int N, int V, int Vp)
+{
+    CPU->softmax_xent_backward(H(dlogits), HC(dloss), HC(probs), fd_host(targets), N, V, Vp);
+}
+
+static void argmax_correct(int64_t *correct, const float *logits, const int *targets, int N, int V)
+{
+    CPU->argmax_correct(fd_host(correct), HC(logits), fd_host(targets), N, V);
+}
+
+static void encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B,
+                            int T, int C)
+{
+    CPU->encoder_forward(H(out), fd_host(inp), HC(wte), HC(wpe), B, T, C);
+}
+
+static void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B,
+                             int T, int C)
+{
+    CPU->encoder_backward(H(dwte), H(dwpe), HC(dout), fd_host(inp), B, T, C);
+}
+
+static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int N, int C)
+{
+    CPU->layernorm_forward(H(out), H(mean), H(rstd), HC(inp), HC(weight), HC(bias), N, C);
+}
+
+static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int N, int C)
+{
+    CPU->layernorm_backward(H(dinp), H(dweight), H(dbias), HC(dout), HC(inp), HC(weight), HC(mean),
+                            HC(rstd), N, C);
+}
+
+static void gelu_forward(float *out, const float *inp, size_t n)
+{
+    CPU->gelu_forward(H(out), HC(inp), n);
+}
+
+static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    CPU->gelu_backward(H(dinp), HC(inp), HC(dout), n);
+}
+
+static void residual_forward(float *out, const float *inp1, const float *inp2, size_t n)
+{
+    CPU->residual_forward(H(out), HC(inp1), HC(inp2), n);
+}
+
+static void residual_backward(float *dinp1, float *dinp2, const float *dout, size_t n)
+{
+    CPU->residual_backward(H(dinp1), H(dinp2), HC(dout), n);
+}
+
+static void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+{
+    CPU->attention_forward(H(out), H(att), HC(qkv), B, T, C, NH);
+}
+
+static void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int C, int NH)
+{
+    CPU->attention_backward(H(dqkv), H(scratch), HC(dout), HC(qkv), HC(att), B, T, C, NH);
+}
+
+static void sumsq(double *out, const float *p, size_t n)
+{
+    CPU->sumsq(fd_host(out), HC(p), n);
+}
+
+static void scale(float *p, float s, size_t n)
+{
+    CPU->scale(H(p), s, n);
+}
+
+static void adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, int64_t t)
+{
+    CPU->adamw_update(H(param), H(m), H(v), HC(grad), n, lr, beta1, beta2, eps, weight_decay, t);
+}
+
+static void sgd_update(float *param, float *buf, const float *grad, size_t n, float lr,
+                       float momentum, float weight_decay)
+{
+    CPU->sgd_update(H(param), H(buf), HC(grad), n, lr, momentum, weight_decay);
+}
+
+static const td_kernels fake = {
+    .name = "fake-device",
+    .host = 0,
+    .alloc = fd_alloc,
+    .free = fd_free,
+    .upload = fd_upload,
+    .download = fd_download,
+    .set_threads = set_threads,
+    .zero = zero,
+    .matmul_forward = matmul_forward,
+    .matmul_backward = matmul_backward,
+    .bias_forward = bias_forward,
+    .bias_backward = bias_backward,
+    .relu_forward = relu_forward,
+    .relu_backward = relu_backward,
+    .softmax_xent_forward = softmax_xent_forward,
+    .softmax_xent_backward = softmax_xent_backward,
+    .argmax_correct = argmax_correct,
+    .encoder_forward = encoder_forward,
+    .encoder_backward = encoder_backward,
+    .layernorm_forward = layernorm_forward,
+    .layernorm_backward = layernorm_backward,
+    .gelu_forward = gelu_forward,
+    .gelu_backward = gelu_backward,
+    .residual_forward = residual_forward,
+    .residual_backward = residual_backward,
+    .attention_forward = attention_forward,
+    .attention_backward = attention_backward,
+    .sumsq = sumsq,
+    .scale = scale,
+    .adamw_update = adamw_update,
+    .sgd_update = sgd_update,
+};
+
+const td_kernels *fd_kernels(void)
+{
+    return &fake;
+}
+
+fd_counters fd_counts(void)
+{
+    return counts;
+}
