@@ -152,7 +152,9 @@ typedef struct td_train_hooks {
      * (mlp) every step; nan_skipped when a step was skipped (the count so far); epoch at the
      * first step of each epoch (mlp); valid_loss (and valid_accuracy, mlp) at each evaluation
      * of the valid split; test_loss and test_accuracy at each evaluation of an mlp's test
-     * split. Only rank 0 of a data-parallel job records. */
+     * split; mfu every step when cfg.peak_flops > 0 (td_train_flops_per_step over the step's
+     * time and the peak of all the job's devices). Only rank 0 of a data-parallel job
+     * records. */
     void (*metric)(void *ud, const char *key, int64_t step, double value);
     /* Data-parallel: averages buf (n floats) in place across the job's replicas; called by
      * every replica at the same point of each step with the same n. NULL when world == 1.
