@@ -1,37 +1,59 @@
 /* bench_gpu: GPT-2 124M's shape (L=12, C=768, NH=12, T=1024, V=50257 padded to 50304) trained
- * on one GPU through the CUDA backend's table (kernels/cuda, td_kernels_cuda()): every op of a
- * step, forward, backward, the gradient norm and AdamW, on device buffers laid out as llm.c's
- * train_gpt2.c lays them out (one activation and one activation-gradient buffer per tensor of
- * the forward, the parameters, gradients and moments each one flat buffer). One fixed batch of
- * random tokens, so the loss must fall from about ln(50257) = 10.8 as the model memorizes it:
- * the whole backend, end to end. Prints figures, no pass/fail: ms per step, tokens/s, and MFU,
- * the model FLOPs achieved over the device's peak for the precision used, with llm.c's count
- * of 6 N + 6 L C T FLOPs per token (N parameters, the vocabulary padded).
+ * on one GPU, in bf16 mixed precision and in fp32 (TF32 and plain) for comparison. Prints
+ * figures, no pass/fail; exits 77 (skipped) where the build has no CUDA or no GPU is seen.
  *
- *   bench_gpu [--batch B] [--steps S] [--fp32 | --tf32] [--csv FILE]
- *     B rows of T=1024 tokens (default 8); S timed steps (default 10) after 2 untimed;
- *     --fp32 or --tf32 runs one precision (default both, fp32 first); --csv appends one line
- *     per precision: precision,batch,ms_per_step,tokens_per_s,tflops,mfu,first_loss,last_loss
- *   The peak is the device's dense figure from its datasheet for H100/H200 (SXM: FP32 66.9,
- *   TF32 494.7 TFLOP/s) and A100 (19.5, 156); TD_PEAK_TFLOPS overrides it for other devices.
+ * What it runs, in one process on device 0:
+ *  1. The reference figure: cuBLAS's own bf16 GEMM (cublasGemmEx, bf16 inputs, fp32 sums and
+ *     output) of 8192x8192x8192, TFLOP/s achieved, and its share of the datasheet peak.
+ *  2. The real trainer (train.h: td_trainer_new with cfg.kernels = td_kernels_cuda() on this
+ *     thread's context) on an llm.c token shard it writes itself (a block of 65536 random
+ *     tokens repeated, so the loss falls as the model memorizes it), AdamW as llm.c trains
+ *     GPT-2 (lr 6e-4, betas 0.9/0.95, weight decay 0.1, clip 1.0), for each precision:
+ *     warm-up steps, then timed steps: ms/step, tokens/s, TFLOP/s and MFU, llm.c's count of
+ *     FLOPs (td_train_flops_per_step) over the device's dense peak for the precision
+ *     (td_cuda_peak_flops; TD_PEAK_TFLOPS overrides it for a device it does not know).
+ *     The batch is the largest that fits, at most 16 (td_train_largest_batch against
+ *     td_cuda_mem_info), unless --batch says.
+ *  3. Where the trainer does not compute on the device (it keeps its buffers on the host: the
+ *     engine before its GPU path), or with --direct: the same step driven through the CUDA
+ *     table by hand (the forward and backward of td_gpt_forward replayed op by op, AdamW per
+ *     tensor) on device buffers laid out as llm.c's train_gpt2.c lays them out, one fixed batch.
+ *
+ *   bench_gpu [--batch B] [--steps S] [--warmup W] [--precision LIST] [--direct] [--no-gemm]
+ *             [--csv FILE]
+ *     B rows of T=1024 tokens (default: the largest that fits, at most 16); S timed steps
+ *     (default 20) after W untimed (default 3); LIST of bf16,tf32,fp32 (default all three, in
+ *     that order); --csv appends one line per run:
+ *     path,precision,batch,ms_per_step,tokens_per_s,tflops,mfu,first_loss,last_loss,gemm_tflops
  *
  * The attention computes its whole (T,T) products where a causal one needs half (ops.cu), and
- * nothing is recomputed or fused: this is the backend's speed, not llm.c's. */
+ * nothing is fused or recomputed: this is the backend's speed, not llm.c's. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "td_panic.h"
+#include "train.h"
 
 #ifdef TD_HAVE_CUDA
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include "td_cuda.h"
 
-#define WARMUP 2
+#define GEMM_N     8192      /* the reference GEMM's m = n = k */
+#define GEMM_ITERS 20        /* timed GEMMs, after 3 untimed */
+#define MAX_BATCH  16        /* rows: the default batch's cap */
+#define SHARD_TOK  (1 << 22) /* tokens in the shard written: 8 MiB */
+#define MiB        ((size_t)1 << 20)
+
+typedef enum { P_BF16 = 0, P_TF32 = 1, P_FP32 = 2, N_PREC } prec;
+static const char *prec_names[N_PREC] = {"bf16", "tf32", "fp32"};
 
 static const td_kernels *K;
 
@@ -271,23 +293,52 @@ static void update(model *m, int64_t t)
     }
 }
 
-/* The dense peak of the device for the precision, TFLOP/s; 0 when unknown. */
-static double peak_tflops(const char *name, int tf32)
+/* ---- figures ----------------------------------------------------------------------------- */
+
+/* The device's dense peak for the precision, FLOP/s: TD_PEAK_TFLOPS when set, else
+ * td_cuda_peak_flops; 0 when unknown (MFU is then not printed). */
+static double peak_flops(int device, prec p)
 {
     const char *env = getenv("TD_PEAK_TFLOPS");
+    td_error_t err = {0};
+    double f = 0.0;
 
     if (env != NULL)
-        return atof(env);
-    if (strstr(name, "H100") != NULL || strstr(name, "H200") != NULL)
-        return tf32 ? 494.7 : 66.9;
-    if (strstr(name, "A100") != NULL)
-        return tf32 ? 156.0 : 19.5;
-    return 0.0;
+        return atof(env) * 1e12;
+    if (td_cuda_peak_flops(device, p == P_BF16, p == P_TF32, &f, &err) != 0)
+        return 0.0;
+    return f;
 }
 
 typedef struct result {
-    double ms, first_loss, last_loss;
+    const char *path; /* "trainer" or "direct" */
+    prec p;
+    int B;
+    double ms, flops_per_step, first_loss, last_loss;
 } result;
+
+static void report(const result *r, int device, double gemm_tflops, const char *csv)
+{
+    double tokens = (double)r->B * 1024, sec = r->ms * 1e-3;
+    double tf = r->flops_per_step / sec / 1e12, peak = peak_flops(device, r->p);
+    char mfu[32] = "n/a";
+
+    if (peak > 0)
+        snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * tf * 1e12 / peak);
+    printf("%s %s: B=%d, %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %s (peak %.1f TFLOP/s), "
+           "loss %.3f -> %.3f\n",
+           prec_names[r->p], r->path, r->B, r->ms, tokens / sec, tf, mfu, peak / 1e12,
+           r->first_loss, r->last_loss);
+    if (csv != NULL) {
+        FILE *f = fopen(csv, "a");
+        if (f != NULL) {
+            fprintf(f, "%s,%s,%d,%.2f,%.0f,%.2f,%.4f,%.4f,%.4f,%.1f\n", r->path, prec_names[r->p],
+                    r->B, r->ms, tokens / sec, tf, peak > 0 ? tf * 1e12 / peak : 0.0, r->first_loss,
+                    r->last_loss, gemm_tflops);
+            fclose(f);
+        }
+    }
+}
 
 /* Runs fn(arg) under a panic boundary of its own: 0, or 1 after printing the panic. A function
  * of its own so that no caller's local lives across the setjmp. */
@@ -304,9 +355,224 @@ static int guarded(void (*fn)(void *), void *arg)
     return 1;
 }
 
+/* Sets the context's precision for a run. */
+static void set_precision(td_cuda_ctx *ctx, prec p)
+{
+    td_cuda_ctx_set_tf32(ctx, p == P_TF32);
+    td_cuda_ctx_set_bf16(ctx, p == P_BF16);
+}
+
+/* ---- 1. the reference GEMM ------------------------------------------------------------------ */
+
+typedef struct gemm_arg {
+    td_cuda_ctx *ctx;
+    double tflops;
+} gemm_arg;
+
+/* A float's bf16 bits, rounded to nearest even (the values here are finite) */
+static uint16_t bf16_bits(float f)
+{
+    uint32_t u;
+
+    memcpy(&u, &f, sizeof(u));
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* C (fp32) = A B for bf16 A, B of GEMM_N^2 random values in [-1, 1) (not zeros: tensor cores
+ * draw less power, and may clock higher, on zeros), a cuBLAS handle of its own with a 32 MiB
+ * workspace on the context's stream, 3 untimed then GEMM_ITERS timed between two events. */
+static void gemm_run(void *arg)
+{
+    gemm_arg *g = arg;
+    size_t n = (size_t)GEMM_N * GEMM_N;
+    uint16_t *h = malloc(n * sizeof(uint16_t));
+    void *A = NULL, *B = NULL, *C = NULL, *ws = NULL;
+    cublasHandle_t blas = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaStream_t st = td_cuda_ctx_stream(g->ctx);
+    const float one = 1.0f, zero = 0.0f;
+    uint64_t s = 3;
+    float ms = 0.0f;
+    td_error_t err = {0};
+
+    if (h == NULL)
+        td_panic(TD_ENOMEM, "no host memory for the GEMM's operands");
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        h[i] = bf16_bits((float)(s >> 40) / 8388608.0f - 1.0f);
+    }
+    if (td_cuda_alloc(&A, n * 2, &err) != 0 || td_cuda_alloc(&B, n * 2, &err) != 0 ||
+        td_cuda_alloc(&C, n * 4, &err) != 0 || td_cuda_alloc(&ws, 32 * MiB, &err) != 0)
+        td_panic(err.code, "%s", err.msg);
+    td_cuda_upload(A, h, n * 2);
+    td_cuda_upload(B, h, n * 2); /* the same values: the speed does not care */
+    free(h);
+    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(blas, st) != 0 ||
+        cublasSetWorkspace(blas, ws, 32 * MiB) != 0)
+        td_panic(TD_ECUDA, "cannot set up a cuBLAS handle for the reference GEMM");
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
+        td_panic(TD_ECUDA, "cudaEventCreate failed");
+    for (int i = 0; i < 3 + GEMM_ITERS; i++) {
+        if (i == 3 && cudaEventRecord(e0, st) != cudaSuccess)
+            td_panic(TD_ECUDA, "cudaEventRecord failed");
+        cublasStatus_t r =
+            cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, GEMM_N, GEMM_N, GEMM_N, &one, A,
+                         CUDA_R_16BF, GEMM_N, B, CUDA_R_16BF, GEMM_N, &zero, C, CUDA_R_32F, GEMM_N,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (r != CUBLAS_STATUS_SUCCESS)
+            td_panic(TD_ECUDA, "cublasGemmEx: %s", cublasGetStatusName(r));
+    }
+    if (cudaEventRecord(e1, st) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+        td_panic(TD_ECUDA, "timing the GEMM failed");
+    g->tflops = 2.0 * GEMM_N * (double)GEMM_N * GEMM_N * GEMM_ITERS / (ms * 1e-3) / 1e12;
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cublasDestroy(blas);
+    td_cuda_free(A), td_cuda_free(B), td_cuda_free(C), td_cuda_free(ws);
+}
+
+/* ---- 2. the trainer ------------------------------------------------------------------------- */
+
+/* An llm.c token shard (train/data.h): int32 header[256] = {20240520, 1, count}, then count
+ * uint16 tokens: a block of 65536 random tokens below V, repeated. */
+static int write_shard(const char *path, int V)
+{
+    int32_t header[256] = {0};
+    uint16_t *tok = malloc((size_t)SHARD_TOK * sizeof(uint16_t));
+    uint64_t s = 1;
+    FILE *f;
+    int ok;
+
+    if (tok == NULL)
+        return -1;
+    header[0] = 20240520, header[1] = 1, header[2] = SHARD_TOK;
+    for (size_t i = 0; i < 65536; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (uint16_t)((s >> 33) % (uint64_t)V);
+    }
+    for (size_t i = 65536; i < SHARD_TOK; i++)
+        tok[i] = tok[i % 65536];
+    f = fopen(path, "wb");
+    ok = f != NULL && fwrite(header, sizeof(header), 1, f) == 1 &&
+         fwrite(tok, sizeof(uint16_t), SHARD_TOK, f) == SHARD_TOK;
+    if (f != NULL && fclose(f) != 0)
+        ok = 0;
+    free(tok);
+    return ok ? 0 : -1;
+}
+
+static void gpt2_config(td_train_config *cfg, const char *shard, int B, int steps)
+{
+    td_train_config_defaults(cfg);
+    cfg->model = TD_MODEL_GPT;
+    cfg->data = TD_DATA_TOKENS;
+    cfg->n_layer = 12, cfg->n_head = 12, cfg->n_embd = 768, cfg->seq_len = 1024;
+    cfg->vocab_size = 50257;
+    snprintf(cfg->train_files[0], TD_PATH_MAX, "%s", shard);
+    cfg->n_train_files = 1;
+    cfg->batch_size = B;
+    cfg->max_steps = steps;
+    cfg->lr = 6e-4f, cfg->beta1 = 0.9f, cfg->beta2 = 0.95f, cfg->weight_decay = 0.1f;
+    cfg->grad_clip = 1.0f;
+    cfg->seed = 1;
+    cfg->kernels = td_kernels_cuda();
+}
+
+typedef struct train_arg {
+    td_cuda_ctx *ctx;
+    td_train_config cfg;
+    int steps, warmup;
+    int on_host; /* out: the trainer did not put its buffers on the device */
+    result r;
+} train_arg;
+
+static void loss_hook(void *ud, const char *key, int64_t step, double value)
+{
+    result *r = ud;
+
+    if (strcmp(key, "train_loss") != 0)
+        return;
+    if (step == 1)
+        r->first_loss = value;
+    r->last_loss = value;
+}
+
+/* Builds the trainer (the device's free memory must fall by at least the parameters' size, or
+ * the trainer computes on the host: on_host, nothing run), then warmup + steps steps, timed
+ * after the warm-up. Each step ends reading its loss back, so the wall clock is the device's. */
+static void train_run(void *arg)
+{
+    train_arg *a = arg;
+    td_train_hooks hooks = {.ud = &a->r, .metric = loss_hook};
+    td_trainer *t = NULL;
+    td_mem_estimate e;
+    td_error_t err = {0};
+    size_t free0 = 0, free1 = 0, total = 0;
+    int dev = td_cuda_ctx_device(a->ctx);
+    double t0 = 0.0;
+
+    set_precision(a->ctx, a->r.p);
+    a->cfg.precision = a->r.p == P_BF16 ? TD_PRECISION_BF16 : TD_PRECISION_FP32;
+    a->cfg.tf32 = a->r.p == P_TF32;
+    a->cfg.peak_flops = peak_flops(dev, a->r.p);
+    if (td_train_memory_estimate(&a->cfg, &e, &err) != 0 ||
+        td_cuda_mem_info(dev, &free0, &total, &err) != 0 ||
+        td_trainer_new(&t, &a->cfg, &hooks, &err) != 0 ||
+        td_cuda_mem_info(dev, &free1, &total, &err) != 0) {
+        td_trainer_free(t);
+        td_panic(err.code, "%s", err.msg);
+    }
+    if (free0 < free1 + e.params) {
+        a->on_host = 1;
+        td_trainer_free(t);
+        return;
+    }
+    for (int s = 0; s < a->warmup + a->steps; s++) {
+        if (s == a->warmup)
+            t0 = now_s();
+        if (td_trainer_step_caught(t, &err) < 0) {
+            td_trainer_free(t);
+            td_panic(err.code, "step %d: %s", s + 1, err.msg);
+        }
+        if (s < a->warmup || s == a->warmup + a->steps - 1 || (s - a->warmup) % 5 == 0)
+            printf("  step %2d: loss %.4f%s\n", s + 1, a->r.last_loss,
+                   s < a->warmup ? " (warm-up)" : "");
+    }
+    a->r.ms = (now_s() - t0) * 1e3 / a->steps;
+    a->r.flops_per_step = td_train_flops_per_step(&a->cfg);
+    td_trainer_free(t);
+    set_precision(a->ctx, P_FP32);
+}
+
+/* The batch: the largest whose estimate fits the device's free memory (plus the context this
+ * process already holds, which the estimate counts, less 1 GiB of reserve), at most MAX_BATCH. */
+static int pick_batch(const td_train_config *cfg0, int device)
+{
+    td_train_config cfg = *cfg0;
+    size_t free_b = 0, total = 0, room;
+    td_error_t err = {0};
+    int batch = 0;
+
+    if (td_cuda_mem_info(device, &free_b, &total, &err) != 0)
+        return 1;
+    room = free_b + TD_CUDA_CUBLAS_WORKSPACE + TD_CUDA_SCRATCH_DEFAULT + TD_CUDA_CTX_FIXED;
+    room = room > 1024 * MiB ? room - 1024 * MiB : 0;
+    cfg.batch_size = 1;
+    if (td_train_largest_batch(&cfg, room, &batch, &err) != 0) {
+        fprintf(stderr, "bench_gpu: %s\n", err.msg);
+        return 1;
+    }
+    printf("%zu MiB free of %zu: the largest batch that fits is %d%s\n", free_b / MiB, total / MiB,
+           batch, batch > MAX_BATCH ? ", capped at 16" : "");
+    return batch < MAX_BATCH ? batch : MAX_BATCH;
+}
+
+/* ---- 3. the table driven by hand ------------------------------------------------------------ */
+
 typedef struct run_arg {
     model *m;
-    int steps, tf32, B;
+    int steps, warmup, B;
     td_cuda_ctx *ctx;
     result r;
 } run_arg;
@@ -316,23 +582,23 @@ static void build(void *arg)
     run_arg *a = arg;
 
     if (model_new(a->m, a->B, 1024) != 0)
-        exit(1);
+        td_panic(TD_ENOMEM, "cannot build the model");
 }
 
-/* From the initial parameters and fresh moments: WARMUP untimed steps, then steps timed. */
+/* From the initial parameters and fresh moments: warmup untimed steps, then steps timed. */
 static void run(void *arg)
 {
     run_arg *a = arg;
     model *m = a->m;
-    double t0 = 0.0;
+    double t0 = 0.0, N = (double)td_gpt_num_params(&m->d);
     float loss = 0.0f;
 
-    td_cuda_ctx_set_tf32(a->ctx, a->tf32);
+    set_precision(a->ctx, a->r.p);
     td_cuda_upload(m->params, m->hp.data, m->hp.n * sizeof(float));
     K->zero(m->m, m->hp.n);
     K->zero(m->v, m->hp.n);
-    for (int s = 0; s < WARMUP + a->steps; s++) {
-        if (s == WARMUP) {
+    for (int s = 0; s < a->warmup + a->steps; s++) {
+        if (s == a->warmup) {
             td_cuda_sync();
             t0 = now_s();
         }
@@ -342,81 +608,158 @@ static void run(void *arg)
         td_cuda_download(&loss, m->loss, sizeof(float)); /* as a trainer reads its loss */
         if (s == 0)
             a->r.first_loss = loss;
-        printf("  step %2d: loss %.4f%s\n", s + 1, loss, s < WARMUP ? " (warmup)" : "");
+        if (s < a->warmup || s == a->warmup + a->steps - 1 || (s - a->warmup) % 5 == 0)
+            printf("  step %2d: loss %.4f%s\n", s + 1, loss, s < a->warmup ? " (warm-up)" : "");
     }
     a->r.ms = (now_s() - t0) * 1e3 / a->steps;
     a->r.last_loss = loss;
+    a->r.flops_per_step = (6.0 * N + 6.0 * m->d.L * m->d.C * m->T) * (double)m->B * m->T;
+    set_precision(a->ctx, P_FP32);
 }
 
-static void report(const run_arg *a, const char *device, const char *csv)
-{
-    const model *m = a->m;
-    double N = (double)td_gpt_num_params(&m->d), tokens = (double)m->B * m->T;
-    double flops = (6.0 * N + 6.0 * m->d.L * m->d.C * m->T) * tokens;
-    double tf = flops / (a->r.ms * 1e-3) / 1e12, peak = peak_tflops(device, a->tf32);
-    const char *name = a->tf32 ? "TF32" : "FP32";
+/* ---- main ------------------------------------------------------------------------------------ */
 
-    printf("%s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %s%.1f%% (peak %.1f), loss %.3f "
-           "-> %.3f\n",
-           name, a->r.ms, tokens / (a->r.ms * 1e-3), tf, peak > 0 ? "" : "n/a ",
-           peak > 0 ? 100.0 * tf / peak : 0.0, peak, a->r.first_loss, a->r.last_loss);
-    if (csv != NULL) {
-        FILE *f = fopen(csv, "a");
-        if (f != NULL) {
-            fprintf(f, "%s,%d,%.2f,%.0f,%.2f,%.4f,%.4f,%.4f\n", a->tf32 ? "tf32" : "fp32", m->B,
-                    a->r.ms, tokens / (a->r.ms * 1e-3), tf, peak > 0 ? tf / peak : 0.0,
-                    a->r.first_loss, a->r.last_loss);
-            fclose(f);
-        }
+static int usage(void)
+{
+    fprintf(stderr, "usage: bench_gpu [--batch B] [--steps S] [--warmup W] "
+                    "[--precision bf16,tf32,fp32] [--direct] [--no-gemm] [--csv FILE]\n");
+    return 2;
+}
+
+/* Which precisions a comma list names, as bits of 1 << prec; 0 for a bad list. */
+static int parse_precisions(const char *list)
+{
+    int mask = 0;
+    char buf[64], *save = NULL;
+
+    snprintf(buf, sizeof(buf), "%s", list);
+    for (char *w = strtok_r(buf, ",", &save); w != NULL; w = strtok_r(NULL, ",", &save)) {
+        int found = 0;
+        for (int p = 0; p < N_PREC; p++)
+            if (strcmp(w, prec_names[p]) == 0)
+                mask |= 1 << p, found = 1;
+        if (!found)
+            return 0;
     }
+    return mask;
 }
 
 int main(int argc, char **argv)
 {
     static model m;
-    run_arg a = {.m = &m, .steps = 10, .B = 8};
-    int modes = 3, rc = 0;
+    int B = 0, steps = 20, warmup = 3, modes = 7, direct = 0, gemm = 1, rc = 0, n = 0;
     const char *csv = NULL;
     td_error_t err = {0};
+    td_cuda_ctx *ctx = NULL;
     struct cudaDeviceProp prop;
+    gemm_arg g = {0};
+    char dir[64] = "/tmp/td_bench_gpu_XXXXXX", shard[TD_PATH_MAX] = "";
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc)
-            a.B = atoi(argv[++i]);
+            B = atoi(argv[++i]);
         else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
-            a.steps = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--fp32") == 0)
-            modes = 1;
-        else if (strcmp(argv[i], "--tf32") == 0)
-            modes = 2;
+            steps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--warmup") == 0 && i + 1 < argc)
+            warmup = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--precision") == 0 && i + 1 < argc)
+            modes = parse_precisions(argv[++i]);
+        else if (strcmp(argv[i], "--direct") == 0)
+            direct = 1;
+        else if (strcmp(argv[i], "--no-gemm") == 0)
+            gemm = 0;
         else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc)
             csv = argv[++i];
-        else {
-            fprintf(stderr, "usage: bench_gpu [--batch B] [--steps S] [--fp32|--tf32] "
-                            "[--csv FILE]\n");
-            return 2;
-        }
+        else
+            return usage();
     }
-    if (a.B < 1 || a.steps < 1)
-        return 2;
-    if (td_cuda_ctx_new(&a.ctx, 0, NULL, &err) != 0) {
+    if (B < 0 || steps < 1 || warmup < 0 || modes == 0)
+        return usage();
+    if (td_cuda_device_count(&n) != 0 || n == 0) {
+        printf("bench_gpu: no CUDA device: skipped\n");
+        return 77;
+    }
+    if (td_cuda_ctx_new(&ctx, 0, NULL, &err) != 0) {
         fprintf(stderr, "bench_gpu: %s\n", err.msg);
         return 1;
     }
     K = td_kernels_cuda();
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess)
         snprintf(prop.name, sizeof(prop.name), "unknown");
-    printf("device 0: %s\n", prop.name);
-    rc = guarded(build, &a);
-    for (a.tf32 = 0; a.tf32 < 2 && rc == 0; a.tf32++) {
-        if (!(modes & (1 << a.tf32)))
-            continue;
-        printf("%s:\n", a.tf32 ? "TF32" : "FP32");
-        rc = guarded(run, &a);
-        if (rc == 0)
-            report(&a, prop.name, csv);
+    printf("device 0: %s, %d SMs, sm_%d%d; dense peak TFLOP/s: bf16 %.1f, tf32 %.1f, fp32 %.1f "
+           "(0: unknown)\n",
+           prop.name, prop.multiProcessorCount, prop.major, prop.minor,
+           peak_flops(0, P_BF16) / 1e12, peak_flops(0, P_TF32) / 1e12,
+           peak_flops(0, P_FP32) / 1e12);
+
+    if (gemm) {
+        g.ctx = ctx;
+        if (guarded(gemm_run, &g) == 0) {
+            double pk = peak_flops(0, P_BF16);
+            printf("cuBLAS bf16 GEMM %dx%dx%d: %.1f TFLOP/s", GEMM_N, GEMM_N, GEMM_N, g.tflops);
+            if (pk > 0)
+                printf(" (%.1f%% of the datasheet peak)", 100.0 * g.tflops * 1e12 / pk);
+            printf("\n");
+        } else {
+            rc = 1;
+        }
     }
-    td_cuda_ctx_free(a.ctx);
+
+    if (!direct) {
+        train_arg a = {.ctx = ctx, .steps = steps, .warmup = warmup};
+        if (mkdtemp(dir) == NULL || snprintf(shard, sizeof(shard), "%s/tokens.bin", dir) < 0 ||
+            write_shard(shard, 50257) != 0) {
+            fprintf(stderr, "bench_gpu: cannot write the token shard in %s\n", dir);
+            td_cuda_ctx_free(ctx);
+            return 1;
+        }
+        gpt2_config(&a.cfg, shard, 1, warmup + steps);
+        a.cfg.batch_size = B > 0 ? B : pick_batch(&a.cfg, 0);
+        printf("GPT-2 124M through the trainer: B=%d, T=1024, %d + %d steps\n", a.cfg.batch_size,
+               warmup, steps);
+        for (int p = 0; p < N_PREC && !a.on_host; p++) {
+            if (!(modes & (1 << p)))
+                continue;
+            memset(&a.r, 0, sizeof(a.r));
+            a.r.path = "trainer", a.r.p = (prec)p, a.r.B = a.cfg.batch_size;
+            printf("%s:\n", prec_names[p]);
+            if (guarded(train_run, &a) != 0) {
+                rc = 1;
+                continue;
+            }
+            if (!a.on_host)
+                report(&a.r, 0, g.tflops, csv);
+        }
+        unlink(shard);
+        rmdir(dir);
+        if (a.on_host) {
+            printf("the trainer keeps its buffers on the host (no GPU path in train/ yet): "
+                   "driving the CUDA table by hand instead\n");
+            direct = 1;
+        }
+        if (B == 0)
+            B = a.cfg.batch_size;
+    }
+
+    if (direct) {
+        run_arg a = {.m = &m, .steps = steps, .warmup = warmup, .B = B > 0 ? B : 8, .ctx = ctx};
+        printf("GPT-2 124M through the table by hand: B=%d, T=1024, %d + %d steps\n", a.B, warmup,
+               steps);
+        if (guarded(build, &a) != 0)
+            rc = 1;
+        for (int p = 0; p < N_PREC && rc == 0; p++) {
+            if (!(modes & (1 << p)))
+                continue;
+            memset(&a.r, 0, sizeof(a.r));
+            a.r.path = "direct", a.r.p = (prec)p, a.r.B = a.B;
+            printf("%s:\n", prec_names[p]);
+            if (guarded(run, &a) != 0)
+                rc = 1;
+            else
+                report(&a.r, 0, g.tflops, csv);
+        }
+    }
+    td_cuda_ctx_free(ctx);
     return rc;
 }
 
@@ -424,8 +767,8 @@ int main(int argc, char **argv)
 
 int main(void)
 {
-    printf("bench_gpu: built without CUDA\n");
-    return 0;
+    printf("bench_gpu: built without CUDA: skipped\n");
+    return 77;
 }
 
 #endif

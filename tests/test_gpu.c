@@ -37,14 +37,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "engine.h"
 #include "kernels.h"
 #include "td_panic.h"
 #include "train.h"
+#include "train_support.h"
 
 #ifdef TD_HAVE_CUDA
 #include "cuda_internal.h"
@@ -53,12 +56,17 @@
 #define U      (1.0 / 16777216.0) /* 2^-24 */
 #define ULP4   (4.0 * 2.0 * U)    /* 4 ulp, relative */
 #define TF32_U (1.0 / 256.0)      /* 2^-8: two TF32-rounded inputs of a product, twice */
+/* bf16 keeps 8 significant bits (7 stored), so rounding to nearest even is off by at most
+ * u_bf16 = 2^-8 relative, and a product of two rounded operands by at most
+ * (1 + 2^-8)^2 - 1 = 2^-7 + 2^-16 of the exact product. */
+#define BF16_U (1.0 / 128.0 + 1.0 / 65536.0)
 #define MiB    ((size_t)1 << 20)
 
 static const td_kernels *KC; /* the CPU twin */
 static const td_kernels *KD; /* the backend under test */
 static int fake;             /* --fake-device: KD is the CPU table in host memory */
 static int tf32_on;          /* the current context allows TF32 */
+static int bf16_on;          /* the current context's matmuls are bf16 mixed precision */
 
 /* ---- random data ---------------------------------------------------------------------------- */
 
@@ -184,10 +192,13 @@ static void caught(void (*body)(void))
     if (TD_TRY(&b)) {
 #ifdef TD_HAVE_CUDA
         /* a test that failed half way may have left TF32 on */
-        if (!fake && td_cuda_ctx_current() != NULL)
+        if (!fake && td_cuda_ctx_current() != NULL) {
             td_cuda_ctx_set_tf32(td_cuda_ctx_current(), 0);
+            td_cuda_ctx_set_bf16(td_cuda_ctx_current(), 0);
+        }
 #endif
         tf32_on = 0;
+        bf16_on = 0;
         body();
         td_boundary_leave(&b);
         return;
@@ -266,8 +277,71 @@ static void check_same_bits(const char *what, const float *a, const float *b, si
         fail_msg("%s: two runs of the same call differ", what);
 }
 
+/* |got[i] - ref[i]| <= bound[i] for the backend under test only (a reference the CPU's fp32
+ * values are not meant to meet: the bf16-rounded operands' own product). */
+static void check_bound_dev(const char *what, const float *got, const double *ref,
+                            const double *bound, size_t n)
+{
+    double worst = 0.0;
+
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - ref[i]);
+        if (!(e <= bound[i]))
+            fail_msg("%s[%zu]: %.9g, the reference %.12g, off by %.3g > bound %.3g", what, i,
+                     got[i], ref[i], e, bound[i]);
+        if (bound[i] > 0)
+            worst = fmax(worst, e / bound[i]);
+    }
+    print_message("  %-28s %8zu values, error <= %.2f of the bound\n", what, n, worst);
+}
+
+/* f rounded to bf16, to nearest even (NaN kept; beyond bf16's range it becomes Inf), as
+ * __float2bfloat16_rn does: the host's model of what ops.cu's bf16 path multiplies. */
+static double bf16r(float f)
+{
+    uint32_t u;
+
+    memcpy(&u, &f, sizeof(u));
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return f;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+/* With bf16 on (a real device), each matmul output is checked twice:
+ *  - against the exact product of the fp32 operands (ref, in double), within
+ *    (BF16_U + 2 (K+2) u) sum|terms|: each term's operands rounded to bf16 move it by at most
+ *    BF16_U of itself (rigorous, whatever K), and cuBLAS's fp32 sum of K terms adds the fp32
+ *    bound used everywhere here. The CPU (fp32) meets it too. Relative to the output, whose
+ *    size for random signs is about sqrt(K) times a term's, this is about 2^-7 sqrt(K): the
+ *    "2^-8 sqrt(K)" of a bf16 dot product, held as a worst case, not a probable one;
+ *  - against the product of the bf16-rounded operands (rref: each operand put through bf16r)
+ *    within 2 (K+2) u sum|rounded terms|: only fp32 sums remain. This one is sharp: it fails
+ *    for a wrong rounding (truncation instead of nearest even), for an operand not rounded at
+ *    all (the fp32 path taken), and for any chunk read from or written to the wrong place.
+ * The bias and dbias stay fp32 (dbias a gemv of fp32 operands, TF32 at most). */
+
 /* ---- matmul -----------------------------------------------------------------------------------
  */
+
+/* The precision a matmul check holds the backend to: TF32's or bf16's extra, or none. */
+static double matmul_extra(void)
+{
+    return tf32_on ? TF32_U : bf16_on ? BF16_U : 0.0;
+}
+
+/* A sharp check of the bf16-rounded operands' product is made on a real device with bf16 on. */
+static int bf16_sharp(void)
+{
+    return bf16_on && !fake;
+}
+
+static const char *prec_name(void)
+{
+    return tf32_on ? " tf32" : bf16_on ? " bf16" : "";
+}
 
 /* out = inp . w^T + bias against double, with and without a bias. */
 static void matmul_forward_case(int N, int C, int OC)
@@ -277,8 +351,17 @@ static void matmul_forward_case(int N, int C, int OC)
     float *d_inp = to_dev(inp, (size_t)N * C), *d_w = to_dev(w, (size_t)OC * C);
     float *d_bias = to_dev(bias, OC), *d_out = dev_alloc((size_t)N * OC * sizeof(float));
     double *ref = dbuf((size_t)N * OC), *bound = dbuf((size_t)N * OC);
-    char what[64];
+    double *rref = NULL, *rbound = NULL, *rw = NULL, *ri = NULL, extra = matmul_extra();
+    char what[80];
 
+    if (bf16_sharp()) {
+        rref = dbuf((size_t)N * OC), rbound = dbuf((size_t)N * OC);
+        rw = dbuf((size_t)OC * C), ri = dbuf((size_t)N * C);
+        for (size_t i = 0; i < (size_t)OC * C; i++)
+            rw[i] = bf16r(w[i]);
+        for (size_t i = 0; i < (size_t)N * C; i++)
+            ri[i] = bf16r(inp[i]);
+    }
     for (int with_bias = 0; with_bias < 2; with_bias++) {
         float *got;
         KC->matmul_forward(cpu, inp, w, with_bias ? bias : NULL, N, C, OC);
@@ -287,21 +370,89 @@ static void matmul_forward_case(int N, int C, int OC)
         for (int i = 0; i < N; i++)
             for (int o = 0; o < OC; o++) {
                 double s = with_bias ? bias[o] : 0.0, a = with_bias ? fabs(bias[o]) : 0.0;
+                double rs = s, ra = a;
+                const float *x = inp + (size_t)i * C, *wr = w + (size_t)o * C;
                 for (int c = 0; c < C; c++) {
-                    double t = (double)inp[(size_t)i * C + c] * w[(size_t)o * C + c];
+                    double t = (double)x[c] * wr[c];
                     s += t;
                     a += fabs(t);
                 }
                 ref[(size_t)i * OC + o] = s;
-                bound[(size_t)i * OC + o] = (2.0 * (C + 2) * U + (tf32_on ? TF32_U : 0.0)) * a;
+                bound[(size_t)i * OC + o] = (2.0 * (C + 2) * U + extra) * a;
+                if (rref != NULL) {
+                    const double *rx = ri + (size_t)i * C, *rwr = rw + (size_t)o * C;
+                    for (int c = 0; c < C; c++) {
+                        double t = rx[c] * rwr[c];
+                        rs += t;
+                        ra += fabs(t);
+                    }
+                    rref[(size_t)i * OC + o] = rs;
+                    rbound[(size_t)i * OC + o] = 2.0 * (C + 2) * U * ra;
+                }
             }
         snprintf(what, sizeof(what), "matmul fwd %dx%dx%d%s%s", N, C, OC, with_bias ? " +b" : "",
-                 tf32_on ? " tf32" : "");
+                 prec_name());
         check_bound(what, got, cpu, ref, bound, (size_t)N * OC);
+        if (rref != NULL) {
+            snprintf(what, sizeof(what), "  .. of bf16 operands%s", with_bias ? " +b" : "");
+            check_bound_dev(what, got, rref, rbound, (size_t)N * OC);
+        }
         free(got);
     }
     free(inp), free(w), free(bias), free(cpu), free(ref), free(bound);
+    free(rref), free(rbound), free(rw), free(ri);
     dev_free(d_inp), dev_free(d_w), dev_free(d_bias), dev_free(d_out);
+}
+
+/* ref[r*cols + c] = acc0[..] + sum over k of A(r,k) B(k,c) in double, and bound = (2(K+2)u +
+ * extra) sum|terms| (|acc0| included), where A(r,k) = a[r*as + k*ak] and B(k,c) = b[k*bs +
+ * c*bc]: the three backward products as one loop nest. */
+static void ref_product(double *ref, double *bound, const float *acc0, const double *a, size_t as,
+                        size_t ak, const double *b, size_t bs, size_t bc, int rows, int cols, int K,
+                        double extra)
+{
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            double s = acc0[(size_t)r * cols + c], sa = fabs(s);
+            for (int k = 0; k < K; k++) {
+                double t = a[r * as + k * ak] * b[k * bs + c * bc];
+                s += t;
+                sa += fabs(t);
+            }
+            ref[(size_t)r * cols + c] = s;
+            bound[(size_t)r * cols + c] = (2.0 * (K + 2) * U + extra) * sa;
+        }
+}
+
+/* n floats as doubles, put through bf16r when round is set */
+static double *widen(const float *p, size_t n, int round)
+{
+    double *d = dbuf(n);
+
+    for (size_t i = 0; i < n; i++)
+        d[i] = round ? bf16r(p[i]) : p[i];
+    return d;
+}
+
+/* One backward product's checks: against the fp32 operands (the CPU too) and, with bf16 on a
+ * device, against the bf16-rounded operands. */
+static void backward_check(const char *name, int N, int C, int OC, const float *got,
+                           const float *cpu, const float *acc0, const double *a, const double *ra,
+                           size_t as, size_t ak, const double *b, const double *rb, size_t bs,
+                           size_t bc, int rows, int cols, int K)
+{
+    size_t n = (size_t)rows * cols;
+    double *ref = dbuf(n), *bound = dbuf(n);
+    char what[80];
+
+    ref_product(ref, bound, acc0, a, as, ak, b, bs, bc, rows, cols, K, matmul_extra());
+    snprintf(what, sizeof(what), "matmul %s %dx%dx%d%s", name, N, C, OC, prec_name());
+    check_bound(what, got, cpu, ref, bound, n);
+    if (bf16_sharp()) {
+        ref_product(ref, bound, acc0, ra, as, ak, rb, bs, bc, rows, cols, K, 0.0);
+        check_bound_dev("  .. of bf16 operands", got, ref, bound, n);
+    }
+    free(ref), free(bound);
 }
 
 /* The three backward products, each accumulated into random values (kernels accumulate). */
@@ -316,45 +467,32 @@ static void matmul_backward_case(int N, int C, int OC)
     float *d_inp = to_dev(inp, (size_t)N * C), *d_w = to_dev(w, (size_t)OC * C);
     float *d_dout = to_dev(dout, (size_t)N * OC), *d_dinp = to_dev(dinp0, (size_t)N * C);
     float *d_dw = to_dev(dw0, (size_t)OC * C), *d_db = to_dev(db0, OC), *g;
-    size_t nmax = (size_t)N * C > (size_t)OC * C ? (size_t)N * C : (size_t)OC * C;
-    double *ref = dbuf(nmax), *bound = dbuf(nmax), extra = tf32_on ? TF32_U : 0.0;
-    char what[64];
+    int sharp = bf16_sharp();
+    double *x = widen(inp, (size_t)N * C, 0), *wd = widen(w, (size_t)OC * C, 0);
+    double *dd = widen(dout, (size_t)N * OC, 0);
+    double *rx = sharp ? widen(inp, (size_t)N * C, 1) : NULL;
+    double *rw = sharp ? widen(w, (size_t)OC * C, 1) : NULL;
+    double *rd = sharp ? widen(dout, (size_t)N * OC, 1) : NULL;
+    /* dbias is a gemv in fp32 operands; TF32's allowance where the context's math mode allows
+     * TF32 (tf32, and bf16, which lets attention's fp32 gemms use it), as for any Sgemm* */
+    double *ref = dbuf(OC), *bound = dbuf(OC), extra = tf32_on || bf16_on ? TF32_U : 0.0;
 
     KC->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
     KD->matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
 
-    for (int i = 0; i < N; i++)
-        for (int c = 0; c < C; c++) {
-            double s = dinp0[(size_t)i * C + c], a = fabs(s);
-            for (int o = 0; o < OC; o++) {
-                double t = (double)dout[(size_t)i * OC + o] * w[(size_t)o * C + c];
-                s += t;
-                a += fabs(t);
-            }
-            ref[(size_t)i * C + c] = s;
-            bound[(size_t)i * C + c] = (2.0 * (OC + 2) * U + extra) * a;
-        }
+    /* dinp(i,c) = dinp0 + sum over o of dout(i,o) w(o,c) */
     g = to_host(d_dinp, (size_t)N * C);
-    snprintf(what, sizeof(what), "matmul dinp %dx%dx%d%s", N, C, OC, tf32_on ? " tf32" : "");
-    check_bound(what, g, dinp, ref, bound, (size_t)N * C);
+    backward_check("dinp", N, C, OC, g, dinp, dinp0, dd, rd, (size_t)OC, 1, wd, rw, (size_t)C, 1, N,
+                   C, OC);
     free(g);
 
-    for (int o = 0; o < OC; o++)
-        for (int c = 0; c < C; c++) {
-            double s = dw0[(size_t)o * C + c], a = fabs(s);
-            for (int i = 0; i < N; i++) {
-                double t = (double)dout[(size_t)i * OC + o] * inp[(size_t)i * C + c];
-                s += t;
-                a += fabs(t);
-            }
-            ref[(size_t)o * C + c] = s;
-            bound[(size_t)o * C + c] = (2.0 * (N + 2) * U + extra) * a;
-        }
+    /* dweight(o,c) = dw0 + sum over i of dout(i,o) inp(i,c) */
     g = to_host(d_dw, (size_t)OC * C);
-    snprintf(what, sizeof(what), "matmul dweight %dx%dx%d%s", N, C, OC, tf32_on ? " tf32" : "");
-    check_bound(what, g, dw, ref, bound, (size_t)OC * C);
+    backward_check("dweight", N, C, OC, g, dw, dw0, dd, rd, 1, (size_t)OC, x, rx, (size_t)C, 1, OC,
+                   C, N);
     free(g);
 
+    /* dbias: fp32 operands whatever the matmuls' precision */
     for (int o = 0; o < OC; o++) {
         double s = db0[o], a = fabs(s);
         for (int i = 0; i < N; i++) {
@@ -368,14 +506,24 @@ static void matmul_backward_case(int N, int C, int OC)
     check_bound("matmul dbias", g, db, ref, bound, OC);
     free(g);
 
-    /* NULL outputs are skipped: only dweight this time, dbias must not move */
-    KD->matmul_backward(NULL, d_dw, NULL, d_dout, d_inp, d_w, N, C, OC);
-    g = to_host(d_db, OC);
-    check_exact("matmul dbias untouched", g, db, OC);
-    free(g);
+    /* NULL outputs are skipped: only dweight, then only dbias; dinp must not move, nor dbias
+     * the first time */
+    {
+        float *before = to_host(d_dinp, (size_t)N * C);
+        KD->matmul_backward(NULL, d_dw, NULL, d_dout, d_inp, d_w, N, C, OC);
+        g = to_host(d_db, OC);
+        check_exact("matmul dbias untouched", g, db, OC);
+        free(g);
+        KD->matmul_backward(NULL, NULL, d_db, d_dout, d_inp, d_w, N, C, OC);
+        g = to_host(d_dinp, (size_t)N * C);
+        check_exact("matmul dinp untouched", g, before, (size_t)N * C);
+        free(g);
+        free(before);
+    }
 
     free(inp), free(w), free(dout), free(dinp0), free(dw0), free(db0), free(dinp), free(dw),
         free(db), free(ref), free(bound);
+    free(x), free(wd), free(dd), free(rx), free(rw), free(rd);
     dev_free(d_inp), dev_free(d_w), dev_free(d_dout), dev_free(d_dinp), dev_free(d_dw),
         dev_free(d_db);
 }
@@ -405,6 +553,97 @@ static void body_matmul_tf32(void)
         tf32_on = 0;
     }
 #endif
+}
+
+/* The same products in bf16 mixed precision (td_cuda_ctx_set_bf16), each held to the bf16
+ * bound against the fp32 operands and to the fp32 bound against the bf16-rounded ones (see
+ * check_bound_dev's comment). GPT-2's tied lm head (OC = 50304, C = 768, a weight of 74 MiB in
+ * bf16) is cut over OC by the default 64 MiB scratch; a context with 1 MiB of scratch cuts a
+ * small product over rows and columns at once. On --fake-device (the CPU, fp32) only the first
+ * bound applies, and holds. */
+static void body_matmul_bf16(void)
+{
+#ifdef TD_HAVE_CUDA
+    td_cuda_ctx *main = NULL, *small = NULL;
+    td_cuda_options opt;
+    td_error_t err = {0};
+
+    if (!fake) {
+        main = td_cuda_ctx_current();
+        td_cuda_ctx_set_bf16(main, 1);
+        assert_int_equal(td_cuda_ctx_bf16(main), 1);
+    }
+#endif
+    bf16_on = 1;
+    matmul_forward_case(67, 100, 45);
+    matmul_backward_case(67, 100, 45);
+    matmul_forward_case(256, 768, 2304); /* GPT-2's qkv, 256 rows */
+    matmul_backward_case(256, 768, 2304);
+    matmul_forward_case(32, 768, 50304); /* the lm head: 3 chunks of OC */
+    matmul_backward_case(32, 768, 50304);
+#ifdef TD_HAVE_CUDA
+    if (!fake) {
+        /* 1 MiB of scratch: the weight (1000x768) in 4 chunks of 320 rows, and inp's 700 rows in
+         * 2 chunks (forward) and 3 (backward) */
+        td_cuda_options_defaults(&opt);
+        opt.bf16 = 1;
+        opt.scratch_bytes = MiB;
+        if (td_cuda_ctx_new(&small, td_cuda_ctx_device(main), &opt, &err) != 0)
+            fail_msg("%s", err.msg);
+        assert_int_equal(td_cuda_ctx_bf16(small), 1);
+        matmul_forward_case(700, 768, 1000);
+        matmul_backward_case(700, 768, 1000);
+        td_cuda_ctx_free(small);
+        if (td_cuda_ctx_bind(main, &err) != 0)
+            fail_msg("%s", err.msg);
+        td_cuda_ctx_set_bf16(main, 0);
+        assert_int_equal(td_cuda_ctx_bf16(main), 0);
+    }
+#endif
+    bf16_on = 0;
+}
+
+/* ---- the table's memory ops ------------------------------------------------------------------ */
+
+/* host, alloc (256-byte aligned), upload and download (a round trip, and a download that must
+ * see an op queued before it), free (NULL too), and an allocation too large for any device:
+ * an error naming the size, *p NULL, the process not poisoned. */
+static void body_memory_ops(void)
+{
+    size_t n = 1000003;
+    float *h = rand_host(n, -1, 1), *back = malloc(n * sizeof(float)), *d = NULL;
+    void *huge = (void *)1;
+    td_error_t err = {0};
+
+    assert_non_null(back);
+    if (!fake) {
+        assert_int_equal(KD->host, 0);
+        assert_string_equal(KD->name, "cuda");
+    }
+    assert_int_equal(KD->alloc((void **)&d, n * sizeof(float), &err), 0);
+    assert_non_null(d);
+    assert_int_equal((uintptr_t)d % 256, 0);
+    KD->upload(d, h, n * sizeof(float));
+    KD->download(back, d, n * sizeof(float));
+    check_exact("upload, download", back, h, n);
+    KD->scale(d, 2.0f, n); /* queued; the download must come after it */
+    KD->download(back, d, n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        h[i] *= 2.0f;
+    check_exact("download after an op", back, h, n);
+    KD->free(d);
+    KD->free(NULL);
+    if (!fake) {
+        int rc = KD->alloc(&huge, (size_t)1 << 50, &err);
+        print_message("  alloc of 1 PiB: %s\n", err.msg);
+        assert_int_equal(rc, TD_ECUDA);
+        assert_null(huge);
+        assert_non_null(strstr(err.msg, "1125899906842624"));
+#ifdef TD_HAVE_CUDA
+        assert_false(td_cuda_poisoned());
+#endif
+    }
+    free(h), free(back);
 }
 
 /* ---- bias, ReLU, residual, GELU, scale, zero ------------------------------------------------ */
@@ -835,7 +1074,7 @@ static void attention_forward_check(const float *qkv, const float *cpu_out, cons
     double scale = 1.0 / sqrt((double)hs);
     size_t natt = (size_t)B * NH * T * T, nout = (size_t)B * T * C;
     double *ra = dbuf(natt), *ba = dbuf(natt), *ro = dbuf(nout), *bo = dbuf(nout);
-    double *pre = dbuf(T), *dl = dbuf(T);
+    double *pre = dbuf(T), *dl = dbuf(T), xb = bf16_on ? BF16_U : 0.0;
 
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
@@ -849,7 +1088,7 @@ static void attention_forward_check(const float *qkv, const float *cpu_out, cons
                     for (int d = 0; d < hs; d++)
                         s += (double)q[d] * k[d], a += fabs((double)q[d] * k[d]);
                     pre[j] = s * scale;
-                    dl[j] = 2.0 * (hs + 2) * U * scale * a + U * fabs(pre[j]);
+                    dl[j] = 2.0 * (hs + 2) * U * scale * a + U * fabs(pre[j]) + xb * scale * a;
                     mx = fmax(mx, pre[j]);
                     dmax = fmax(dmax, dl[j]);
                 }
@@ -870,7 +1109,7 @@ static void attention_forward_check(const float *qkv, const float *cpu_out, cons
                     }
                     ro[((size_t)b * T + t) * C + (size_t)h * hs + d] = s;
                     bo[((size_t)b * T + t) * C + (size_t)h * hs + d] =
-                        2.0 * (e + 2.0 * (t + 3) * U * a);
+                        2.0 * (e + 2.0 * (t + 3) * U * a + xb * a);
                 }
             }
     check_bound("attention att", att, cpu_att, ra, ba, natt);
@@ -888,6 +1127,7 @@ static void attention_backward_ref(double *ref, double *bound, const float *dqkv
     double scale = 1.0 / sqrt((double)hs);
     double *datt = dbuf((size_t)T * T), *edatt = dbuf((size_t)T * T);
     double *dpre = dbuf((size_t)T * T), *edpre = dbuf((size_t)T * T), *adpre = dbuf((size_t)T * T);
+    double xb = bf16_on ? BF16_U : 0.0;
     size_t n = (size_t)B * T * C3;
 
     for (size_t i = 0; i < n; i++)
@@ -905,7 +1145,7 @@ static void attention_backward_ref(double *ref, double *bound, const float *dqkv
                     for (int d = 0; d < hs; d++)
                         v += DOUT(t, d) * QKV(j, 2, d), av += fabs(DOUT(t, d) * QKV(j, 2, d));
                     datt[(size_t)t * T + j] = v;
-                    edatt[(size_t)t * T + j] = 2.0 * (hs + 2) * U * av;
+                    edatt[(size_t)t * T + j] = 2.0 * (hs + 2) * U * av + xb * av;
                     s += a[(size_t)t * T + j] * v;
                     es += a[(size_t)t * T + j] * edatt[(size_t)t * T + j];
                     as += fabs(a[(size_t)t * T + j] * v);
@@ -938,11 +1178,13 @@ static void attention_backward_ref(double *ref, double *bound, const float *dqkv
                     }
                     size_t o = AT(i) + d;
                     ref[o] += sq;
-                    bound[o] = 2.0 * (eq + 2.0 * (T + 2) * U * (aq + fabs(dqkv0[o])));
+                    bound[o] = 2.0 * (eq + 2.0 * (T + 2) * U * (aq + fabs(dqkv0[o])) + xb * aq);
                     ref[o + C] += sk;
-                    bound[o + C] = 2.0 * (ek + 2.0 * (T + 2) * U * (ak + fabs(dqkv0[o + C])));
+                    bound[o + C] =
+                        2.0 * (ek + 2.0 * (T + 2) * U * (ak + fabs(dqkv0[o + C])) + xb * ak);
                     ref[o + 2 * C] += sv;
-                    bound[o + 2 * C] = 2.0 * 2.0 * (T + 2) * U * (av + fabs(dqkv0[o + 2 * C]));
+                    bound[o + 2 * C] =
+                        2.0 * (2.0 * (T + 2) * U * (av + fabs(dqkv0[o + 2 * C])) + xb * av);
                 }
 #undef QKV
 #undef DOUT
@@ -950,6 +1192,20 @@ static void attention_backward_ref(double *ref, double *bound, const float *dqkv
         }
     free(datt), free(edatt), free(dpre), free(edpre), free(adpre);
 }
+
+#ifdef TD_HAVE_CUDA
+/* Bytes of context scratch in which ops.cu's bf16 attention backward takes `heads` (T,T) heads
+ * at a time beside its bf16 copies of a sequence's qkv and dout (each rounded up to 128
+ * elements, as ops.cu lays them out), or, for heads 0, one head with the caller's (T,T)
+ * scratch holding its fp32 gradient. */
+static size_t bf16_attn_scratch(int T, int C, int heads)
+{
+    size_t up = 128, qr = ((size_t)T * 3 * C + up - 1) / up * up;
+    size_t gr = ((size_t)T * C + up - 1) / up * up, TT = (size_t)T * T;
+
+    return 2 * (qr + gr + up + (heads > 0 ? 3 * (size_t)heads * TT + up : TT));
+}
+#endif
 
 static void attention_case(int B, int T, int C, int NH)
 {
@@ -965,7 +1221,7 @@ static void attention_case(int B, int T, int C, int NH)
 
     scratch = malloc((size_t)T * T * sizeof(float));
     assert_non_null(scratch);
-    print_message("  attention B=%d T=%d C=%d NH=%d:\n", B, T, C, NH);
+    print_message("  attention B=%d T=%d C=%d NH=%d%s:\n", B, T, C, NH, prec_name());
     KC->attention_forward(out, att, qkv, B, T, C, NH);
     KD->attention_forward(d_out, d_att, d_qkv, B, T, C, NH);
     h = to_host(d_out, nout);
@@ -989,14 +1245,17 @@ static void attention_case(int B, int T, int C, int NH)
 #ifdef TD_HAVE_CUDA
     /* the same backward with less context scratch: 3 heads at a time (a short last chunk),
      * then 1 in the caller's (T,T) scratch; the same bits as all heads at once are not
-     * promised (cuBLAS may pick other kernels for other batch counts), the bound is */
+     * promised (cuBLAS may pick other kernels for other batch counts), the bound is. In bf16
+     * the scratch also holds the bf16 copies (bf16_attn_scratch) */
     if (!fake)
         for (int heads = 3; heads >= 1; heads -= 2) {
             td_cuda_options opt;
             td_cuda_ctx *outer = td_cuda_ctx_current(), *small = NULL;
             td_error_t err = {0};
             td_cuda_options_defaults(&opt);
-            opt.scratch_bytes = (size_t)heads * T * T * sizeof(float);
+            opt.bf16 = bf16_on;
+            opt.scratch_bytes = bf16_on ? bf16_attn_scratch(T, C, heads > 1 ? heads : 0)
+                                        : (size_t)heads * T * T * sizeof(float);
             if (td_cuda_ctx_new(&small, td_cuda_ctx_device(outer), &opt, &err) != 0)
                 fail_msg("%s", err.msg);
             td_cuda_upload(d_dq, dq0, nqkv * sizeof(float));
@@ -1025,6 +1284,25 @@ static void body_attention(void)
 
 /* Squares of floats are exact in double; both sides sum n of them in double: within
  * 2(n+2) 2^-53 of the sum. Twice on the GPU: the same bits. */
+/* The same in bf16 mixed precision: q, k, v, att, dout and dpreatt rounded to bf16 for the
+ * products (ops.cu), each product's bound growing by BF16_U of the sum of its terms' absolute
+ * values, carried through the softmax as the fp32 bounds are. */
+static void body_attention_bf16(void)
+{
+#ifdef TD_HAVE_CUDA
+    if (!fake)
+        td_cuda_ctx_set_bf16(td_cuda_ctx_current(), 1);
+#endif
+    bf16_on = 1;
+    attention_case(2, 129, 96, 4);
+    attention_case(1, 256, 768, 12);
+#ifdef TD_HAVE_CUDA
+    if (!fake)
+        td_cuda_ctx_set_bf16(td_cuda_ctx_current(), 0);
+#endif
+    bf16_on = 0;
+}
+
 static void body_sumsq(void)
 {
     size_t n = 1000003;
@@ -1096,21 +1374,26 @@ static void body_optimizers(void)
     }
 OP_TEST(matmul)
 OP_TEST(matmul_tf32)
+OP_TEST(matmul_bf16)
+OP_TEST(memory_ops)
 OP_TEST(elementwise)
 OP_TEST(softmax)
 OP_TEST(argmax)
 OP_TEST(encoder)
 OP_TEST(layernorm)
 OP_TEST(attention)
+OP_TEST(attention_bf16)
 OP_TEST(sumsq)
 OP_TEST(optimizers)
 
 static const struct CMUnitTest op_tests[] = {
-    cmocka_unit_test(test_matmul),      cmocka_unit_test(test_matmul_tf32),
-    cmocka_unit_test(test_elementwise), cmocka_unit_test(test_softmax),
-    cmocka_unit_test(test_argmax),      cmocka_unit_test(test_encoder),
-    cmocka_unit_test(test_layernorm),   cmocka_unit_test(test_attention),
-    cmocka_unit_test(test_sumsq),       cmocka_unit_test(test_optimizers),
+    cmocka_unit_test(test_matmul),         cmocka_unit_test(test_matmul_tf32),
+    cmocka_unit_test(test_matmul_bf16),    cmocka_unit_test(test_memory_ops),
+    cmocka_unit_test(test_elementwise),    cmocka_unit_test(test_softmax),
+    cmocka_unit_test(test_argmax),         cmocka_unit_test(test_encoder),
+    cmocka_unit_test(test_layernorm),      cmocka_unit_test(test_attention),
+    cmocka_unit_test(test_attention_bf16), cmocka_unit_test(test_sumsq),
+    cmocka_unit_test(test_optimizers),
 };
 
 #ifdef TD_HAVE_CUDA
@@ -1516,6 +1799,324 @@ static void body_memory_guard(void)
 
 OP_TEST(memory_guard)
 
+/* td_cuda_peak_flops on this device: a known device gets bf16 >= TF32 >= fp32 > 0, at most the
+ * datasheet's largest figure (scaling never raises it), and an H100/H200 SXM with all its 132
+ * SMs at 1980 MHz exactly the datasheet's 989.4, 494.7 and 66.9 TFLOP/s; an unknown device
+ * TD_ENOTFOUND naming it. A bad device number is TD_ECUDA. */
+static void test_peak_flops(void **state)
+{
+    double bf = 0, tf = 0, fp = 0;
+    td_error_t err = {0};
+    struct cudaDeviceProp prop;
+    int rc = td_cuda_peak_flops(0, 1, 0, &bf, &err), clock_khz = 0;
+
+    assert_int_equal(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    (void)cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
+    if (rc == TD_ENOTFOUND) {
+        print_message("  %s: %s\n", prop.name, err.msg);
+        assert_non_null(strstr(err.msg, prop.name));
+        return;
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(td_cuda_peak_flops(0, 0, 1, &tf, &err), 0);
+    assert_int_equal(td_cuda_peak_flops(0, 0, 0, &fp, &err), 0);
+    print_message("  %s (%d SMs, %d MHz): bf16 %.1f, tf32 %.1f, fp32 %.1f TFLOP/s\n", prop.name,
+                  prop.multiProcessorCount, clock_khz / 1000, bf / 1e12, tf / 1e12, fp / 1e12);
+    assert_true(bf >= tf && tf >= fp && fp > 0);
+    assert_true(bf <= 989.4e12 * 1.0000001);
+    if ((strstr(prop.name, "H100") != NULL || strstr(prop.name, "H200") != NULL) &&
+        strstr(prop.name, "NVL") == NULL && strstr(prop.name, "PCIe") == NULL &&
+        prop.multiProcessorCount == 132 && clock_khz >= 1980000) {
+        assert_true(fabs(bf - 989.4e12) < 1e9);
+        assert_true(fabs(tf - 494.7e12) < 1e9);
+        assert_true(fabs(fp - 66.9e12) < 1e9);
+    }
+    assert_int_equal(td_cuda_peak_flops(1 << 20, 1, 0, &bf, &err), TD_ECUDA);
+    (void)cudaGetLastError();
+}
+
+/* ---- the trainer on CUDA, end to end ----------------------------------------------------------
+ *
+ * The engine (train/) built with cfg.kernels = td_kernels_cuda() on this thread's context
+ * (bound by gpu_setup), against the same job on the CPU table, through nothing but train.h:
+ * a small GPT on a text file and an mlp on IDX files the tests write, 10 steps each, seed 1,
+ * train_loss compared step by step (td_train_hooks.metric).
+ *  - CUDA fp32 within 1e-4 relative of the CPU: the two compute the same float operations
+ *    but for the order of their sums (matmuls, layernorm, softmax, attention), each op within
+ *    its few-ulp bound above; 10 AdamW steps carry such differences along without much growth
+ *    (the step is lr times about m/sqrt(v), which a relative change of 1e-6 in the gradient
+ *    moves by about as much), so 1e-4 is 100 times what one expects and still catches any op
+ *    that is wrong (a wrong op moves the loss in the second or first digit).
+ *  - CUDA bf16 within 2e-2 relative: every matmul's operands lose all but 8 significant bits,
+ *    so each matmul output is off by about 2^-8 relative (2^-7 at worst, see check_bound_dev);
+ *    the logits at step 1 and so the loss move by a few 1e-3 of the loss, and the ten steps
+ *    after it follow a slightly different trajectory (AdamW's normalised steps amplify the
+ *    gradients' rounding for small components). 2e-2 is what PyTorch autocast's bf16 runs
+ *    typically keep to their fp32 twins over short runs, with room; a wrong op is still far
+ *    outside it. The bf16 run must also differ from the CPU's somewhere: if it does not, the
+ *    trainer did not compute on the device at all (cfg.kernels ignored).
+ *  - A checkpoint written by the CUDA trainer (bf16) resumes bit-exactly on CUDA: the losses
+ *    of steps 6..10 after a resume at step 5 equal those of the uninterrupted run, bit for bit
+ *    (every op of the CUDA table gives the same bits every run, cuBLAS included). */
+
+#define E2E_STEPS 10
+#define E2E_MAX   64 /* losses compared */
+
+/* The losses of one run, from tt_recorder (train_support.h). */
+typedef struct e2e_rec {
+    int n;
+    double loss[E2E_MAX];
+    int64_t step[E2E_MAX];
+} e2e_rec;
+
+static void e2e_write(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+
+    assert_non_null(f);
+    assert_int_equal(fwrite(p, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* About 40 KB of text: words drawn from a short list by a fixed generator, so a small GPT has
+ * something to learn in ten steps. */
+static void e2e_write_text(char *path)
+{
+    static const char *words[] = {"the",    "model", "learns", "a",    "sequence", "of",
+                                  "bytes",  "from",  "text",   "and",  "predicts", "next",
+                                  "one",    "on",    "device", "with", "loss",     "falling",
+                                  "slowly", "each",  "step"};
+    size_t cap = 40000, n = 0;
+    char *buf = malloc(cap + 32);
+    uint64_t s = 1;
+
+    assert_non_null(buf);
+    while (n < cap) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        const char *w = words[(s >> 33) % (sizeof(words) / sizeof(words[0]))];
+        n += (size_t)sprintf(buf + n, "%s%s", w, (s >> 20) % 9 == 0 ? ".\n" : " ");
+    }
+    tt_path_of(path, "text.txt");
+    e2e_write(path, buf, n);
+    free(buf);
+}
+
+/* An IDX image file (n x 8 x 8) and its labels: class k lights up quadrant k (of 4), with
+ * noise everywhere; 10 classes, the other 6 rare. */
+static void e2e_write_idx(td_idx_split *split, int n)
+{
+    uint32_t idims[3] = {(uint32_t)n, 8, 8}, ldims[1] = {(uint32_t)n};
+    uint8_t *img = malloc((size_t)n * 64), *lab = malloc((size_t)n);
+    uint64_t s = 7;
+
+    assert_non_null(img), assert_non_null(lab);
+    for (int i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        int k = (int)((s >> 33) % 12);
+        k = k < 10 ? k % 4 : 4 + k % 6;
+        lab[i] = (uint8_t)k;
+        for (int p = 0; p < 64; p++) {
+            int q = (p / 8 >= 4) * 2 + (p % 8 >= 4);
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            img[(size_t)i * 64 + p] = (uint8_t)((q == k ? 150 : 0) + (int)((s >> 33) % 100));
+        }
+    }
+    tt_path_of(split->images, "train-images");
+    tt_path_of(split->labels, "train-labels");
+    tt_write_idx(split->images, 0, TD_IDX_MAGIC_IMAGES, idims, 3, img, (size_t)n * 64);
+    tt_write_idx(split->labels, 0, TD_IDX_MAGIC_LABELS, ldims, 1, lab, (size_t)n);
+    free(img), free(lab);
+}
+
+/* The GPT job: L=2, C=64, NH=4, T=64, V=256 (bytes), batch 4, 10 steps, AdamW 1e-3, seed 1 */
+static void e2e_gpt_config(td_train_config *cfg)
+{
+    td_train_config_defaults(cfg);
+    cfg->model = TD_MODEL_GPT;
+    cfg->data = TD_DATA_TEXT;
+    cfg->n_layer = 2, cfg->n_head = 4, cfg->n_embd = 64, cfg->seq_len = 64;
+    cfg->vocab_size = 256;
+    e2e_write_text(cfg->train_files[0]);
+    cfg->n_train_files = 1;
+    cfg->batch_size = 4;
+    cfg->lr = 1e-3f;
+    cfg->max_steps = E2E_STEPS;
+    cfg->seed = 1;
+    cfg->threads = 1;
+}
+
+/* The mlp job: 64-32-10 on 512 samples, batch 32, 10 steps, AdamW 1e-2, seed 1 */
+static void e2e_mlp_config(td_train_config *cfg)
+{
+    td_train_config_defaults(cfg);
+    cfg->model = TD_MODEL_MLP;
+    cfg->data = TD_DATA_IDX;
+    cfg->layers[0] = 64, cfg->layers[1] = 32, cfg->layers[2] = 10;
+    cfg->n_layers = 3;
+    e2e_write_idx(&cfg->train, 512);
+    cfg->batch_size = 32;
+    cfg->lr = 1e-2f;
+    cfg->max_steps = E2E_STEPS;
+    cfg->seed = 1;
+    cfg->threads = 1;
+}
+
+/* Builds a trainer for cfg on table k (the CUDA one computing at bf16 or fp32 on this
+ * thread's context), takes up to steps steps recording train_loss into r, frees it. */
+static void e2e_run(td_train_config *cfg, const td_kernels *k, int bf16, e2e_rec *r, int64_t steps)
+{
+    static tt_recorder all;
+    td_cuda_ctx *c = fake ? NULL : td_cuda_ctx_current();
+    td_train_hooks hooks = {.ud = &all, .metric = tt_record};
+    td_trainer *t = NULL;
+    td_error_t err = {0};
+    int done = 0;
+
+    if (c != NULL) {
+        td_cuda_ctx_set_tf32(c, 0);
+        td_cuda_ctx_set_bf16(c, k == KD && bf16);
+    }
+    cfg->kernels = k;
+    cfg->precision = bf16 ? TD_PRECISION_BF16 : TD_PRECISION_FP32;
+    cfg->tf32 = 0;
+    memset(&all, 0, sizeof(all));
+    if (td_trainer_new(&t, cfg, &hooks, &err) != 0)
+        fail_msg("td_trainer_new (%s%s): %s: %s", k->name, bf16 ? " bf16" : "",
+                 td_errname(err.code), err.msg);
+    for (int64_t s = 0; s < steps && !done; s++) {
+        done = td_trainer_step_caught(t, &err);
+        if (done < 0) {
+            long long at = (long long)td_trainer_steps_done(t) + 1;
+            td_trainer_free(t);
+            fail_msg("%s%s step %lld: %s: %s", k->name, bf16 ? " bf16" : "", at,
+                     td_errname(err.code), err.msg);
+        }
+    }
+    td_trainer_free(t);
+    if (c != NULL)
+        td_cuda_ctx_set_bf16(c, 0);
+    r->n = tt_values_of(&all, "train_loss", r->loss, r->step, E2E_MAX);
+}
+
+/* got's losses against want's, step by step, within rel; returns how many differ at all */
+static int e2e_compare(const char *what, const e2e_rec *got, const e2e_rec *want, double rel)
+{
+    double worst = 0.0;
+    int differ = 0;
+
+    assert_int_equal(got->n, want->n);
+    assert_true(want->n >= E2E_STEPS);
+    for (int i = 0; i < want->n; i++) {
+        double d = fabs(got->loss[i] - want->loss[i]);
+        assert_int_equal(got->step[i], want->step[i]);
+        if (!(d <= rel * fabs(want->loss[i])))
+            fail_msg("%s: train_loss at step %lld is %.9g, the CPU's %.9g (tolerance %.1g "
+                     "relative)",
+                     what, (long long)want->step[i], got->loss[i], want->loss[i], rel);
+        worst = fmax(worst, d / fabs(want->loss[i]));
+        differ += got->loss[i] != want->loss[i];
+    }
+    print_message("  %-14s %d steps, loss %.4f -> %.4f, largest difference %.2g relative (%d "
+                  "steps not identical)\n",
+                  what, want->n, got->loss[0], got->loss[got->n - 1], worst, differ);
+    return differ;
+}
+
+static void e2e_three_ways(td_train_config *cfg, const char *name)
+{
+    static e2e_rec cpu, f32, b16;
+    char what[64];
+
+    memset(&cpu, 0, sizeof(cpu)), memset(&f32, 0, sizeof(f32)), memset(&b16, 0, sizeof(b16));
+    e2e_run(cfg, KC, 0, &cpu, E2E_STEPS);
+    e2e_run(cfg, KD, 0, &f32, E2E_STEPS);
+    e2e_run(cfg, KD, 1, &b16, E2E_STEPS);
+    print_message("  %s: CPU loss %.4f -> %.4f\n", name, cpu.loss[0], cpu.loss[cpu.n - 1]);
+    snprintf(what, sizeof(what), "%s fp32", name);
+    e2e_compare(what, &f32, &cpu, 1e-4);
+    snprintf(what, sizeof(what), "%s bf16", name);
+    if (e2e_compare(what, &b16, &cpu, 2e-2) == 0 && !fake)
+        fail_msg("%s: bf16 on CUDA gave the CPU's losses bit for bit: the trainer did not "
+                 "compute with td_kernels_cuda() (cfg.kernels ignored?)",
+                 name);
+}
+
+static void body_train_gpt(void)
+{
+    td_train_config cfg;
+
+    e2e_gpt_config(&cfg);
+    e2e_three_ways(&cfg, "gpt");
+}
+
+static void body_train_mlp(void)
+{
+    td_train_config cfg;
+
+    e2e_mlp_config(&cfg);
+    e2e_three_ways(&cfg, "mlp");
+}
+
+/* Run A: 10 steps, a checkpoint every 5, into a directory of its own. Run B: the same job into
+ * another directory, stopped after 5 steps (its checkpoint at step 5 written), then a new
+ * trainer on that directory, which resumes at step 5 and takes steps 6..10. */
+static void body_train_resume(void)
+{
+    static e2e_rec a, b1, b2;
+    td_train_config cfg;
+    char dir_a[TD_PATH_MAX], dir_b[TD_PATH_MAX];
+
+    memset(&a, 0, sizeof(a)), memset(&b1, 0, sizeof(b1)), memset(&b2, 0, sizeof(b2));
+    e2e_gpt_config(&cfg);
+    cfg.checkpoint_every = 5;
+    tt_path_of(dir_a, "ckpt-a");
+    tt_path_of(dir_b, "ckpt-b");
+    assert_int_equal(mkdir(dir_a, 0700), 0);
+    assert_int_equal(mkdir(dir_b, 0700), 0);
+
+    snprintf(cfg.checkpoint_dir, TD_PATH_MAX, "%s", dir_a);
+    e2e_run(&cfg, KD, 1, &a, E2E_STEPS);
+    snprintf(cfg.checkpoint_dir, TD_PATH_MAX, "%s", dir_b);
+    e2e_run(&cfg, KD, 1, &b1, 5);
+    e2e_run(&cfg, KD, 1, &b2, E2E_STEPS);
+
+    assert_int_equal(a.n, E2E_STEPS);
+    assert_int_equal(b1.n, 5);
+    assert_int_equal(b2.n, E2E_STEPS - 5);
+    for (int i = 0; i < 5; i++)
+        if (memcmp(&b1.loss[i], &a.loss[i], sizeof(double)) != 0)
+            fail_msg("two CUDA runs of one job differ at step %d: %.9g and %.9g", i + 1, b1.loss[i],
+                     a.loss[i]);
+    for (int i = 0; i < b2.n; i++) {
+        assert_int_equal(b2.step[i], 6 + i);
+        if (memcmp(&b2.loss[i], &a.loss[5 + i], sizeof(double)) != 0)
+            fail_msg("resumed at step 5, step %d's loss is %.9g, the uninterrupted run's %.9g",
+                     6 + i, b2.loss[i], a.loss[5 + i]);
+    }
+    print_message("  resumed at step 5 on CUDA (bf16): steps 6..10 bit-identical (loss %.6f)\n",
+                  b2.loss[b2.n - 1]);
+}
+
+OP_TEST(train_gpt)
+OP_TEST(train_mlp)
+OP_TEST(train_resume)
+
+static int e2e_setup(void **state)
+{
+    return tt_tmpdir_make("/tmp/td_gpu_e2e_XXXXXX");
+}
+
+static int e2e_teardown(void **state)
+{
+    return tt_tmpdir_remove();
+}
+
+static const struct CMUnitTest trainer_tests[] = {
+    cmocka_unit_test(test_train_gpt),
+    cmocka_unit_test(test_train_mlp),
+    cmocka_unit_test(test_train_resume),
+};
+
 static td_cuda_ctx *main_ctx;
 
 static int gpu_setup(void **state)
@@ -1540,7 +2141,7 @@ static int gpu_teardown(void **state)
 static const struct CMUnitTest device_tests[] = {
     cmocka_unit_test(test_memory_guard),      cmocka_unit_test(test_sticky_error),
     cmocka_unit_test(test_nccl_init_timeout), cmocka_unit_test(test_nccl_one_rank),
-    cmocka_unit_test(test_nccl_two_gpus),
+    cmocka_unit_test(test_nccl_two_gpus),     cmocka_unit_test(test_peak_flops),
 };
 
 #endif /* TD_HAVE_CUDA */
@@ -1552,6 +2153,17 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "--fake-device") == 0) {
         fake = 1;
         KD = KC;
+#ifdef TD_HAVE_CUDA
+        if (argc > 2 && strcmp(argv[2], "--trainer") == 0) {
+            int failed;
+            if (e2e_setup(NULL) != 0)
+                return 1;
+            failed = cmocka_run_group_tests_name("the trainer, the CPU standing in", trainer_tests,
+                                                 NULL, NULL);
+            e2e_teardown(NULL);
+            return failed != 0;
+        }
+#endif
         return cmocka_run_group_tests_name("ops, the CPU standing in", op_tests, NULL, NULL);
     }
 #ifndef TD_HAVE_CUDA
@@ -1575,6 +2187,13 @@ int main(int argc, char **argv)
     failed +=
         cmocka_run_group_tests_name("CUDA ops against the CPU", op_tests, gpu_setup, gpu_teardown);
     failed += cmocka_run_group_tests_name("CUDA devices", device_tests, gpu_setup, gpu_teardown);
+    if (e2e_setup(NULL) != 0) {
+        printf("cannot make a temporary directory: %s\n", strerror(errno));
+        return 1;
+    }
+    failed +=
+        cmocka_run_group_tests_name("the trainer on CUDA", trainer_tests, gpu_setup, gpu_teardown);
+    e2e_teardown(NULL);
     return failed != 0;
 #endif
 }

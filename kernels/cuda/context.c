@@ -144,12 +144,18 @@ int td__cublas_error_set(td_error_t *err, cublasStatus_t s, const char *file, in
 void td_cuda_options_defaults(td_cuda_options *o)
 {
     o->tf32 = 0;
+    o->bf16 = 0;
     o->scratch_bytes = TD_CUDA_SCRATCH_DEFAULT;
 }
 
-static cublasMath_t math_mode(int tf32)
+/* The math mode of the context's fp32 products: TF32 when the job allows it, and also while
+ * bf16 is on, where the only fp32 gemms left are attention's when its bf16 copies do not fit
+ * the scratch (ops.cu falls back to them): TF32 keeps 10 mantissa bits of their operands, more
+ * than bf16's 7, so the job's precision is not lowered, and the step is not left at plain
+ * fp32's speed. */
+static cublasMath_t math_mode(const td_cuda_ctx *c)
 {
-    return tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
+    return c->tf32 || c->bf16 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
 }
 
 /* cudaMalloc with the size and device in the message, for the acquiring functions. */
@@ -184,6 +190,7 @@ int td_cuda_ctx_new(td_cuda_ctx **out, int device, const td_cuda_options *opt, t
         return td_error_set(err, TD_ENOMEM, "no memory for a CUDA context");
     c->device = device;
     c->tf32 = opt->tf32 != 0;
+    c->bf16 = opt->bf16 != 0;
     c->scratch_bytes = opt->scratch_bytes;
 
     TRY_CUDA(cudaSetDevice(device), fail);
@@ -194,7 +201,7 @@ int td_cuda_ctx_new(td_cuda_ctx **out, int device, const td_cuda_options *opt, t
     if ((rc = alloc_on(&c->blas_ws, TD_CUDA_CUBLAS_WORKSPACE, device, err)) != 0)
         goto fail;
     TRY_CUBLAS(cublasSetWorkspace(c->blas, c->blas_ws, TD_CUDA_CUBLAS_WORKSPACE), fail);
-    TRY_CUBLAS(cublasSetMathMode(c->blas, math_mode(c->tf32)), fail);
+    TRY_CUBLAS(cublasSetMathMode(c->blas, math_mode(c)), fail);
     if ((rc = alloc_on((void **)&c->scratch, c->scratch_bytes, device, err)) != 0 ||
         (rc = alloc_on((void **)&c->partial, TD_CUDA_REDUCE_BLOCKS * sizeof(double), device,
                        err)) != 0 ||
@@ -267,7 +274,115 @@ struct CUstream_st *td_cuda_ctx_stream(const td_cuda_ctx *c)
 void td_cuda_ctx_set_tf32(td_cuda_ctx *c, int on)
 {
     c->tf32 = on != 0;
-    TD_CUBLAS_CHECK(cublasSetMathMode(c->blas, math_mode(c->tf32)));
+    TD_CUBLAS_CHECK(cublasSetMathMode(c->blas, math_mode(c)));
+}
+
+/* Only a flag and the math mode: ops.cu's matmuls read c->bf16 at each call, and ops queue on
+ * one stream, so a switch between two ops takes effect exactly between them. */
+void td_cuda_ctx_set_bf16(td_cuda_ctx *c, int on)
+{
+    c->bf16 = on != 0;
+    TD_CUBLAS_CHECK(cublasSetMathMode(c->blas, math_mode(c)));
+}
+
+int td_cuda_ctx_bf16(const td_cuda_ctx *c)
+{
+    return c->bf16;
+}
+
+/* ---- peak FLOP/s --------------------------------------------------------------------------- */
+
+/* Dense (no structured sparsity) tensor-core and CUDA-core peaks per GPU, TFLOP/s, as NVIDIA's
+ * datasheets state them, and the SM count and boost clock (MHz) those figures assume. Where a
+ * datasheet gives only "with sparsity" figures (marked *), the dense figure is half of it.
+ *  - H100 SXM5 and H200 SXM (132 SMs, 1980 MHz): "NVIDIA H100 Tensor Core GPU" datasheet and
+ *    the H200 datasheet: FP32 66.9, TF32 494.7 (989.4*), BF16 989.4 (1978.9*); the same for
+ *    GH200's GPU (GH200 datasheet: FP32 67, TF32 494, BF16 990).
+ *  - H100 PCIe (114 SMs, 1755 MHz): FP32 51.2, TF32 378 (756*), BF16 756 (1513*).
+ *  - H100 NVL and H200 NVL (132 SMs, per GPU, at their lower power limit): FP32 60, TF32
+ *    835* -> 417.5, BF16 1671* -> 835.5.
+ *  - A100 SXM4 and PCIe (108 SMs, 1410 MHz): "NVIDIA A100 Tensor Core GPU" datasheet:
+ *    FP32 19.5, TF32 156, BF16 312.
+ *  - L40S (142 SMs, 2520 MHz): FP32 91.6, TF32 183 (366*), BF16 362.05 (733*).
+ *  - L40 (142 SMs, 2490 MHz): FP32 90.5, TF32 90.5 (181*), BF16 181.05 (362.1*).
+ *  - L4 (58 SMs, 2040 MHz): FP32 30.3, TF32 60 (120*), BF16 121 (242*).
+ *  - A10 (72 SMs, 1695 MHz): FP32 31.2, TF32 62.5 (125*), BF16 125 (250*).
+ * The list is matched in order, so the more specific names come first. */
+typedef struct peak_entry {
+    const char *name;        /* a substring of cudaDeviceProp.name */
+    const char *also;        /* a second substring it must hold, or NULL */
+    const char *never;       /* a substring it must not hold, or NULL */
+    int major;               /* compute capability major, 0: any */
+    int sm;                  /* SMs the figures assume */
+    int mhz;                 /* boost clock the figures assume */
+    double fp32, tf32, bf16; /* TFLOP/s */
+} peak_entry;
+
+static const peak_entry peaks[] = {
+    {"H200", "NVL", NULL, 9, 132, 1785, 60.0, 417.5, 835.5},
+    {"H100", "NVL", NULL, 9, 132, 1785, 60.0, 417.5, 835.5},
+    {"H100", "PCIe", NULL, 9, 114, 1755, 51.2, 378.0, 756.0},
+    {"GH200", NULL, NULL, 9, 132, 1980, 66.9, 494.7, 989.4},
+    {"H200", NULL, NULL, 9, 132, 1980, 66.9, 494.7, 989.4},
+    {"H100", NULL, NULL, 9, 132, 1980, 66.9, 494.7, 989.4},
+    {"A100", NULL, NULL, 8, 108, 1410, 19.5, 156.0, 312.0},
+    {"L40S", NULL, NULL, 8, 142, 2520, 91.6, 183.0, 362.05},
+    {"L40", NULL, "L40S", 8, 142, 2490, 90.5, 90.5, 181.05},
+    {"L4", NULL, "L40", 8, 58, 2040, 30.3, 60.0, 121.0},
+    {"A10", NULL, "A100", 8, 72, 1695, 31.2, 62.5, 125.0},
+};
+
+/* The entry for a device's name and compute capability, or NULL. "L4" and "A10" are matched
+ * as whole words, so that "L40" is not an L4 and "A100" not an A10. */
+static const peak_entry *peak_lookup(const char *name, int major)
+{
+    for (size_t i = 0; i < sizeof(peaks) / sizeof(peaks[0]); i++) {
+        const peak_entry *p = &peaks[i];
+        const char *at = strstr(name, p->name);
+        size_t len = strlen(p->name);
+        if (at == NULL || (p->also != NULL && strstr(name, p->also) == NULL) ||
+            (p->never != NULL && strstr(name, p->never) != NULL) ||
+            (p->major != 0 && p->major != major))
+            continue;
+        if (at[len] >= '0' && at[len] <= '9')
+            continue; /* "L4" in "L40", "A10" in "A100", "H100" in "H1000" */
+        return p;
+    }
+    return NULL;
+}
+
+/* The datasheet figure for the precision, times the device's share of the datasheet part: its
+ * SM count over the part's (a MIG slice reports its own SMs), and its peak clock over the
+ * part's boost clock when it is lower (a part clocked down by its maker). A clock reported
+ * higher than the datasheet's is not believed: the figure is never raised. */
+int td_cuda_peak_flops(int device, int bf16, int tf32, double *flops, td_error_t *err)
+{
+    struct cudaDeviceProp prop;
+    const peak_entry *p;
+    int clock_khz = 0, rc = 0;
+    double tflops, scale;
+
+    *flops = 0.0;
+    TRY_CUDA(cudaGetDeviceProperties(&prop, device), out);
+    if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        clock_khz = 0;
+    }
+    prop.name[sizeof(prop.name) - 1] = '\0';
+    p = peak_lookup(prop.name, prop.major);
+    if (p == NULL)
+        return td_error_set(err, TD_ENOTFOUND,
+                            "device %d (%s, sm_%d%d): no datasheet peak known for it", device,
+                            prop.name, prop.major, prop.minor);
+    tflops = bf16 ? p->bf16 : tf32 ? p->tf32 : p->fp32;
+    scale = prop.multiProcessorCount > 0 && prop.multiProcessorCount < p->sm
+                ? (double)prop.multiProcessorCount / p->sm
+                : 1.0;
+    if (clock_khz > 0 && clock_khz < p->mhz * 1000)
+        scale *= (double)clock_khz / (p->mhz * 1000.0);
+    *flops = tflops * 1e12 * scale;
+out:
+    return rc;
 }
 
 /* ---- memory -------------------------------------------------------------------------------- */

@@ -20,6 +20,7 @@ struct td_cuda_ctx {
     int device;
     int sm_count; /* multiprocessors: sizes the grids of the grid-stride kernels */
     int tf32;
+    int bf16; /* matmuls in bf16 mixed precision (ops.cu's bf16 path) */
     cudaStream_t stream;
     cublasHandle_t blas;
     void *blas_ws;        /* TD_CUDA_CUBLAS_WORKSPACE bytes, cuBLAS's */

@@ -5,7 +5,14 @@
  * init and the collective return at once, possibly with ncclInProgress, and the watchdog
  * polls ncclCommGetAsyncError and an event recorded after the collective until both say done,
  * or aborts the communicator (ncclCommAbort also stops its kernels) when the timeout passes.
- * A td_nccl is used by the thread that owns its rank. */
+ * A td_nccl is used by the thread that owns its rank.
+ *
+ * A job's replica that fails outside the collective (a panic in its step, a trainer that
+ * could not be built) must not leave its peers waiting in the init or an all-reduce until the
+ * timeout. ncclCommAbort from another thread would free the communicator under the owner's
+ * poll, so the owner aborts it itself: td_nccl_init_stoppable takes a flag the job's other
+ * threads set (the daemon's run), which the watchdog reads on every poll; once it is set the
+ * rank aborts its communicator and fails with TD_EABORTED. */
 /* nccl.h declares a few functions as f() rather than f(void) */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wstrict-prototypes"
@@ -30,6 +37,7 @@ struct td_nccl {
     double timeout_s;
     int rank, nranks;
     int aborted;
+    const int *stop; /* borrowed: nonzero (read atomically) stops every wait; NULL: none */
 };
 
 /* NCCL has ncclGetErrorString but no names; these are nccl.h's. */
@@ -104,6 +112,16 @@ int td_nccl_unique_id(td_nccl_id *id, td_error_t *err)
     return 0;
 }
 
+/* Whether another thread asked this rank to stop: then it aborts its communicator. */
+static int stopped(td_nccl *c, td_error_t *err)
+{
+    if (c->stop == NULL || __atomic_load_n(c->stop, __ATOMIC_ACQUIRE) == 0)
+        return 0;
+    abort_comm(c);
+    td_error_set(err, TD_EABORTED, "stopped: another device of the job failed");
+    return 1;
+}
+
 /* Polls the communicator's state until it is no longer ncclInProgress, at most the timeout.
  * what names the operation in the messages. */
 static int wait_state(td_nccl *c, const char *what, td_error_t *err)
@@ -112,6 +130,8 @@ static int wait_state(td_nccl *c, const char *what, td_error_t *err)
     ncclResult_t state;
 
     for (;;) {
+        if (stopped(c, err))
+            return TD_EABORTED;
         ncclResult_t r = ncclCommGetAsyncError(c->comm, &state);
         if (r != ncclSuccess) {
             NCCL_ERR(r, c, "ncclCommGetAsyncError");
@@ -135,8 +155,19 @@ static int wait_state(td_nccl *c, const char *what, td_error_t *err)
     }
 }
 
+int td_nccl_init_stoppable(td_nccl **out, const td_nccl_id *id, int nranks, int rank,
+                           td_cuda_ctx *ctx, double timeout_s, const int *stop, td_error_t *err);
+
 int td_nccl_init(td_nccl **out, const td_nccl_id *id, int nranks, int rank, td_cuda_ctx *ctx,
                  double timeout_s, td_error_t *err)
+{
+    return td_nccl_init_stoppable(out, id, nranks, rank, ctx, timeout_s, NULL, err);
+}
+
+/* td_nccl_init, and the watchdog also stops (TD_EABORTED) once *stop is set; stop is
+ * borrowed until td_nccl_free. Declared in daemon/run.c for now. */
+int td_nccl_init_stoppable(td_nccl **out, const td_nccl_id *id, int nranks, int rank,
+                           td_cuda_ctx *ctx, double timeout_s, const int *stop, td_error_t *err)
 {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     ncclUniqueId u;
@@ -156,6 +187,7 @@ int td_nccl_init(td_nccl **out, const td_nccl_id *id, int nranks, int rank, td_c
     c->rank = rank;
     c->nranks = nranks;
     c->timeout_s = timeout_s;
+    c->stop = stop;
     e = cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming);
     if (e != cudaSuccess) {
         rc = td__cuda_error_set(err, e, __FILE__, __LINE__, "cudaEventCreateWithFlags");
@@ -196,6 +228,8 @@ int td_nccl_wait(td_nccl *c, td_error_t *err)
 
     if (c->aborted)
         return td_error_set(err, TD_ECUDA, "NCCL communicator of rank %d was aborted", c->rank);
+    if (stopped(c, err))
+        return TD_EABORTED;
     /* the collective may still be being enqueued (ncclInProgress) */
     rc = wait_state(c, "all-reduce", err);
     if (rc != 0)
@@ -208,6 +242,8 @@ int td_nccl_wait(td_nccl *c, td_error_t *err)
         e = cudaEventQuery(c->done);
         if (e == cudaSuccess)
             return 0;
+        if (stopped(c, err))
+            return TD_EABORTED;
         if (e != cudaErrorNotReady) {
             rc = td__cuda_error_set(err, e, __FILE__, __LINE__, "cudaEventQuery after all-reduce");
             abort_comm(c);
@@ -234,6 +270,8 @@ void td_nccl_allreduce_avg(td_nccl *c, float *buf, size_t n)
     td_error_t e = {0}, *err = &e;
     ncclResult_t r;
 
+    if (c->aborted && c->stop != NULL && __atomic_load_n(c->stop, __ATOMIC_ACQUIRE))
+        td_panic(TD_EABORTED, "stopped: another device of the job failed");
     if (c->aborted)
         td_panic(TD_ECUDA, "NCCL communicator of rank %d was aborted", c->rank);
     r = ncclAllReduce(buf, buf, n, ncclFloat32, ncclAvg, c->comm, c->ctx->stream);

@@ -11,12 +11,18 @@
  * stage sums for sumsq, the loss and layernorm's weight and bias gradients, cuBLAS for the
  * matmuls. No atomics on floats, so every op gives the same bits every run.
  *
+ * With bf16 on (td_cuda_ctx_set_bf16), the matmuls and attention's products multiply bf16
+ * copies of their operands, rounded into the context's scratch in chunks that fit, with fp32
+ * sums and outputs (cublasGemmEx, cublasGemmStridedBatchedEx); see "bf16 mixed precision".
+ *
  * Ops run asynchronously on the context's stream; a launch is checked at once, a fault in a
  * kernel at the next synchronizing call. Owns nothing. */
 #include <cfloat>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+
+#include <cuda_bf16.h>
 
 #include "cuda_internal.h"
 
@@ -161,6 +167,29 @@ __global__ void add_kernel(float *dst, const float *src, size_t n)
 {
     GRID_STRIDE(i, n)
     dst[i] += src[i];
+}
+
+// dst = src rounded to bf16 (round to nearest even; NaN stays NaN, a float beyond bf16's range
+// becomes Inf, as PyTorch's .to(torch.bfloat16)): cols columns of rows rows of src, whose rows
+// are ld floats apart, into a packed (rows, cols) dst.
+// dst is (rows,cols), src is (rows,ld) with ld >= cols
+__global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t rows, int cols,
+                               size_t ld)
+{
+    size_t n = rows * (size_t)cols;
+
+    GRID_STRIDE(i, n)
+    {
+        size_t r = i / (size_t)cols, c = i % (size_t)cols;
+        dst[i] = __float2bfloat16_rn(src[r * ld + c]);
+    }
+}
+
+// The same for contiguous rows (ld == cols), without the division: dst is (n), src is (n)
+__global__ void to_bf16_flat_kernel(__nv_bfloat16 *dst, const float *src, size_t n)
+{
+    GRID_STRIDE(i, n)
+    dst[i] = __float2bfloat16_rn(src[i]);
 }
 
 __global__ void relu_forward_kernel(float *out, const float *inp, size_t n)
@@ -634,8 +663,159 @@ static void sum_rows(td_cuda_ctx *x, float *dbias, const float *dout, int N, int
     }
 }
 
+// ---- bf16 mixed precision (td_cuda_ctx_set_bf16) ---------------------------------------------
+//
+// A matmul's operands are rounded into bf16 copies in the context's scratch and multiplied by
+// cublasGemmEx with fp32 accumulation and fp32 output, the alpha and beta of the fp32 path, so
+// kernels.h's semantics hold as they are (the bias broadcast first and added by beta 1; the
+// backward accumulating with beta 1). The scratch is fixed (64 MiB by default), so the gemms are
+// cut into chunks whose bf16 operands fit: chunks of rows of N, and, when a weight's bf16 copy
+// would take more than half of the scratch (GPT-2's tied lm head, 50304x768, is 74 MiB), chunks
+// of OC too. Chunks over N of dweight and chunks over OC of dinp add their partial products
+// into the fp32 output one after another (beta 1): the sums are fp32 between chunks, within a
+// chunk cuBLAS's. Everything queues on the context's stream, so the scratch is free again once
+// the op's last gemm has been queued behind the conversions it reads.
+
+#define BF16_ALIGN 128 /* bf16 elements: each copy in the scratch starts 256-byte aligned */
+
+static size_t bf16_round_up(size_t n)
+{
+    return (n + BF16_ALIGN - 1) / BF16_ALIGN * BF16_ALIGN;
+}
+
+// dst (rows,cols) = bf16 of src, rows ld floats apart
+static void to_bf16(td_cuda_ctx *x, __nv_bfloat16 *dst, const float *src, size_t rows, int cols,
+                    size_t ld)
+{
+    size_t n = rows * (size_t)cols;
+
+    if (ld == (size_t)cols)
+        LAUNCH_N(x, to_bf16_flat_kernel, n, dst, src, n);
+    else
+        LAUNCH_N(x, to_bf16_kernel, n, dst, src, rows, cols, ld);
+}
+
+// Column-major C (m,n) = alpha op(A) op(B) + beta C with bf16 A and B, fp32 C, fp32 sums
+static void gemm_bf16(td_cuda_ctx *x, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                      int k, const __nv_bfloat16 *A, int lda, const __nv_bfloat16 *B, int ldb,
+                      float beta, float *C, int ldc)
+{
+    const float one = 1.0f;
+
+    TD_CUBLAS_CHECK(cublasGemmEx(x->blas, ta, tb, m, n, k, &one, A, CUDA_R_16BF, lda, B,
+                                 CUDA_R_16BF, ldb, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT));
+}
+
+// The context's scratch as bf16 elements
+static size_t bf16_room(const td_cuda_ctx *x)
+{
+    return x->scratch_bytes / sizeof(__nv_bfloat16);
+}
+
+// Columns of OC per chunk: all of OC when a weight's bf16 copy (OC,C) takes at most half of
+// the scratch, else as many rows of the weight as half of it holds, a multiple of 64 (tensor
+// core tiles) when there are that many. 0 when not even one row of C fits.
+static int bf16_oc_chunk(const td_cuda_ctx *x, int C, int OC)
+{
+    size_t half = bf16_room(x) / 2, fit;
+
+    if ((size_t)OC * C <= half)
+        return OC;
+    fit = half / (size_t)C;
+    if (fit > 64)
+        fit -= fit % 64;
+    return (int)(fit < (size_t)OC ? fit : (size_t)OC);
+}
+
+TD_NORETURN static void bf16_too_big(const td_cuda_ctx *x, const char *what, int N, int C, int OC)
+{
+    td_panic(TD_E2BIG,
+             "bf16 matmul %s (N=%d, C=%d, OC=%d): not one row of its bf16 operands fits in the "
+             "context's %zu bytes of CUDA scratch",
+             what, N, C, OC, x->scratch_bytes);
+}
+
+// out = inp . weight^T (+ out when beta 1) in bf16: per chunk of ocn output columns, the
+// weight's rows [oc0, oc0+ocn) in bf16 (W, packed (ocn,C)); per chunk of nn rows, inp's rows in
+// bf16 (I, packed (nn,C)); column-major out^T[oc0.., n0..] (ocn,nn) = W^T^T . I^T.
+// out is (N,OC), inp is (N,C), weight is (OC,C)
+static void matmul_forward_bf16(td_cuda_ctx *x, float *out, const float *inp, const float *weight,
+                                float beta, int N, int C, int OC)
+{
+    int ocn = bf16_oc_chunk(x, C, OC), nn;
+    size_t wroom, left;
+    __nv_bfloat16 *W = (__nv_bfloat16 *)x->scratch, *I;
+
+    if (ocn < 1)
+        bf16_too_big(x, "forward", N, C, OC);
+    wroom = bf16_round_up((size_t)ocn * C);
+    left = bf16_room(x) > wroom ? bf16_room(x) - wroom : 0;
+    nn = left / (size_t)C < (size_t)N ? (int)(left / (size_t)C) : N;
+    if (nn < 1)
+        bf16_too_big(x, "forward", N, C, OC);
+    I = W + wroom;
+    for (int oc0 = 0; oc0 < OC; oc0 += ocn) {
+        int oc = OC - oc0 < ocn ? OC - oc0 : ocn;
+        to_bf16(x, W, weight + (size_t)oc0 * C, (size_t)oc, C, (size_t)C);
+        for (int n0 = 0; n0 < N; n0 += nn) {
+            int n = N - n0 < nn ? N - n0 : nn;
+            if (oc0 == 0 || nn < N) /* all of inp fits: rounded once */
+                to_bf16(x, I, inp + (size_t)n0 * C, (size_t)n, C, (size_t)C);
+            gemm_bf16(x, CUBLAS_OP_T, CUBLAS_OP_N, oc, n, C, W, C, I, C, beta,
+                      out + (size_t)n0 * OC + oc0, OC);
+        }
+    }
+}
+
+// dinp += dout . weight and dweight += dout^T . inp in bf16. Per chunk of ocn columns of OC:
+// the weight's rows in bf16 (W, (ocn,C), for dinp); per chunk of nn rows: dout's (nn,ocn) block
+// in bf16 (D), inp's rows in bf16 (I, (nn,C), for dweight), then
+//   dinp[n0..]^T (C,nn)    += W (C,ocn col-major) . D (ocn,nn col-major)
+//   dweight[oc0..]^T (C,ocn) += I (C,nn col-major) . D^T (nn,ocn)
+// D, W, I take nn*ocn + ocn*C + nn*C bf16 elements of the scratch.
+// dinp is (N,C) or NULL, dweight is (OC,C) or NULL, dout is (N,OC), inp is (N,C), weight (OC,C)
+static void matmul_backward_bf16(td_cuda_ctx *x, float *dinp, float *dweight, const float *dout,
+                                 const float *inp, const float *weight, int N, int C, int OC)
+{
+    int ocn = bf16_oc_chunk(x, C, OC), nn;
+    size_t wroom, left, per_row;
+    __nv_bfloat16 *W = (__nv_bfloat16 *)x->scratch, *D, *I;
+
+    if (ocn < 1)
+        bf16_too_big(x, "backward", N, C, OC);
+    wroom = dinp != NULL ? bf16_round_up((size_t)ocn * C) : 0;
+    /* two copies rounded up to the alignment: at most 2 BF16_ALIGN elements more */
+    left = bf16_room(x) > wroom + 2 * BF16_ALIGN ? bf16_room(x) - wroom - 2 * BF16_ALIGN : 0;
+    per_row = (size_t)ocn + (dweight != NULL ? (size_t)C : 0);
+    nn = left / per_row < (size_t)N ? (int)(left / per_row) : N;
+    if (nn < 1)
+        bf16_too_big(x, "backward", N, C, OC);
+    D = W + wroom;
+    I = D + bf16_round_up((size_t)nn * ocn);
+    for (int oc0 = 0; oc0 < OC; oc0 += ocn) {
+        int oc = OC - oc0 < ocn ? OC - oc0 : ocn;
+        if (dinp != NULL)
+            to_bf16(x, W, weight + (size_t)oc0 * C, (size_t)oc, C, (size_t)C);
+        for (int n0 = 0; n0 < N; n0 += nn) {
+            int n = N - n0 < nn ? N - n0 : nn;
+            to_bf16(x, D, dout + (size_t)n0 * OC + oc0, (size_t)n, oc, (size_t)OC);
+            if (dinp != NULL)
+                gemm_bf16(x, CUBLAS_OP_N, CUBLAS_OP_N, C, n, oc, W, C, D, oc, 1.0f,
+                          dinp + (size_t)n0 * C, C);
+            if (dweight != NULL) {
+                if (oc0 == 0 || nn < N) /* all of inp fits: rounded once */
+                    to_bf16(x, I, inp + (size_t)n0 * C, (size_t)n, C, (size_t)C);
+                gemm_bf16(x, CUBLAS_OP_N, CUBLAS_OP_T, C, oc, n, I, C, D, oc, 1.0f,
+                          dweight + (size_t)oc0 * C, C);
+            }
+        }
+    }
+}
+
 // out = inp . weight^T + bias: the bias copied into every row, then one gemm with beta 1. In
-// column-major terms out^T (OC,N) = weight^T^T . inp^T.
+// column-major terms out^T (OC,N) = weight^T^T . inp^T. With bf16 on (and C > 0: an empty sum
+// is the fp32 path's beta alone) the gemm is matmul_forward_bf16's.
 // out is (N,OC), inp is (N,C), weight is (OC,C), bias is (OC) or NULL
 static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                            int N, int C, int OC)
@@ -649,6 +829,10 @@ static void matmul_forward(float *out, const float *inp, const float *weight, co
     if (bias != NULL) {
         LAUNCH_N(x, bias_rows_kernel, (size_t)N * OC, out, bias, (size_t)N * OC, OC);
         beta = 1.0f;
+    }
+    if (x->bf16 && C > 0) {
+        matmul_forward_bf16(x, out, inp, weight, beta, N, C, OC);
+        return;
     }
     TD_CUBLAS_CHECK(cublasSgemm(x->blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, C, inp,
                                 C, &beta, out, OC));
@@ -665,6 +849,12 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const flo
 
     if (N == 0)
         return;
+    if (x->bf16 && C > 0 && OC > 0 && (dinp != NULL || dweight != NULL)) {
+        matmul_backward_bf16(x, dinp, dweight, dout, inp, weight, N, C, OC);
+        if (dbias != NULL)
+            sum_rows(x, dbias, dout, N, OC);
+        return;
+    }
     if (dinp != NULL)
         TD_CUBLAS_CHECK(cublasSgemm(x->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C,
                                     dout, OC, &one, dinp, C));
@@ -869,11 +1059,61 @@ static void residual_backward(float *dinp1, float *dinp2, const float *dout, siz
         LAUNCH_N(x, add_kernel, n, dinp2, dout, n);
 }
 
+// Strided-batched column-major C_i = alpha op(A_i) op(B_i) + beta C_i, bf16 A and B, fp32 C and
+// sums: attention's products in bf16 mode
+static void gemm_bf16_batched(td_cuda_ctx *x, cublasOperation_t ta, cublasOperation_t tb, int m,
+                              int n, int k, float alpha, const __nv_bfloat16 *A, int lda,
+                              long long sa, const __nv_bfloat16 *B, int ldb, long long sb,
+                              float beta, float *C, int ldc, long long sc, int batch)
+{
+    TD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        x->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, sa, B, CUDA_R_16BF, ldb, sb, &beta,
+        C, CUDA_R_32F, ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// bf16 attention forward, per sequence b: its (T,3C) qkv rounded to bf16 (Q), then
+// preatt = q k^T / sqrt(hs) for every head from Q, the causal softmax of its NH*T rows (fp32,
+// in att), then per chunk of hc heads att rounded to bf16 (A) and out = A v from Q. Q and A
+// (hc (T,T) heads, as many up to NH as fit) live in the scratch. Returns 0, doing nothing,
+// when not even one head fits beside Q: the caller takes the fp32 path.
+// out is (B,T,C), att is (B,NH,T,T), qkv is (B,T,3C)
+static int attention_forward_bf16(td_cuda_ctx *x, float *out, float *att, const float *qkv, int B,
+                                  int T, int C, int NH)
+{
+    int hs = C / NH, C3 = 3 * C, hc;
+    long long TT = (long long)T * T;
+    size_t qr = bf16_round_up((size_t)T * C3), fit;
+    __nv_bfloat16 *Q = (__nv_bfloat16 *)x->scratch, *A = Q + qr;
+    float scale = 1.0f / sqrtf((float)hs);
+
+    fit = bf16_room(x) > qr ? (bf16_room(x) - qr) / (size_t)TT : 0;
+    if (fit < 1)
+        return 0;
+    hc = fit < (size_t)NH ? (int)fit : NH;
+    for (int b = 0; b < B; b++) {
+        float *ab = att + (size_t)b * NH * TT;
+        to_bf16(x, Q, qkv + (size_t)b * T * C3, 1, T * C3, (size_t)T * C3);
+        gemm_bf16_batched(x, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, Q + C, C3, hs, Q, C3, hs,
+                          0.0f, ab, T, TT, NH);
+        causal_softmax_kernel<<<row_blocks((size_t)NH * T), ROW_WARPS * 32, 0, x->stream>>>(
+            ab, (size_t)NH * T, T);
+        LAUNCH_CHECK("causal_softmax_kernel");
+        for (int h0 = 0; h0 < NH; h0 += hc) {
+            int hn = NH - h0 < hc ? NH - h0 : hc;
+            to_bf16(x, A, ab + (size_t)h0 * TT, 1, (int)((long long)hn * TT), (size_t)hn * TT);
+            gemm_bf16_batched(x, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, Q + 2 * C + h0 * hs, C3,
+                              hs, A, T, TT, 0.0f, out + (size_t)b * T * C + (size_t)h0 * hs, C, hs,
+                              hn);
+        }
+    }
+    return 1;
+}
+
 // The heads of sequence b, NH at once by strided-batched gemms (head h's q, k, v sit hs floats
 // after head h-1's; its (T,T) attention T*T after): preatt = q k^T / sqrt(hs) for every head,
 // then the causal softmax of all B*NH*T rows, then out = att v. The whole (T,T) product is
 // computed and the softmax zeroes its upper triangle, simpler than cpu.c's causal blocks and
-// the same values.
+// the same values. With bf16 on, attention_forward_bf16's when its copies fit the scratch.
 // out is (B,T,C), att is (B,NH,T,T), qkv is (B,T,3C)
 static void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
 {
@@ -885,6 +1125,8 @@ static void attention_forward(float *out, float *att, const float *qkv, int B, i
     size_t rows = (size_t)B * NH * T;
 
     if (rows == 0)
+        return;
+    if (x->bf16 && hs > 0 && attention_forward_bf16(x, out, att, qkv, B, T, C, NH))
         return;
     for (int b = 0; b < B; b++) {
         const float *q = qkv + (size_t)b * T * C3;
@@ -902,10 +1144,72 @@ static void attention_forward(float *out, float *att, const float *qkv, int B, i
     }
 }
 
+// bf16 attention backward, per sequence b: its qkv and dout rounded to bf16 (Q (T,3C), G (T,C)),
+// then per chunk of hc heads: datt = dout v^T (fp32, into d) from G and Q; att rounded to bf16
+// (A); dv += A^T dout from A and G; the softmax backward in place on d (fp32, the scale folded
+// in); dpreatt rounded to bf16 (into A's room, A being dead); dq += dpreatt k and dk +=
+// dpreatt^T q from it and Q. The scratch holds Q, G and, per head, d (T,T floats) and A (T,T
+// bf16); with room for Q, G and one A but not one d beside it, d is the caller's (T,T)
+// scratch, one head at a time. Returns 0, doing nothing, when not even that fits: the caller
+// takes the fp32 path.
+// dqkv is (B,T,3C), scratch is (T,T), dout is (B,T,C), qkv is (B,T,3C), att is (B,NH,T,T)
+static int attention_backward_bf16(td_cuda_ctx *x, float *dqkv, float *scratch, const float *dout,
+                                   const float *qkv, const float *att, int B, int T, int C, int NH)
+{
+    int hs = C / NH, C3 = 3 * C, hc;
+    long long TT = (long long)T * T;
+    size_t qr = bf16_round_up((size_t)T * C3), gr = bf16_round_up((size_t)T * C), room, fit;
+    __nv_bfloat16 *Q = (__nv_bfloat16 *)x->scratch, *G = Q + qr, *A;
+    float scale = 1.0f / sqrtf((float)hs), *d;
+
+    room = bf16_room(x) > qr + gr + BF16_ALIGN ? bf16_room(x) - qr - gr - BF16_ALIGN : 0;
+    fit = room / (3 * (size_t)TT); /* d (2 bf16 elements a float) and A per head */
+    if (fit >= 1) {
+        hc = fit < (size_t)NH ? (int)fit : NH;
+        d = (float *)(G + gr);
+        A = G + gr + bf16_round_up(2 * (size_t)hc * TT);
+    } else if (room >= (size_t)TT) {
+        hc = 1;
+        d = scratch;
+        A = G + gr;
+    } else {
+        return 0;
+    }
+    for (int b = 0; b < B; b++) {
+        to_bf16(x, Q, qkv + (size_t)b * T * C3, 1, T * C3, (size_t)T * C3);
+        to_bf16(x, G, dout + (size_t)b * T * C, 1, T * C, (size_t)T * C);
+        for (int h0 = 0; h0 < NH; h0 += hc) {
+            int hn = NH - h0 < hc ? NH - h0 : hc;
+            size_t off = (size_t)b * T * C3 + (size_t)h0 * hs;
+            const __nv_bfloat16 *q = Q + (size_t)h0 * hs, *k = q + C, *v = q + 2 * C;
+            const __nv_bfloat16 *g = G + (size_t)h0 * hs;
+            float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
+            const float *a = att + ((size_t)b * NH + h0) * TT;
+            int n = (int)((long long)hn * TT);
+
+            gemm_bf16_batched(x, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, v, C3, hs, g, C, hs,
+                              0.0f, d, T, TT, hn);
+            to_bf16(x, A, a, 1, n, (size_t)n);
+            gemm_bf16_batched(x, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, g, C, hs, A, T, TT, 1.0f,
+                              dv, C3, hs, hn);
+            causal_softmax_backward_kernel<<<row_blocks((size_t)hn * T), ROW_WARPS * 32, 0,
+                                             x->stream>>>(d, a, scale, (size_t)hn * T, T);
+            LAUNCH_CHECK("causal_softmax_backward_kernel");
+            to_bf16(x, A, d, 1, n, (size_t)n);
+            gemm_bf16_batched(x, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, k, C3, hs, A, T, TT,
+                              1.0f, dq, C3, hs, hn);
+            gemm_bf16_batched(x, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, q, C3, hs, A, T, TT,
+                              1.0f, dk, C3, hs, hn);
+        }
+    }
+    return 1;
+}
+
 // Per sequence, hc heads at a time, as many as the context's scratch holds (T,T) matrices of
 // (at least the caller's one (T,T) scratch, one head at a time):
 // datt = dout v^T; dv += att^T dout; dpreatt = softmax backward (scale folded in);
-// dq += dpreatt k; dk += dpreatt^T q.
+// dq += dpreatt k; dk += dpreatt^T q. With bf16 on, attention_backward_bf16's when its copies
+// fit the scratch.
 // dqkv is (B,T,3C), scratch is (T,T), dout is (B,T,C), qkv is (B,T,3C), att is (B,NH,T,T)
 static void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                const float *att, int B, int T, int C, int NH)
@@ -918,6 +1222,8 @@ static void attention_backward(float *dqkv, float *scratch, const float *dout, c
     const float one = 1.0f, zero = 0.0f;
 
     if ((size_t)B * NH * T == 0)
+        return;
+    if (x->bf16 && hs > 0 && attention_backward_bf16(x, dqkv, scratch, dout, qkv, att, B, T, C, NH))
         return;
     hc = 1;
     if (fit >= 2) {

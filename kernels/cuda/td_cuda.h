@@ -55,7 +55,10 @@ struct CUstream_st; /* cudaStream_t is a struct CUstream_st pointer */
 typedef struct td_cuda_options {
     int tf32;             /* 1: fp32 matmuls may use TF32 tensor cores (10-bit mantissa
                            * products, fp32 sums); 0: full fp32. Default 0 */
-    size_t scratch_bytes; /* device scratch; default TD_CUDA_SCRATCH_DEFAULT */
+    int bf16;             /* 1: bf16 mixed precision for the matmuls (td_cuda_ctx_set_bf16).
+                           * Default 0 */
+    size_t scratch_bytes; /* device scratch; default TD_CUDA_SCRATCH_DEFAULT. With bf16 the
+                           * matmuls' bf16 operand copies live here too, chunked to fit */
 } td_cuda_options;
 
 /* Fills o with the defaults above. */
@@ -89,13 +92,28 @@ void td_cuda_ctx_set_tf32(td_cuda_ctx *c, int on);
 
 /* Turns bf16 mixed precision on (1) or off (0) for the context's matmuls from the next op on
  * (the job's precision, train.h td_precision): operands rounded to bf16, products summed and
- * stored in fp32; every other op and every buffer stays fp32. Default off. */
+ * stored in fp32; every other op and every buffer stays fp32. Default off.
+ * How: matmul_forward and matmul_backward round their operands (round to nearest even) into
+ * bf16 copies in the context's scratch and multiply them with cublasGemmEx (CUDA_R_16BF
+ * inputs, CUBLAS_COMPUTE_32F, fp32 outputs, the same alpha/beta as the fp32 path), in chunks
+ * of rows (and of output columns when a weight's copy does not fit: GPT-2's tied lm head),
+ * so no memory is allocated. The bias and its gradient stay fp32. Attention's four products
+ * (q k^T, att v, and the backward's) do the same per sequence, with q, k, v, dout, att and
+ * dpreatt rounded into the scratch, as many heads at a time as fit; where not even one head
+ * fits they stay fp32 operands on TF32 tensor cores. The softmaxes stay fp32. Panics on a
+ * cuBLAS error. */
 void td_cuda_ctx_set_bf16(td_cuda_ctx *c, int on);
+
+/* 1 when bf16 mixed precision is on for c. */
+int td_cuda_ctx_bf16(const td_cuda_ctx *c);
 
 /* The device's peak dense FLOP/s for matmuls at a precision (bf16 1: bf16 tensor cores; else
  * tf32 1: TF32 tensor cores; else plain fp32), the denominator of mfu, from the device's
  * properties (NVIDIA's datasheet figures for the models it knows: H100/H200 SXM and PCIe, A100,
- * ...). TD_ENOTFOUND for a device it does not know (then no mfu is recorded), TD_ECUDA. */
+ * ...). The figure is scaled by the device's SM count over the datasheet part's (a MIG slice
+ * gets its share) and by its peak clock over the datasheet's boost clock when that is lower.
+ * context.c lists the table and its sources. Needs no context. TD_ENOTFOUND for a device it
+ * does not know (then no mfu is recorded), TD_ECUDA. */
 int td_cuda_peak_flops(int device, int bf16, int tf32, double *flops, td_error_t *err);
 
 /* The CUDA table: kernels (.cu) for every op of kernels.h and cuBLAS for every matmul,
@@ -168,6 +186,15 @@ int td_nccl_unique_id(td_nccl_id *id, td_error_t *err);
  * Caller frees with td_nccl_free(). */
 int td_nccl_init(td_nccl **out, const td_nccl_id *id, int nranks, int rank, td_cuda_ctx *ctx,
                  double timeout_s, td_error_t *err);
+
+/* td_nccl_init whose watchdog also polls *stop (read atomically) and, once it is set, aborts
+ * the communicator and fails with TD_EABORTED, "stopped: another device of the job failed":
+ * in the init, in each collective and in the finalize. So a job's ranks stop at once when one
+ * of them fails outside a collective, rather than at the timeout. The owning thread aborts
+ * its own communicator (never another thread's, which may be polling it). stop is borrowed
+ * until td_nccl_free. */
+int td_nccl_init_stoppable(td_nccl **out, const td_nccl_id *id, int nranks, int rank,
+                           td_cuda_ctx *ctx, double timeout_s, const int *stop, td_error_t *err);
 
 /* buf (n floats, device memory of this rank's context) := the mean of every rank's buf,
  * in place (ncclAllReduce with ncclAvg), then td_nccl_wait. Panics (TD_ECUDA) with NCCL's
