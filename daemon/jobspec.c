@@ -402,8 +402,9 @@ static int parse_debug(const td_pval *dbg, td_jobspec *out, td_error_t *err)
 {
     static const char *const keys[] = {"fail", NULL};
     static const char *const fkeys[] = {"step", "device", "kind", NULL};
-    static const char *const kinds[] = {"panic", "nan", "oom", "data", NULL};
-    static const td_fail_kind map[] = {TD_FAIL_PANIC, TD_FAIL_NAN, TD_FAIL_OOM, TD_FAIL_DATA};
+    static const char *const kinds[] = {"panic", "nan", "oom", "data", "sticky", NULL};
+    static const td_fail_kind map[] = {TD_FAIL_PANIC, TD_FAIL_NAN, TD_FAIL_OOM, TD_FAIL_DATA,
+                                       TD_FAIL_STICKY};
     const td_pval *f, *dev;
     int kind = 0, rc;
 
@@ -441,6 +442,49 @@ static int parse_debug(const td_pval *dbg, td_jobspec *out, td_error_t *err)
     return 0;
 }
 
+/* batch_size: a positive integer, or "auto" (the memory guard picks it at the job's first
+ * start; train.batch_size stays 0 until then). */
+static int parse_batch(const td_pval *job, td_jobspec *out, td_error_t *err)
+{
+    const td_pval *v = td_pv_get(job, "batch_size");
+    char s[8];
+
+    if (td_pv_type_of(v) == TD_PV_STR) {
+        if (td_pv_strcpy(v, s, sizeof(s)) != 0 || strcmp(s, "auto") != 0)
+            return bad(err, "", "batch_size", "must be a positive integer or \"auto\"");
+        out->batch_auto = 1;
+        out->train.batch_size = 0;
+        return 0;
+    }
+    return get_int32(job, "", "batch_size", 1, TD_JOB_MAX_BATCH, "must be a positive integer",
+                     &out->train.batch_size, err);
+}
+
+/* precision, tf32 and nccl_timeout_s: how the job computes on its devices. An absent
+ * precision stays TD_PRECISION_DEFAULT, which the daemon resolves once it knows the devices
+ * (bf16 for a gpt on cuda, fp32 otherwise). */
+static int parse_device_keys(const td_pval *job, td_jobspec *out, td_error_t *err)
+{
+    static const char *const precisions[] = {"fp32", "bf16", NULL};
+    static const td_precision map[] = {TD_PRECISION_FP32, TD_PRECISION_BF16};
+    const td_pval *t = td_pv_get(job, "nccl_timeout_s");
+    int p = 0, rc;
+    double x;
+
+    if ((rc = get_choice(job, "", "precision", precisions, 0, &p, err)) != 0 ||
+        (rc = get_bool(job, "", "tf32", &out->train.tf32, err)) != 0)
+        return rc;
+    if (td_pv_get(job, "precision") != NULL)
+        out->train.precision = map[p];
+    if (t == NULL)
+        return 0;
+    if (td_pv_double(t, &x) != 0 || !isfinite(x) || x <= 0 || x > TD_JOB_MAX_NCCL_TIMEOUT)
+        return bad(err, "", "nccl_timeout_s",
+                   "must be a number of seconds > 0 (at most 86400, a day)");
+    out->nccl_timeout_s = x;
+    return 0;
+}
+
 int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err)
 {
     static const char *const keys[] = {"name",
@@ -460,6 +504,9 @@ int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err)
                                        "keep_checkpoints",
                                        "on_nan",
                                        "debug",
+                                       "precision",
+                                       "tf32",
+                                       "nccl_timeout_s",
                                        NULL};
     static const char *const nan_policies[] = {"fail", "skip", NULL};
     int on_nan = 0;
@@ -498,9 +545,9 @@ int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err)
         (rc = get_int32(job, "", "keep_checkpoints", 1, 1000, "must be an integer from 1 to 1000",
                         &c->keep_checkpoints, err)))
         return rc;
-    if ((rc = get_int32(job, "", "batch_size", 1, 1 << 20, "must be a positive integer",
-                        &c->batch_size, err)) ||
-        (rc = get_int32(job, "", "epochs", 1, 1 << 20, "must be a positive integer", &c->epochs,
+    if ((rc = parse_batch(job, out, err)) != 0 || (rc = parse_device_keys(job, out, err)) != 0)
+        return rc;
+    if ((rc = get_int32(job, "", "epochs", 1, 1 << 20, "must be a positive integer", &c->epochs,
                         err)) ||
         (rc = get_int(job, "", "max_steps", 0, INT64_MAX / 2, "must be an integer >= 0",
                       &c->max_steps, err)) ||
@@ -516,6 +563,66 @@ int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err)
         return rc;
     c->seed = (uint64_t)seed;
     return 0;
+}
+
+/* Whether map key k is the string name. */
+static int is_key(const td_pval *k, const char *name)
+{
+    size_t len;
+    const char *s = td_pv_str(k, &len);
+
+    return s != NULL && len == strlen(name) && memcmp(s, name, len) == 0;
+}
+
+int td_jobspec_set_batch(const void *spec, size_t len, int batch, void **out, size_t *out_len,
+                         td_error_t *err)
+{
+    td_proto_frame *f = NULL;
+    const td_pval *root;
+    const void *body;
+    size_t n, blen;
+    int has = 0, rc;
+    td_error_t why;
+    td_pw w;
+
+    *out = NULL;
+    *out_len = 0;
+    td_pw_init(&w);
+    rc = td_proto_decode(spec, len, &f, &why);
+    if (rc != 0) {
+        rc = td_error_set(err, TD_EPROTO, "the stored job is not a msgpack map: %s", why.msg);
+        goto out;
+    }
+    root = td_proto_frame_root(f);
+    n = td_pv_len(root);
+    for (size_t i = 0; i < n; i++)
+        has |= is_key(td_pv_key_at(root, i), "batch_size");
+    /* The other pairs go out as they came, in their order; batch_size keeps its place, or
+     * comes last when the job had none. */
+    td_pw_map(&w, (uint32_t)(n + !has));
+    for (size_t i = 0; i < n; i++) {
+        const td_pval *k = td_pv_key_at(root, i);
+        td_pw_val(&w, k);
+        if (is_key(k, "batch_size"))
+            td_pw_int(&w, batch);
+        else
+            td_pw_val(&w, td_pv_val_at(root, i));
+    }
+    if (!has) {
+        td_pw_str(&w, "batch_size");
+        td_pw_int(&w, batch);
+    }
+    body = td_pw_body(&w, &blen);
+    if (w.failed || body == NULL || (*out = malloc(blen)) == NULL) {
+        rc = td_error_set(err, TD_ENOMEM, "out of memory re-encoding a job");
+        goto out;
+    }
+    memcpy(*out, body, blen);
+    *out_len = blen;
+out:
+    td_pw_free(&w);
+    td_proto_frame_free(f);
+    return rc;
 }
 
 /* The groups of uid: its primary gid and its supplementary groups. */

@@ -9,7 +9,9 @@
 #include "proto.h"
 #include "train.h"
 
-#define TD_JOB_MAX_DEVICES 64 /* devices one job may ask for */
+#define TD_JOB_MAX_DEVICES      64        /* devices one job may ask for */
+#define TD_JOB_MAX_BATCH        (1 << 20) /* rows of a job's batch_size, the largest accepted */
+#define TD_JOB_MAX_NCCL_TIMEOUT 86400.0   /* seconds of nccl_timeout_s, the most accepted (a day) */
 
 typedef struct td_jobspec {
     char name[128];

@@ -18,20 +18,33 @@ typedef struct td_memguard {
     size_t total_bytes;  /* that device's total */
     char device[16];     /* that device's name, "cuda:1" */
     int fits;            /* est.total <= free_bytes */
-    int largest_batch; /* the largest global batch_size that fits; 0 when not even world rows fit */
-    int chose_batch;   /* batch_auto: the batch taken (also written into spec->train) */
+    int largest_batch;   /* the largest global batch_size that fits (at most TD_JOB_MAX_BATCH);
+                          * 0 when not even world rows fit */
+    int chose_batch;     /* batch_auto: the batch taken (also written into spec->train) */
 } td_memguard;
 
 /* Checks spec, its train.world set to the number of devices it will run on, against
  * free_bytes (the least free memory among those devices; device names it). Fills *g. With
  * spec->batch_auto it sets spec->train.batch_size to the largest global batch that fits
- * (a multiple of world, at most TD_MEM_MAX_BATCH) and clears batch_auto. Returns 0 when the
+ * (a multiple of world, at most TD_JOB_MAX_BATCH: what a job file accepts, so the stored
+ * choice parses again after a restart) and clears batch_auto. Returns 0 when the
  * job fits (then or with its new batch); TD_ENOMEM when it does not, err giving the estimate
  * by part, the free memory, the device and the largest batch that would fit:
  * "does not fit on cuda:1: needs 81234 MiB per device (parameters 475, gradients 475,
  * optimizer 950, activations 78810 of which attention 36864, workspace 98), 80517 MiB free;
- * batch_size 12 would fit"; the estimate's errors (TD_EINVAL, TD_ESHAPE, TD_EDATA). */
+ * batch_size 12 would fit"; TD_EINVAL for a batch_size below world ("batch_size 1 cannot be
+ * split across 2 devices"); the estimate's errors (TD_EINVAL, TD_ESHAPE, TD_EDATA, TD_E2BIG). */
 int td_memguard_check(td_jobspec *spec, size_t free_bytes, size_t total_bytes, const char *device,
                       td_memguard *g, td_error_t *err);
+
+/* Rows per device "auto" takes at most: past this a bigger batch buys a small model no more
+ * speed, only fewer steps per epoch (a 2-layer mlp "fits" a million rows). llm.c's GPT-2
+ * runs take 16 to 64 sequences per GPU, well under it. */
+#define TD_MEMGUARD_AUTO_MAX_ROWS 1024
+
+/* The batch an "auto" job takes given the largest global batch that fits: largest, at most
+ * TD_MEMGUARD_AUTO_MAX_ROWS per device, rounded down to a multiple of world (every replica
+ * computes the same rows); 0 when below world. */
+int td_memguard_auto_batch(int largest, int world);
 
 #endif

@@ -2,6 +2,7 @@
  * requeue at daemon start, and the job log. Called on the thread that owns the td_store (in
  * the daemon, the loop thread). The store records states; which moves are allowed is the
  * scheduler's business, not checked here. */
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -345,6 +346,39 @@ int td_store_job_set_state(td_store *s, int64_t id, const char *state, const cha
         ret = td_error_set(err, TD_ENOTFOUND, "store: no job %lld", (long long)id);
     if (st != NULL)
         sqlite3_clear_bindings(st);
+out:
+    return ret;
+}
+
+int td_store_job_set_spec_json(td_store *s, int64_t id, const void *blob, size_t len,
+                               const char *json, td_error_t *err)
+{
+    sqlite3_stmt *st = NULL;
+    int changes = 0;
+    int ret;
+
+    if ((blob == NULL && len > 0) || len > (size_t)INT_MAX) {
+        ret = td_error_set(err, TD_EINVAL, "store: job %lld: bad spec argument", (long long)id);
+        goto out;
+    }
+    ret = td__store_stmt(s, TD__ST_JOB_SPEC,
+                         "UPDATE jobs SET spec = ?2, spec_json = ?3 WHERE id = ?1", &st, err);
+    if (ret < 0)
+        goto out;
+    sqlite3_bind_int64(st, 1, id);
+    if (blob != NULL)
+        sqlite3_bind_blob(st, 2, blob, (int)len, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, 2);
+    if (json != NULL)
+        sqlite3_bind_text(st, 3, json, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, 3);
+    ret = write_one(s, st, "replacing a job's spec", &changes, err);
+    if (ret == 0 && changes == 0)
+        ret = td_error_set(err, TD_ENOTFOUND, "store: no job %lld", (long long)id);
+    /* Drop the borrowed pointers now: SQLITE_STATIC binds must not outlive the call. */
+    sqlite3_clear_bindings(st);
 out:
     return ret;
 }

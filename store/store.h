@@ -83,9 +83,13 @@ int td_store_job_list(td_store *s, int with_spec, td_job_row **rows, size_t *n, 
 int td_store_job_set_state(td_store *s, int64_t id, const char *state, const char *device_list,
                            int err_code, const char *err_msg, td_error_t *err);
 
-/* Replaces job id's stored spec (the msgpack job map; spec_json follows it) with blob (len
- * bytes, copied): the daemon records the batch an "auto" job was given. TD_ENOTFOUND. */
-int td_store_job_set_spec(td_store *s, int64_t id, const void *blob, size_t len, td_error_t *err);
+/* Replaces job id's stored spec (the msgpack job map) with blob (len bytes, copied) and its
+ * spec_json with json (copied), which the caller renders from the same map (td_pv_to_json):
+ * the store knows nothing of msgpack, so it cannot render it itself. json NULL clears
+ * spec_json rather than leave it describing the old spec. For the daemon to record the batch
+ * an "auto" job was given. TD_ENOTFOUND for no such job, TD_EINVAL for a bad argument. */
+int td_store_job_set_spec_json(td_store *s, int64_t id, const void *blob, size_t len,
+                               const char *json, td_error_t *err);
 
 /* Records the per-device errors of a failed job (msgpack bytes, copied; NULL clears).
  * TD_ENOTFOUND for no such job. */

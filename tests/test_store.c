@@ -411,6 +411,50 @@ static void test_job_lifecycle(void **state)
     td_job_row_clear(&row);
 }
 
+/* A job's spec replaced (the batch an "auto" job was given): spec and spec_json change
+ * together, nothing else of the job does, and a job that does not exist is named. */
+static void test_job_set_spec(void **state)
+{
+    fixture *f = *state;
+    const unsigned char spec[] = {
+        0x81, 0xaa, 'b', 'a',  't', 'c', 'h', '_', 's',
+        'i',  'z',  'e', 0xa4, 'a', 'u', 't', 'o'}; /* {"batch_size": "auto"} */
+    const unsigned char spec2[] = {
+        0x81, 0xaa, 'b', 'a', 't',  'c',  'h', '_',
+        's',  'i',  'z', 'e', 0xcd, 0x01, 0x00}; /* {"batch_size": 256} */
+    td_error_t err = {0};
+    td_job_row row = {0};
+    int64_t id = 0;
+
+    assert_int_equal(td_store_job_insert(f->s, "auto", 1, 3, 1000, spec, sizeof(spec),
+                                         "{\"batch_size\":\"auto\"}", &id, &err),
+                     0);
+    assert_int_equal(
+        td_store_job_set_spec_json(f->s, id, spec2, sizeof(spec2), "{\"batch_size\":256}", &err),
+        0);
+    assert_int_equal(td_store_job_get(f->s, id, &row, &err), 0);
+    assert_int_equal(row.spec_len, sizeof(spec2));
+    assert_memory_equal(row.spec, spec2, sizeof(spec2));
+    assert_string_equal(row.spec_json, "{\"batch_size\":256}");
+    assert_string_equal(row.name, "auto");
+    assert_string_equal(row.state, TD_JOB_QUEUED);
+    assert_int_equal(row.priority, 3);
+    assert_int_equal(row.uid, 1000);
+    td_job_row_clear(&row);
+
+    /* Without a rendering the old one goes rather than describe the old spec. */
+    assert_int_equal(td_store_job_set_spec_json(f->s, id, spec, sizeof(spec), NULL, &err), 0);
+    assert_int_equal(td_store_job_get(f->s, id, &row, &err), 0);
+    assert_memory_equal(row.spec, spec, sizeof(spec));
+    assert_null(row.spec_json);
+    td_job_row_clear(&row);
+
+    assert_int_equal(td_store_job_set_spec_json(f->s, id + 100, spec, sizeof(spec), NULL, &err),
+                     TD_ENOTFOUND);
+    assert_non_null(strstr(err.msg, "no job"));
+    assert_int_equal(td_store_job_set_spec_json(f->s, id, NULL, 4, NULL, &err), TD_EINVAL);
+}
+
 static void test_job_errors(void **state)
 {
     fixture *f = *state;
@@ -984,6 +1028,7 @@ int main(void)
         T(test_open_bad_path),
         T(test_close_null),
         T(test_job_lifecycle),
+        T(test_job_set_spec),
         T(test_job_errors),
         T(test_metrics_page_order),
         T(test_metrics_cursor_resume_and_stop),
