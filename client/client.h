@@ -21,7 +21,8 @@
 /* Exit statuses (sysexits.h numbers, written out so the contract is visible in one place). */
 enum {
     TC_OK = 0,
-    TC_FAILED = 1,       /* the job failed or was cancelled (watch), or traind refused */
+    TC_FAILED = 1,       /* the job failed or was cancelled (watch), or traind refused, or
+                          * the job would not fit its devices (submit --dry-run) */
     TC_USAGE = 64,       /* EX_USAGE: unknown verb or flag, missing or bad argument */
     TC_DATAERR = 65,     /* EX_DATAERR: the job file is not a valid job */
     TC_NOINPUT = 66,     /* EX_NOINPUT: the job file is missing or unreadable */
@@ -57,6 +58,7 @@ typedef struct tc_opts {
     double temperature; /* sample: --temperature, or -1 */
     int64_t seed;       /* sample: --seed, or -1 */
     int json, csv, summary;
+    int dry_run; /* submit: --dry-run */
 } tc_opts;
 
 /* Nonzero while watch.c has a progress line without its newline on stdout; tc_err() ends
@@ -91,6 +93,9 @@ int tc_conn_recv(tc_conn *c, td_proto_frame **out, int timeout_ms);
 
 /* tc_conn_recv() within TC_REPLY_TIMEOUT_MS, requiring the frame's type to be type. */
 int tc_conn_expect(tc_conn *c, const char *type, td_proto_frame **out);
+
+/* Nonzero when traind's hello listed feature (PROTOCOL.md, hello: "dry_run", ...). */
+int tc_conn_has(const tc_conn *c, const char *feature);
 
 /* Sends {type, id, job_id: job} and waits for a reply of type reply (tc_conn_expect). */
 int tc_conn_job_request(tc_conn *c, const char *type, int64_t job, const char *reply,
@@ -176,6 +181,8 @@ void tc_print_status(const td_pval *job);
 void tc_print_jobs(const td_pval *jobs);
 /* `info` for a person, from the info reply's top map. */
 void tc_print_info(const td_pval *info);
+/* submit --dry-run's estimate reply, for a person: one line per part, in MiB. */
+void tc_print_estimate(const td_pval *est);
 /* "12.3 MiB" */
 void tc_fmt_bytes(char *buf, size_t size, double bytes);
 /* Unix time now, with a fraction. */
@@ -192,7 +199,7 @@ int tc_flush_stdout(void);
 
 /* ---- the verbs ---- */
 
-int tc_submit(const tc_opts *o);
+int tc_submit(const tc_opts *o); /* and submit --dry-run */
 int tc_status(const tc_opts *o);
 int tc_ls(const tc_opts *o);
 int tc_cancel(const tc_opts *o);

@@ -12,15 +12,18 @@
 
 #include "client.h"
 
-#define TC_READ_CHUNK 65536 /* bytes read from the socket at a time */
+#define TC_READ_CHUNK   65536 /* bytes read from the socket at a time */
+#define TC_MAX_FEATURES 32    /* feature names of traind's hello kept */
 
 struct tc_conn {
     int fd;
     const char *path; /* borrowed from the command line, for messages */
     td_proto_reader *reader;
     td_pw w;
-    int64_t id;       /* id of the last request */
-    const char *type; /* type of the last request, for messages */
+    int64_t id;                         /* id of the last request */
+    const char *type;                   /* type of the last request, for messages */
+    char features[TC_MAX_FEATURES][32]; /* traind's hello's features */
+    size_t nfeatures;
     char buf[TC_READ_CHUNK];
 };
 
@@ -50,6 +53,22 @@ static int connect_unix(const char *path)
     return fd;
 }
 
+/* Keeps the names in hello's features (PROTOCOL.md); an older traind sends none. */
+static void keep_features(tc_conn *c, const td_pval *features)
+{
+    for (size_t i = 0; i < td_pv_len(features) && c->nfeatures < TC_MAX_FEATURES; i++)
+        if (td_pv_strcpy(td_pv_at(features, i), c->features[c->nfeatures], 32) == 0)
+            c->nfeatures++;
+}
+
+int tc_conn_has(const tc_conn *c, const char *feature)
+{
+    for (size_t i = 0; i < c->nfeatures; i++)
+        if (strcmp(c->features[i], feature) == 0)
+            return 1;
+    return 0;
+}
+
 /* Sends hello and checks that traind speaks our protocol version. */
 static int hello(tc_conn *c)
 {
@@ -68,6 +87,8 @@ static int hello(tc_conn *c)
         version != TD_PROTO_VERSION)
         rc = tc_err(TC_PROTOCOL, "traind at %s speaks protocol version %lld, not %d", c->path,
                     (long long)version, TD_PROTO_VERSION);
+    else
+        keep_features(c, td_pv_get(td_proto_frame_root(f), "features"));
 out:
     td_proto_frame_free(f);
     return rc;

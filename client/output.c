@@ -356,6 +356,46 @@ void tc_print_jobs(const td_pval *jobs)
 
 /* ---- info ---- */
 
+/* One line of the estimate: the part's name and its size in MiB. */
+static void estimate_line(const char *name, const td_pval *mem, const char *key, const char *note)
+{
+    double mib = (double)tc_job_int(mem, key, 0) / (1 << 20);
+
+    printf("  %-13s %12.1f MiB%s\n", name, mib, note);
+}
+
+void tc_print_estimate(const td_pval *est)
+{
+    const td_pval *mem = td_pv_get(est, "memory");
+    int64_t devices = tc_job_int(est, "devices", 1), batch = tc_job_int(est, "batch_size", 0);
+    int64_t largest = tc_job_int(est, "largest_batch", 0);
+    char device[32];
+    int fits = 0, bauto = 0;
+
+    td_pv_bool(td_pv_get(est, "fits"), &fits);
+    td_pv_bool(td_pv_get(est, "batch_auto"), &bauto);
+    tc_job_str(est, "device", device, sizeof(device));
+    printf("batch_size %lld%s over %lld device(s): %lld rows per device\n", (long long)batch,
+           bauto ? " (auto)" : "", (long long)devices, (long long)tc_job_int(mem, "rows", 0));
+    printf("memory per device:\n");
+    estimate_line("parameters", mem, "parameters", "");
+    estimate_line("gradients", mem, "gradients", "");
+    estimate_line("optimizer", mem, "optimizer", "");
+    estimate_line("activations", mem, "activations", "");
+    estimate_line("  attention", mem, "attention", " (of activations)");
+    estimate_line("workspace", mem, "workspace", "");
+    estimate_line("total", mem, "total", "");
+    printf("%-15s %12.1f MiB free of %.1f MiB\n", device,
+           (double)tc_job_int(est, "free_bytes", 0) / (1 << 20),
+           (double)tc_job_int(est, "total_bytes", 0) / (1 << 20));
+    printf("fits: %s\n", fits ? "yes" : "no");
+    if (largest > 0)
+        printf("largest batch_size that fits: %lld\n", (long long)largest);
+    else
+        printf("largest batch_size that fits: none (not even one row per device)\n");
+    printf("batch_size \"auto\" would take: %lld\n", (long long)tc_job_int(est, "auto_batch", 0));
+}
+
 void tc_fmt_bytes(char *buf, size_t size, double bytes)
 {
     static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};

@@ -29,7 +29,8 @@ enum {
     F_TOKENS = 512,
     F_PROMPT = 1024,
     F_TEMPERATURE = 2048,
-    F_SEED = 4096
+    F_SEED = 4096,
+    F_DRY_RUN = 8192
 };
 
 /* The positional arguments a verb takes. */
@@ -42,12 +43,12 @@ typedef struct flag {
 } flag;
 
 static const flag flags[] = {
-    {"--set", F_SET, 1},        {"--since", F_SINCE, 1},   {"--keys", F_KEYS, 1},
-    {"--json", F_JSON, 0},      {"--csv", F_CSV, 0},       {"--summary", F_SUMMARY, 0},
-    {"-o", F_FORMAT, 1},        {"--output", F_FORMAT, 1}, {"-o", F_OUTFILE, 1},
-    {"--output", F_OUTFILE, 1}, {"-o", F_OUTPATH, 1},      {"--output", F_OUTPATH, 1},
-    {"--tokens", F_TOKENS, 1},  {"--prompt", F_PROMPT, 1}, {"--temperature", F_TEMPERATURE, 1},
-    {"--seed", F_SEED, 1},
+    {"--set", F_SET, 1},        {"--since", F_SINCE, 1},     {"--keys", F_KEYS, 1},
+    {"--json", F_JSON, 0},      {"--csv", F_CSV, 0},         {"--summary", F_SUMMARY, 0},
+    {"-o", F_FORMAT, 1},        {"--output", F_FORMAT, 1},   {"-o", F_OUTFILE, 1},
+    {"--output", F_OUTFILE, 1}, {"-o", F_OUTPATH, 1},        {"--output", F_OUTPATH, 1},
+    {"--tokens", F_TOKENS, 1},  {"--prompt", F_PROMPT, 1},   {"--temperature", F_TEMPERATURE, 1},
+    {"--seed", F_SEED, 1},      {"--dry-run", F_DRY_RUN, 0},
 };
 
 typedef struct verb {
@@ -69,9 +70,9 @@ static const verb verbs[] = {
     {
         .name = "submit",
         .run = tc_submit,
-        .flags = F_SET,
+        .flags = F_SET | F_DRY_RUN | F_JSON,
         .arg = ARG_FILE,
-        .usage = "trainctl submit FILE [--set KEY=VALUE]...",
+        .usage = "trainctl submit FILE [--set KEY=VALUE]... [--dry-run [--json]]",
         .brief = "submit a job; prints its id",
         .help = "Submits the job described by the JSON object in FILE (\"-\" reads\n"
                 "standard input) and prints the new job's id alone on standard output.\n\n"
@@ -80,6 +81,15 @@ static const verb verbs[] = {
                 "                   (--set optim.lr=3e-4). VALUE is read as JSON when it\n"
                 "                   is JSON (1, 3e-4, true, [784,10], \"text\", null), else\n"
                 "                   taken as a string (--set name=baseline).\n"
+                "  --dry-run        create no job: traind checks the job as it would a\n"
+                "                   submit and prints its memory estimate per device\n"
+                "                   (parameters, gradients, optimizer, activations and\n"
+                "                   their attention share, workspace, total, in MiB)\n"
+                "                   against the free memory of the devices it would get,\n"
+                "                   the largest batch_size that fits and the one\n"
+                "                   batch_size \"auto\" would take. Exits 0 when the job\n"
+                "                   fits, 1 when it does not\n"
+                "  --json           with --dry-run: the estimate as one JSON object\n"
                 "  -h, --help       show this help\n",
     },
     {
@@ -291,8 +301,9 @@ static void print_main_help(FILE *f)
           "  -h, --help     show this help\n"
           "  --version      show trainctl's version\n\n"
           "Exit status: 0 success; 1 the job failed or was cancelled (watch), traind\n"
-          "refused the request, or plot found nothing to draw; 64 usage error; 65 invalid\n"
-          "job file; 66 job file missing or unreadable; 69 traind unreachable; 73 plot\n"
+          "refused the request, the job would not fit (submit --dry-run), or plot found\n"
+          "nothing to draw; 64 usage error; 65 invalid job file; 66 job file missing or\n"
+          "unreadable; 69 traind unreachable (or too old for submit --dry-run); 73 plot\n"
           "or export cannot write its file; 76 protocol error; 77 permission denied; 78\n"
           "the socket path is unusable; 130 interrupted (watch, export).\n",
           f);
@@ -467,6 +478,9 @@ static int store_flag(const verb *v, const flag *fl, const char *val, tc_opts *o
         if (parse_count(val, &o->seed) != 0)
             return usage_error(v, "--seed needs a whole number >= 0, not '%s'", val);
         break;
+    case F_DRY_RUN:
+        o->dry_run = 1;
+        break;
     }
     return TC_OK;
 }
@@ -563,6 +577,8 @@ static int parse_verb_args(const verb *v, int argc, char **argv, int first, tc_o
         return usage_error(v, "missing %s", v->arg == ARG_JOBS ? "JOB" : arg_name(v->arg));
     if (o->csv && o->json)
         return usage_error(v, "--csv and --json cannot be used together");
+    if ((v->flags & F_DRY_RUN) && o->json && !o->dry_run)
+        return usage_error(v, "--json needs --dry-run (a submit prints only the job's id)");
     if ((v->flags & F_OUTFILE) && o->output == NULL)
         return usage_error(v, "missing -o FILE (a .png or .svg file to write)");
     if ((v->flags & F_OUTPATH) && o->output == NULL)

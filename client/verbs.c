@@ -7,6 +7,8 @@
 
 #include "client.h"
 
+static int print_reply_json(const td_pval *root);
+
 /* The job file with its --set changes, as a msgpack body in *body. */
 static int build_job(const tc_opts *o, td_pw *body)
 {
@@ -24,6 +26,27 @@ static int build_job(const tc_opts *o, td_pw *body)
     return rc;
 }
 
+/* A dry run's answer: the estimate printed (or as JSON), and whether the job fits. */
+static int dry_run_reply(const tc_opts *o, const td_pval *est)
+{
+    char msg[1100];
+    int fits = 0, rc;
+
+    if (td_pv_bool(td_pv_get(est, "fits"), &fits) != 0 ||
+        td_pv_type_of(td_pv_get(est, "memory")) != TD_PV_MAP)
+        return tc_err(TC_PROTOCOL, "traind's estimate reply has no fits or memory");
+    if (o->json) {
+        if ((rc = print_reply_json(est)) != TC_OK)
+            return rc;
+    } else {
+        tc_print_estimate(est);
+    }
+    if (fits)
+        return TC_OK;
+    tc_job_str(est, "message", msg, sizeof(msg));
+    return tc_err(TC_FAILED, "%s", msg[0] ? msg : "the job does not fit its devices");
+}
+
 int tc_submit(const tc_opts *o)
 {
     td_proto_frame *f = NULL;
@@ -39,12 +62,28 @@ int tc_submit(const tc_opts *o)
     /* The file is checked before connecting, so a bad file says so even with traind down. */
     if ((rc = build_job(o, &body)) != TC_OK || (rc = tc_conn_open(&c, o->socket)) != TC_OK)
         goto out;
-    w = tc_conn_request(c, "submit", 3);
+    /* An older traind would ignore dry_run and queue the job: never send it one. */
+    if (o->dry_run && !tc_conn_has(c, "dry_run")) {
+        rc = tc_err(TC_UNAVAILABLE,
+                    "traind at %s is too old for submit --dry-run; nothing was submitted",
+                    o->socket);
+        goto out;
+    }
+    w = tc_conn_request(c, "submit", o->dry_run ? 4 : 3);
     job = td_pw_body(&body, &len);
     td_pw_str(w, "job");
     td_pw_raw(w, job, len);
-    if ((rc = tc_conn_send(c)) != TC_OK || (rc = tc_conn_expect(c, "submitted", &f)) != TC_OK)
+    if (o->dry_run) {
+        td_pw_str(w, "dry_run");
+        td_pw_bool(w, 1);
+    }
+    if ((rc = tc_conn_send(c)) != TC_OK ||
+        (rc = tc_conn_expect(c, o->dry_run ? "estimate" : "submitted", &f)) != TC_OK)
         goto out;
+    if (o->dry_run) {
+        rc = dry_run_reply(o, td_proto_frame_root(f));
+        goto out;
+    }
     if (td_pv_int(td_pv_get(td_proto_frame_root(f), "job_id"), &id) != 0) {
         rc = tc_err(TC_PROTOCOL, "traind's submitted reply has no job_id");
         goto out;

@@ -20,9 +20,15 @@
 #define GROUP_BUF_MAX (1 << 20) /* bytes getgrnam_r may need for a group with many members */
 #define VALUE_SHOWN   80        /* bytes of a bad value quoted in a message */
 
-typedef enum { K_SOCKET, K_STATE_DIR, K_DEVICES, K_GROUP, K_LOG_LEVEL, K_INT } key_kind;
+#define NCCL_TIMEOUT_DEFAULT                                                                 \
+    300.0                        /* seconds a collective may take: NCCL's init of 8 GPUs and \
+                                  * a large model's all-reduce stay far below it */
+#define NCCL_TIMEOUT_MAX 86400.0 /* seconds: a day */
 
-/* Every key the file may hold. K_INT keys are an int of td_config at off, from lo to hi. */
+typedef enum { K_SOCKET, K_STATE_DIR, K_DEVICES, K_GROUP, K_LOG_LEVEL, K_INT, K_SECONDS } key_kind;
+
+/* Every key the file may hold. K_INT keys are an int of td_config at off, from lo to hi;
+ * K_SECONDS keys a double of td_config at off, above 0 and at most hi. */
 static const struct key_def {
     const char *section, *name;
     key_kind kind;
@@ -43,6 +49,8 @@ static const struct key_def {
      "queued jobs, 0 for no limit"},
     {"limits", "max_devices_per_user", K_INT, offsetof(td_config, max_devices_per_user), 0,
      TD_MAX_DEVICES, "devices, 0 for no limit"},
+    {"cuda", "nccl_timeout_s", K_SECONDS, offsetof(td_config, nccl_timeout_s), 0,
+     (int)NCCL_TIMEOUT_MAX, "seconds a collective may take"},
 };
 
 typedef struct load_ctx {
@@ -62,7 +70,9 @@ void td_config_defaults(td_config *cfg)
     snprintf(cfg->socket_path, sizeof(cfg->socket_path), "/run/traind/traind.sock");
     snprintf(cfg->state_dir, sizeof(cfg->state_dir), "/var/lib/traind");
     snprintf(cfg->db_path, sizeof(cfg->db_path), "/var/lib/traind/traind.db");
+    cfg->dev_kind = TD_DEV_CPU;
     cfg->ncpu_devices = 1;
+    cfg->nccl_timeout_s = NCCL_TIMEOUT_DEFAULT;
     cfg->max_conns = TD_MAX_CONNS;
     cfg->log_level = TD_LOG_INFO;
     cfg->socket_gid = -1;
@@ -106,21 +116,78 @@ int td_config_set_state_dir(td_config *cfg, const char *dir, char *why, size_t s
     return 0;
 }
 
+/* cuda:0,1,3 into cfg: ordinals from 0 to TD_MAX_DEVICES - 1, each once, kept ascending
+ * (device order is rank order). */
+static int set_cuda_list(td_config *cfg, const char *list, char *why, size_t size)
+{
+    int seen[TD_MAX_DEVICES] = {0};
+    const char *p = list;
+
+    for (;;) {
+        char *end;
+        long v;
+        errno = 0;
+        v = strtol(p, &end, 10);
+        if (errno != 0 || end == p || *p < '0' || *p > '9' || v >= TD_MAX_DEVICES ||
+            (*end != ',' && *end != '\0')) {
+            snprintf(why, size,
+                     "expected cuda:all or cuda:N[,N...] with each N a GPU number from 0 to %d",
+                     TD_MAX_DEVICES - 1);
+            return -1;
+        }
+        if (seen[v]) {
+            snprintf(why, size, "cuda:%ld is named twice", v);
+            return -1;
+        }
+        seen[v] = 1;
+        if (*end == '\0')
+            break;
+        p = end + 1;
+    }
+    cfg->ncuda_devices = 0;
+    for (int i = 0; i < TD_MAX_DEVICES; i++)
+        if (seen[i])
+            cfg->cuda_devices[cfg->ncuda_devices++] = i;
+    return 0;
+}
+
+/* cpu:N, cuda:all or cuda:N[,N...]. Whether the GPUs named exist is known only once CUDA is
+ * asked, at start (daemon.c); a build without CUDA refuses cuda: here. */
 int td_config_set_devices(td_config *cfg, const char *spec, char *why, size_t size)
 {
     char *end;
     long v;
 
+    if (strncmp(spec, "cuda:", 5) == 0) {
+#ifdef TD_HAVE_CUDA
+        if (strcmp(spec + 5, "all") == 0) {
+            cfg->cuda_all = 1;
+            cfg->ncuda_devices = 0;
+        } else if (set_cuda_list(cfg, spec + 5, why, size) != 0) {
+            return -1;
+        } else {
+            cfg->cuda_all = 0;
+        }
+        cfg->dev_kind = TD_DEV_CUDA;
+        return 0;
+#else
+        (void)set_cuda_list;
+        snprintf(why, size, "this traind was built without CUDA; its devices are cpu:N");
+        return -1;
+#endif
+    }
     if (strncmp(spec, "cpu:", 4) != 0)
         goto bad;
     errno = 0;
     v = strtol(spec + 4, &end, 10);
     if (errno != 0 || end == spec + 4 || *end != '\0' || v < 1 || v > TD_MAX_DEVICES)
         goto bad;
+    cfg->dev_kind = TD_DEV_CPU;
     cfg->ncpu_devices = (int)v;
     return 0;
 bad:
-    snprintf(why, size, "expected cpu:N with N from 1 to %d", TD_MAX_DEVICES);
+    snprintf(why, size, "expected cpu:N with N from 1 to %d, cuda:all or cuda:N[,N...]",
+             TD_MAX_DEVICES);
     return -1;
 }
 
@@ -207,6 +274,22 @@ static int set_int(td_config *cfg, const struct key_def *k, const char *value, c
     return 0;
 }
 
+static int set_seconds(td_config *cfg, const struct key_def *k, const char *value, char *why,
+                       size_t size)
+{
+    char *end;
+    double v;
+
+    errno = 0;
+    v = strtod(value, &end);
+    if (errno != 0 || end == value || *end != '\0' || !(v > 0) || v > k->hi) {
+        snprintf(why, size, "expected a number above 0 and at most %d (%s)", k->hi, k->meaning);
+        return -1;
+    }
+    *(double *)((char *)cfg + k->off) = v;
+    return 0;
+}
+
 static int set_key(td_config *cfg, const struct key_def *k, const char *value, char *why,
                    size_t size)
 {
@@ -223,6 +306,8 @@ static int set_key(td_config *cfg, const struct key_def *k, const char *value, c
         return td_config_set_log_level(cfg, value, why, size);
     case K_INT:
         return set_int(cfg, k, value, why, size);
+    case K_SECONDS:
+        return set_seconds(cfg, k, value, why, size);
     }
     return -1;
 }
@@ -268,11 +353,13 @@ static int on_key(void *user, const char *section, const char *name, const char 
     }
     if (section[0] == '\0')
         snprintf(c->err_msg, sizeof(c->err_msg),
-                 "key \"%s\" is outside any section; put it under [daemon] or [limits]", name);
+                 "key \"%s\" is outside any section; put it under [daemon], [limits] or [cuda]",
+                 name);
     else if (!section_known)
-        snprintf(c->err_msg, sizeof(c->err_msg),
-                 "unknown section [%s] (key \"%s\"); the sections are [daemon] and [limits]",
-                 section, name);
+        snprintf(
+            c->err_msg, sizeof(c->err_msg),
+            "unknown section [%s] (key \"%s\"); the sections are [daemon], [limits] and [cuda]",
+            section, name);
     else
         snprintf(c->err_msg, sizeof(c->err_msg), "unknown key \"%s\" in [%s]", name, section);
     c->err_line = c->lineno;

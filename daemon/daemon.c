@@ -1,6 +1,8 @@
 /* The daemon's job table, scheduler and device workers. Everything here runs on the loop
  * thread; the workers' side is in run.c and reaches the loop only through td_daemon_post(). */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <glob.h>
 #include <math.h>
 #include <pwd.h>
@@ -12,9 +14,15 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "memguard.h"
 #include "run.h"
 #include "td_log.h"
 #include "td_panic.h"
+#ifdef TD_HAVE_CUDA
+#include "td_cuda.h"
+#endif
+
+#define MIB (1024.0 * 1024.0) /* bytes */
 
 static double mono_ms(void)
 {
@@ -86,26 +94,105 @@ static void pin_worker(const td_worker *w, int per, long cores)
                     (w->index + 1) * per - 1, strerror(rc));
 }
 
+/* The devices of --devices: fills the workers' kind, number and name; sets d->nworkers to
+ * how many there will be. cuda:all asks CUDA how many GPUs the process sees; a GPU named
+ * that it does not see stops the start. */
+static int workers_plan(td_daemon *d, td_error_t *err)
+{
+    const td_config *cfg = &d->cfg;
+    int n = 0, devs[TD_MAX_DEVICES];
+
+    d->dev_kind = cfg->dev_kind;
+    if (cfg->dev_kind == TD_DEV_CPU) {
+        n = cfg->ncpu_devices;
+        for (int i = 0; i < n; i++)
+            devs[i] = i;
+    } else {
+#ifdef TD_HAVE_CUDA
+        int seen = 0, rc = td_cuda_device_count(&seen);
+        if (rc != 0)
+            return td_error_set(err, rc,
+                                "--devices cuda: cannot count the GPUs: the CUDA runtime "
+                                "failed (is the NVIDIA driver loaded?)");
+        if (seen == 0)
+            return td_error_set(err, TD_ECUDA,
+                                "--devices %s: no CUDA device is visible to this process (no "
+                                "GPU, no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides them all)",
+                                cfg->cuda_all ? "cuda:all" : "cuda:N");
+        if (cfg->cuda_all) {
+            n = seen < TD_MAX_DEVICES ? seen : TD_MAX_DEVICES;
+            for (int i = 0; i < n; i++)
+                devs[i] = i;
+        } else {
+            n = cfg->ncuda_devices;
+            for (int i = 0; i < n; i++) {
+                devs[i] = cfg->cuda_devices[i];
+                if (devs[i] >= seen)
+                    return td_error_set(err, TD_ECUDA,
+                                        "--devices: there is no cuda:%d; this process sees %d "
+                                        "GPU(s), cuda:0 to cuda:%d",
+                                        devs[i], seen, seen - 1);
+            }
+        }
+#else
+        return td_error_set(err, TD_EINVAL, "this traind was built without CUDA");
+#endif
+    }
+    for (int i = 0; i < n; i++) {
+        td_worker *w = &d->workers[i];
+        w->d = d;
+        w->index = i;
+        w->kind = d->dev_kind;
+        w->device = devs[i];
+        snprintf(w->name, sizeof(w->name), "%s:%d", w->kind == TD_DEV_CUDA ? "cuda" : "cpu",
+                 w->device);
+    }
+    return n;
+}
+
+/* Waits until worker w's thread has made its CUDA context, or failed to. */
+static int worker_wait_init(td_worker *w, td_error_t *err)
+{
+    int rc;
+
+    pthread_mutex_lock(&w->mu);
+    while (!w->init_done)
+        pthread_cond_wait(&w->cv, &w->mu);
+    rc = w->init_err.code;
+    if (rc != 0)
+        td_error_set(err, rc, "cannot initialise %s: %s", w->name, w->init_err.msg);
+    pthread_mutex_unlock(&w->mu);
+    return rc;
+}
+
 static int workers_start(td_daemon *d, td_error_t *err)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int per = (int)(cores > 0 ? cores : 1) / d->cfg.ncpu_devices;
+    int n = workers_plan(d, err), per;
 
-    for (int i = 0; i < d->cfg.ncpu_devices; i++) {
+    if (n < 0)
+        return n;
+    per = d->dev_kind == TD_DEV_CPU ? (int)(cores > 0 ? cores : 1) / n : 0;
+    for (int i = 0; i < n; i++) {
         td_worker *w = &d->workers[i];
         int rc;
-        w->d = d;
-        w->index = i;
-        snprintf(w->name, sizeof(w->name), "cpu:%d", i);
         w->threads = per > 0 ? per : 1;
         pthread_mutex_init(&w->mu, NULL);
         pthread_cond_init(&w->cv, NULL);
         rc = pthread_create(&w->thread, NULL, td_worker_main, w);
-        if (rc != 0)
+        if (rc != 0) {
+            pthread_cond_destroy(&w->cv);
+            pthread_mutex_destroy(&w->mu);
             return td_error_set(err, -rc, "cannot start worker %s: %s", w->name, strerror(rc));
+        }
+        d->nworkers++;
+        /* A GPU that cannot be initialised stops the start, naming it: a daemon that
+         * silently drives fewer GPUs than configured would queue jobs that never fit. */
+        rc = worker_wait_init(w, err);
+        if (rc != 0)
+            return rc;
         if (per > 0)
             pin_worker(w, per, cores);
-        d->nworkers++;
     }
     return 0;
 }
@@ -123,6 +210,46 @@ static void workers_stop(td_daemon *d)
         pthread_mutex_destroy(&w->mu);
     }
     d->nworkers = 0;
+}
+
+/* MemAvailable and MemTotal of /proc/meminfo, in bytes. */
+static int meminfo(size_t *avail, size_t *total, td_error_t *err)
+{
+    FILE *f = fopen("/proc/meminfo", "re");
+    char line[256];
+    unsigned long long kb;
+    int got = 0;
+
+    if (f == NULL)
+        return td_error_set(err, TD_EIO, "cannot open /proc/meminfo: %s", strerror(errno));
+    while (got != 3 && fgets(line, sizeof(line), f) != NULL) {
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+            *avail = (size_t)kb * 1024;
+            got |= 1;
+        } else if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) {
+            *total = (size_t)kb * 1024;
+            got |= 2;
+        }
+    }
+    fclose(f);
+    if (got != 3)
+        return td_error_set(err, TD_EIO, "/proc/meminfo has no MemAvailable or MemTotal");
+    return 0;
+}
+
+int td_daemon_device_memory(td_daemon *d, int index, size_t *free_bytes, size_t *total_bytes,
+                            td_error_t *err)
+{
+    *free_bytes = *total_bytes = 0;
+    if (index < 0 || index >= d->nworkers)
+        return td_error_set(err, TD_EINVAL, "no device %d", index);
+    if (d->workers[index].kind == TD_DEV_CPU)
+        return meminfo(free_bytes, total_bytes, err);
+#ifdef TD_HAVE_CUDA
+    return td_cuda_mem_info(d->workers[index].device, free_bytes, total_bytes, err);
+#else
+    return td_error_set(err, TD_EINVAL, "this traind was built without CUDA");
+#endif
 }
 
 /* ---- the job table and the scheduler (loop thread) ---- */
@@ -237,8 +364,122 @@ static void dispatch(td_daemon *d, td_djob *job, td_worker **free_w, int n)
     td_server_job_changed(d, job->id, TD_JOB_RUNNING);
 }
 
+/* Ends a job that never ran, or ran and is over, here on the loop thread: records state
+ * with err, and forgets it. */
+static void job_end(td_daemon *d, td_djob *job, const char *state, const td_error_t *e)
+{
+    int64_t id = job->id;
+
+    store_state(d, job, state, NULL, e);
+    job_unlink(d, job);
+    free(job);
+    td_server_job_changed(d, id, state);
+}
+
+/* Stores the batch the memory guard chose for a batch_size "auto" job in its spec, so that a
+ * restart (or a re-exec) resumes it with the same batch. */
+/* Replaces job id's stored spec with blob, and its JSON rendering (status --json, the SQLite
+ * file's jobs.spec_json) with blob's. */
+static int store_spec(td_daemon *d, int64_t id, const void *blob, size_t len, td_error_t *err)
+{
+    td_proto_frame *f = NULL;
+    char *json = NULL;
+    int rc = td_proto_decode(blob, len, &f, err);
+
+    if (rc == 0 && (json = td_pv_to_json(td_proto_frame_root(f))) == NULL)
+        rc = td_error_set(err, TD_ENOMEM, "no memory for the job's JSON");
+    if (rc == 0)
+        rc = td_store_job_set_spec_json(d->store, id, blob, len, json, err);
+    free(json);
+    td_proto_frame_free(f);
+    return rc;
+}
+
+static void store_batch(td_daemon *d, td_djob *job, const td_memguard *g)
+{
+    td_job_row row = {0};
+    td_error_t err;
+    void *blob = NULL;
+    size_t len = 0;
+    char line[300];
+    int rc;
+
+    rc = td_store_job_get(d->store, job->id, &row, &err);
+    if (rc == 0)
+        rc = td_jobspec_set_batch(row.spec, row.spec_len, job->spec.train.batch_size, &blob, &len,
+                                  &err);
+    if (rc == 0)
+        rc = store_spec(d, job->id, blob, len, &err);
+    if (rc != 0)
+        td_log_warn("job %lld: cannot store its batch_size %d: %s; a restart chooses again",
+                    (long long)job->id, job->spec.train.batch_size, err.msg);
+    free(blob);
+    td_job_row_clear(&row);
+    snprintf(line, sizeof(line),
+             "batch_size auto: %d (needs %.0f MiB per device, %.0f MiB free on %s)",
+             job->spec.train.batch_size, (double)g->est.total / MIB, (double)g->free_bytes / MIB,
+             g->device);
+    td_daemon_log(d, job->id, TD_LOG_NOTICE, line);
+    td_log_notice("job %lld (%s): %s", (long long)job->id, job->spec.name, line);
+}
+
+int td_daemon_least_memory(td_daemon *d, td_worker *const *ws, int n, size_t *free_bytes,
+                           size_t *total_bytes, const char **name, td_error_t *err)
+{
+    for (int i = 0; i < n; i++) {
+        size_t f = 0, t = 0;
+        int rc = td_daemon_device_memory(d, ws[i]->index, &f, &t, err);
+        if (rc != 0)
+            return rc;
+        if (ws[i]->kind == TD_DEV_CPU)
+            f /= (size_t)n;
+        if (i == 0 || f < *free_bytes) {
+            *free_bytes = f;
+            *total_bytes = t;
+            *name = ws[i]->name;
+        }
+    }
+    return 0;
+}
+
+/* The memory guard at dispatch (DESIGN.md: "Before a job starts on a device"): the job's
+ * estimate on one device against the least free memory among the n workers it would get
+ * (a cpu: device's share is MemAvailable over the job's devices, since they share the
+ * machine's memory). A batch_size "auto" job takes the largest batch that fits, and keeps it.
+ * Returns 0 to dispatch; otherwise the job has ended failed here with the guard's numbers. */
+static int guard_memory(td_daemon *d, td_djob *job, td_worker **ws, int n)
+{
+    size_t least = 0, total = 0;
+    const char *where = ws[0]->name;
+    td_jobspec spec = job->spec;
+    td_memguard g;
+    td_error_t err = {0};
+    int rc;
+
+    rc = td_daemon_least_memory(d, ws, n, &least, &total, &where, &err);
+    if (rc != 0)
+        goto refuse;
+    spec.train.world = n;
+    rc = td_memguard_check(&spec, least, total, where, &g, &err);
+    if (rc != 0)
+        goto refuse;
+    if (job->spec.batch_auto) {
+        job->spec.train.batch_size = spec.train.batch_size;
+        job->spec.batch_auto = 0;
+        store_batch(d, job, &g);
+    }
+    return 0;
+
+refuse:
+    td_log_warn("job %lld (%s, uid %lld): refused at dispatch: %s", (long long)job->id,
+                job->spec.name, (long long)job->uid, err.msg);
+    job_end(d, job, TD_JOB_FAILED, &err);
+    return rc;
+}
+
 /* Gives free devices to queued jobs, in scheduling order; a job waits until enough of its
- * devices are free at once (no job jumps ahead of a waiting wider one, so none starves). */
+ * devices are free at once (no job jumps ahead of a waiting wider one, so none starves). A
+ * job the memory guard refuses ends there, and the next one is looked at. */
 static void schedule(td_daemon *d)
 {
     td_djob *job;
@@ -253,6 +494,8 @@ static void schedule(td_daemon *d)
                 free_w[n++] = &d->workers[i];
         if (n < job->spec.devices)
             return;
+        if (guard_memory(d, job, free_w, n) != 0)
+            continue;
         if (td_run_new(&job->run, d, job, free_w, n) != 0) {
             td_log_err("job %lld: out of memory starting it; it stays queued", (long long)job->id);
             return;
@@ -270,12 +513,36 @@ static void write_progress(td_daemon *d, td_djob *job)
         td_log_warn("job %lld: cannot record progress: %s", (long long)job->id, err.msg);
 }
 
+static int running_jobs(td_daemon *d);
+static void stop_jobs(td_daemon *d);
+
+/* A job met a sticky CUDA error (DESIGN.md, "Failures"): the process's CUDA state is lost
+ * and no job may be served from it again. The job has failed with its own message; every
+ * other running job is interrupted (it checkpoints and goes back to the queue), nothing new
+ * is dispatched, and once nothing runs the loop ends and main() re-executes traind, whose
+ * start resumes the queue. */
+static void begin_reexec(td_daemon *d, const td_djob *job, const char *devs, const td_error_t *e)
+{
+    if (d->stopping)
+        return;
+    d->reexec = 1;
+    snprintf(d->reexec_why, sizeof(d->reexec_why), "job %lld (%.100s) on %.64s: %.300s",
+             (long long)job->id, job->spec.name, devs, e->msg);
+    td_log_err("sticky CUDA error in %s", d->reexec_why);
+    td_log_err("the process's CUDA state is lost: no more jobs start here; %d running job(s) "
+               "will checkpoint and be requeued, then traind re-executes itself",
+               running_jobs(d));
+    stop_jobs(d);
+}
+
 static void handle_done(td_daemon *d, td_event *ev)
 {
     td_djob *job = td_daemon_find(d, ev->job);
+    char devs[sizeof(job->device_list)];
 
     if (job == NULL)
         return;
+    memcpy(devs, job->device_list, sizeof(devs));
     job->step = ev->step > job->step ? ev->step : job->step;
     write_progress(d, job);
     for (int i = 0; i < d->nworkers; i++)
@@ -284,6 +551,14 @@ static void handle_done(td_daemon *d, td_event *ev)
     td_run_free(job->run);
     job->run = NULL;
     job->device_list[0] = '\0';
+    if (ev->sticky && d->reexec) {
+        /* Another job already met the sticky error: this one's CUDA error is the lost state
+         * showing through, not its own fault. It resumes from its last checkpoint after the
+         * re-exec, like the jobs the stop interrupted. */
+        td_log_warn("job %lld (%s): %s; the process's CUDA state was already lost: requeued",
+                    (long long)job->id, job->spec.name, ev->err.msg);
+        snprintf(ev->state, sizeof(ev->state), TD_JOB_QUEUED);
+    }
     if (strcmp(ev->state, TD_JOB_QUEUED) == 0) {
         /* Interrupted by shutdown: back to the queue, resumed at the next start. */
         snprintf(job->state, sizeof(job->state), TD_JOB_QUEUED);
@@ -307,6 +582,8 @@ static void handle_done(td_daemon *d, td_event *ev)
     else
         td_log_notice("job %lld (%s, uid %lld): %s at step %lld", (long long)job->id,
                       job->spec.name, (long long)job->uid, ev->state, (long long)job->step);
+    if (ev->sticky)
+        begin_reexec(d, job, devs, &ev->err);
     job_unlink(d, job);
     free(job);
     td_server_job_changed(d, ev->job, ev->state);
@@ -467,6 +744,7 @@ int td_daemon_init(td_daemon *d, uv_loop_t *loop, const td_config *cfg, td_error
 
     memset(d, 0, sizeof(*d));
     d->cfg = *cfg;
+    d->reexec_fd = -1;
     d->loop = loop;
     pthread_mutex_init(&d->ev_mu, NULL);
     rc = td_store_open(&d->store, cfg->db_path, err);
@@ -511,6 +789,25 @@ static int queued_by(td_daemon *d, int64_t uid)
     return n;
 }
 
+int td_daemon_validate(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t gid,
+                       td_jobspec *spec, td_error_t *err)
+{
+    int rc;
+
+    if ((rc = td_jobspec_parse(jobval, spec, err)) != 0 ||
+        (rc = td_jobspec_check_access(spec, uid, gid, err)) != 0)
+        return rc;
+    if (spec->devices > d->nworkers)
+        return td_error_set(err, TD_EJOB,
+                            "devices: the job asks for %d devices but this daemon has %d",
+                            spec->devices, d->nworkers);
+    if (d->cfg.max_devices_per_user > 0 && spec->devices > d->cfg.max_devices_per_user)
+        return td_error_set(err, TD_EPERM,
+                            "devices: the job asks for %d devices but each user may hold %d",
+                            spec->devices, d->cfg.max_devices_per_user);
+    return 0;
+}
+
 int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t gid, int64_t *id,
                      td_error_t *err)
 {
@@ -524,23 +821,9 @@ int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t g
     if (job == NULL)
         return td_error_set(err, TD_ENOMEM, "out of memory");
     td_pw_init(&w);
-    rc = td_jobspec_parse(jobval, &job->spec, err);
-    if (rc == 0)
-        rc = td_jobspec_check_access(&job->spec, uid, gid, err);
+    rc = td_daemon_validate(d, jobval, uid, gid, &job->spec, err);
     if (rc != 0)
         goto out;
-    if (job->spec.devices > d->nworkers) {
-        rc = td_error_set(err, TD_EJOB,
-                          "devices: the job asks for %d devices but this daemon has %d",
-                          job->spec.devices, d->nworkers);
-        goto out;
-    }
-    if (d->cfg.max_devices_per_user > 0 && job->spec.devices > d->cfg.max_devices_per_user) {
-        rc = td_error_set(err, TD_EPERM,
-                          "devices: the job asks for %d devices but each user may hold %d",
-                          job->spec.devices, d->cfg.max_devices_per_user);
-        goto out;
-    }
     if (d->cfg.max_queued > 0 && queued_by(d, -2) >= d->cfg.max_queued) {
         rc = td_error_set(err, TD_EPERM, "the queue is full: %d jobs wait, the limit",
                           d->cfg.max_queued);
@@ -647,11 +930,29 @@ static void free_jobs(td_daemon *d)
     }
 }
 
+/* Keeps a copy of the listening socket systemd passed, for the process a re-exec starts:
+ * the server's close closes descriptor 3 itself. */
+static void keep_inherited_socket(td_daemon *d)
+{
+    uv_os_fd_t fd = -1;
+
+    d->reexec_fd = -1;
+    if (!d->reexec || !d->socket_inherited || !d->server_open)
+        return;
+    if (uv_fileno((uv_handle_t *)&d->server, &fd) == 0)
+        d->reexec_fd = fcntl(fd, F_DUPFD_CLOEXEC, 10);
+    if (d->reexec_fd < 0)
+        td_log_err("cannot keep the socket systemd passed for the re-exec: %s; systemd's "
+                   "socket unit still holds it",
+                   strerror(errno));
+}
+
 static void finish_shutdown(td_daemon *d)
 {
     td_event *ev;
 
     d->stopping = 2;
+    keep_inherited_socket(d);
     td_server_close(d);
     workers_stop(d);
     td_mq_stop(d->mq);
@@ -667,19 +968,82 @@ static void finish_shutdown(td_daemon *d)
     td_store_close(d->store);
     d->store = NULL;
     uv_close((uv_handle_t *)&d->async, NULL);
-    td_log_notice("stopped");
+    /* A re-exec ends the loop without a signal: the signal handles must go too. */
+    if (d->signals_open) {
+        uv_close((uv_handle_t *)&d->sigint, NULL);
+        uv_close((uv_handle_t *)&d->sigterm, NULL);
+        d->signals_open = 0;
+    }
+    td_log_notice(d->reexec ? "stopped for the re-exec" : "stopped");
 }
 
-/* Stops taking requests, interrupts running jobs (they go back to the queue) and closes
- * everything once the workers have answered. */
-void td_daemon_shutdown(td_daemon *d)
+/* Interrupts every running job: each checkpoints at its next step boundary and is requeued.
+ * Nothing is dispatched from now on. */
+static void stop_jobs(td_daemon *d)
 {
-    if (d->stopping)
-        return;
     d->stopping = 1;
-    td_log_notice("stopping: %d running job(s) will be requeued", running_jobs(d));
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
         if (j->run != NULL)
             atomic_store(&j->interrupt, 1);
     uv_async_send(&d->async);
+}
+
+void td_daemon_shutdown(td_daemon *d)
+{
+    if (d->stopping) {
+        if (d->reexec && d->stopping == 1) {
+            td_log_notice("stopping instead of re-executing");
+            d->reexec = 0;
+        }
+        return;
+    }
+    td_log_notice("stopping: %d running job(s) will be requeued", running_jobs(d));
+    stop_jobs(d);
+}
+
+/* Marks every descriptor from 3 up close-on-exec but keep (-1: none). */
+static void cloexec_all_but(int keep)
+{
+    DIR *dir = opendir("/proc/self/fd");
+    struct dirent *e;
+
+    if (dir == NULL) {
+        /* No /proc: the descriptors traind opens itself are close-on-exec already. */
+        td_log_warn("cannot list /proc/self/fd: %s", strerror(errno));
+        return;
+    }
+    while ((e = readdir(dir)) != NULL) {
+        int fd = atoi(e->d_name);
+        if (fd > 2 && fd != keep && fd != dirfd(dir))
+            (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+    closedir(dir);
+}
+
+int td_daemon_reexec(td_daemon *d, char *const argv[])
+{
+    int keep = -1;
+
+    if (d->reexec_fd >= 0) {
+        /* sd_listen_fds(3): the passed socket is descriptor 3; LISTEN_PID (this pid, which
+         * exec keeps) and LISTEN_FDS are still set, so the new process takes it again. */
+        if (dup2(d->reexec_fd, 3) == 3) {
+            keep = 3;
+            if (d->reexec_fd != 3)
+                close(d->reexec_fd);
+        } else {
+            td_log_err("cannot put the socket systemd passed back on descriptor 3: %s",
+                       strerror(errno));
+        }
+        d->reexec_fd = -1;
+    }
+    /* CUDA, NCCL and the libraries below them may hold descriptors opened without
+     * close-on-exec (/dev/nvidia*, sockets): none may leak into the new process. */
+    cloexec_all_but(keep);
+    td_log_notice("re-executing traind (same pid %ld) after a sticky CUDA error in %s",
+                  (long)getpid(), d->reexec_why);
+    execv("/proc/self/exe", argv);
+    keep = errno;
+    td_log_err("cannot re-execute /proc/self/exe: %s", strerror(keep));
+    return -keep;
 }

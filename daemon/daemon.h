@@ -27,6 +27,10 @@
 
 typedef struct td_daemon td_daemon;
 typedef struct td_worker td_worker;
+struct td_cuda_ctx; /* kernels/cuda/td_cuda.h, in builds with CUDA */
+
+/* The kind of a daemon's devices (all of one kind: --devices cpu:N or cuda:...). */
+typedef enum { TD_DEV_CPU = 0, TD_DEV_CUDA = 1 } td_dev_kind;
 typedef struct td_run td_run;
 typedef struct td_conn td_conn;
 
@@ -44,16 +48,22 @@ typedef struct td_djob {
     atomic_llong live_step;      /* set by rank 0's worker after each step */
     atomic_int progress_pending; /* a PROGRESS event is posted and not yet handled */
     td_run *run;                 /* while running */
-    char device_list[64];        /* "cpu:0,cpu:1" while running */
+    char device_list[64];        /* "cpu:0,cpu:1" while running; td_job_row.device_list's size */
     struct td_djob *next;
 } td_djob;
 
 /* A device and the thread that trains on it. */
 struct td_worker {
     td_daemon *d;
-    int index;
-    char name[16]; /* "cpu:0" */
-    int threads;   /* BLAS threads for jobs on this device */
+    int index;               /* in d->workers */
+    td_dev_kind kind;        /* the daemon's */
+    int device;              /* the device's number: cpu:N's N (= index), cuda:N's CUDA ordinal */
+    char name[16];           /* "cpu:0", "cuda:1" */
+    int threads;             /* BLAS threads for jobs on this device */
+    struct td_cuda_ctx *ctx; /* cuda: the worker thread's context, made and bound by the thread
+                              * when it starts, kept bound, freed when it ends */
+    int init_done;           /* guarded by mu: the thread has made its context (or failed) */
+    td_error_t init_err;     /* guarded by mu: why it failed */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -78,6 +88,8 @@ typedef struct td_event {
     int64_t step, total_steps;
     char state[TD_STORE_MAX_STATE];
     td_error_t err;
+    int sticky;    /* DONE of a failed job: a replica met a sticky CUDA error (or had one
+                    * injected): the process's CUDA state is lost, the daemon re-executes */
     void *devices; /* DONE of a failed job: malloc'd msgpack list of failed devices */
     size_t devices_len;
     struct td_event *next;
@@ -87,7 +99,12 @@ typedef struct td_config {
     char socket_path[108];
     char state_dir[512];
     char db_path[600];
-    int ncpu_devices;
+    td_dev_kind dev_kind;             /* --devices: cpu:N or cuda:... */
+    int ncpu_devices;                 /* cpu:N's N */
+    int cuda_all;                     /* cuda:all: every GPU the process sees, found at start */
+    int cuda_devices[TD_MAX_DEVICES]; /* cuda:0,1: the CUDA ordinals, ascending */
+    int ncuda_devices;
+    double nccl_timeout_s;    /* [cuda] nccl_timeout_s: a job's collectives, unless the job says */
     int max_queued_per_user;  /* queued jobs one uid may have; 0 = unlimited */
     int max_devices_per_user; /* devices one uid's running jobs may hold; 0 = unlimited */
     int max_conns;            /* connections open at once, at most; default TD_MAX_CONNS */
@@ -116,12 +133,23 @@ struct td_daemon {
     int exit_code;
     int server_open;      /* server is initialised and not yet closed */
     int socket_inherited; /* server came from systemd (LISTEN_FDS): its path is not ours */
+    td_dev_kind dev_kind; /* the kind of every worker */
+    int signals_open;     /* sigint and sigterm are started (main.c) and not yet closed */
+    int reexec;           /* a sticky CUDA error: stop, then re-execute (td_daemon_reexec) */
+    char reexec_why[512]; /* which job, which device, what error */
+    int reexec_fd;        /* a copy of the inherited listening socket kept for the new
+                           * process while the server closes its own; -1 when none */
 };
 
 /* daemon.c: jobs, scheduler, workers, events. */
 int td_daemon_init(td_daemon *d, uv_loop_t *loop, const td_config *cfg, td_error_t *err);
 void td_daemon_post(td_daemon *d, td_event *ev);         /* any thread; takes ev */
 td_event *td_event_new(td_event_kind kind, int64_t job); /* any thread; aborts on ENOMEM */
+/* Checks a submitted job as submit does before queueing it: the job file (jobspec), the
+ * files' access as the user (uid, gid), its device count against this daemon's and the
+ * per-user limit. Fills *spec. TD_EJOB / TD_EPERM with err naming the field. */
+int td_daemon_validate(td_daemon *d, const td_pval *job, int64_t uid, int64_t gid, td_jobspec *spec,
+                       td_error_t *err);
 /* Validates and queues a job for the user (uid, gid) who sent it. */
 int td_daemon_submit(td_daemon *d, const td_pval *job, int64_t uid, int64_t gid, int64_t *id,
                      td_error_t *err);
@@ -137,10 +165,16 @@ int td_daemon_stored_spec(const td_job_row *row, td_jobspec *spec, td_error_t *e
 /* Appends a line to a job's log in the store (lifecycle events, warnings). */
 void td_daemon_log(td_daemon *d, int64_t job, int level, const char *line);
 td_djob *td_daemon_find(td_daemon *d, int64_t id);
+/* Stops taking requests and dispatching, interrupts running jobs (they checkpoint and go back
+ * to the queue) and closes everything once they have. A shutdown during a re-exec's stop
+ * (below) turns it into a plain stop. */
 void td_daemon_shutdown(td_daemon *d);
-
-/* The kind of a daemon's devices (all of one kind: --devices cpu:N or cuda:...). */
-typedef enum { TD_DEV_CPU = 0, TD_DEV_CUDA = 1 } td_dev_kind;
+/* After the loop has ended with d->reexec set (a job met a sticky CUDA error, and every other
+ * job was checkpointed and requeued): replaces the process with a fresh traind, the same pid,
+ * executing /proc/self/exe with argv (main's original). Every descriptor but 0-2 is closed
+ * on exec, except the listening socket systemd passed (LISTEN_FDS), which is put back on
+ * descriptor 3 for the new process to take again. Returns only on failure: -errno, logged. */
+int td_daemon_reexec(td_daemon *d, char *const argv[]);
 
 /* daemon.c: the memory a job would have on worker index's device, for the memory guard and
  * submit --dry-run: cuda, cudaMemGetInfo's free and total bytes of the GPU; cpu,
@@ -148,6 +182,11 @@ typedef enum { TD_DEV_CPU = 0, TD_DEV_CUDA = 1 } td_dev_kind;
  * TD_ECUDA / TD_EIO with err saying why. */
 int td_daemon_device_memory(td_daemon *d, int index, size_t *free_bytes, size_t *total_bytes,
                             td_error_t *err);
+/* The least free memory among workers ws[0..n) as a job on all of them would have it (a cpu:
+ * device's share is MemAvailable over n, since they share the machine's memory), that
+ * device's total, and its name (borrowed from the worker). Errors as td_daemon_device_memory. */
+int td_daemon_least_memory(td_daemon *d, td_worker *const *ws, int n, size_t *free_bytes,
+                           size_t *total_bytes, const char **name, td_error_t *err);
 
 /* server.c: the control socket, connections, requests, streams. */
 int td_server_listen(td_daemon *d, td_error_t *err);

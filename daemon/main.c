@@ -4,6 +4,11 @@
  * the one systemd passed), tells systemd it is ready and feeds systemd's watchdog, and runs
  * the libuv loop until SIGTERM or SIGINT.
  *
+ * After a sticky CUDA error (DESIGN.md, "Failures") the loop ends without a signal, every
+ * other job checkpointed and requeued, and main() re-executes traind with the argv it was
+ * started with: the same pid, so systemd sees the same service, told RELOADING=1 before and
+ * READY=1 again after.
+ *
  * Exit status: 0 after a clean stop, 64 for a bad command line, 78 for a bad configuration
  * (systemd does not restart it: RestartPreventExitStatus=78), 1 when it cannot start. */
 #include <errno.h>
@@ -35,17 +40,25 @@ typedef struct flags {
 
 static void usage(FILE *to)
 {
-    fprintf(to, "usage: traind [--config FILE] [--socket PATH] [--state-dir DIR] "
-                "[--devices cpu:N] [--log-level LEVEL]\n"
-                "\n"
-                "  --config FILE      configuration file (default " TD_CONFIG_PATH ");\n"
-                "                     the flags below override its keys\n"
-                "  --socket PATH      control socket (default /run/traind/traind.sock)\n"
-                "  --state-dir DIR    where traind.db lives (default /var/lib/traind)\n"
-                "  --devices cpu:N    N CPU devices, each a worker thread with its share of\n"
-                "                     the cores (default cpu:1)\n"
-                "  --log-level LEVEL  err, warning, notice, info or debug (default info)\n"
-                "  --version          print the version and exit\n");
+    fprintf(to,
+            "usage: traind [--config FILE] [--socket PATH] [--state-dir DIR] "
+            "[--devices DEVICES] [--log-level LEVEL]\n"
+            "\n"
+            "  --config FILE      configuration file (default " TD_CONFIG_PATH ");\n"
+            "                     the flags below override its keys\n"
+            "  --socket PATH      control socket (default /run/traind/traind.sock)\n"
+            "  --state-dir DIR    where traind.db lives (default /var/lib/traind)\n"
+            "  --devices DEVICES  cpu:N: N CPU devices, each a worker thread with its\n"
+            "                     share of the cores (default cpu:1); cuda:all: every\n"
+            "                     GPU; cuda:0,1: those GPUs%s\n"
+            "  --log-level LEVEL  err, warning, notice, info or debug (default info)\n"
+            "  --version          print the version and exit\n",
+#ifdef TD_HAVE_CUDA
+            ""
+#else
+            " (not in this build: it has no CUDA)"
+#endif
+    );
 }
 
 /* mkdir -p for the state directory. */
@@ -202,8 +215,11 @@ static void on_signal(uv_signal_t *h, int signum)
 
     td_log_notice("signal %d received", signum);
     td_notify_send(&notify, "STOPPING=1\nSTATUS=stopping: running jobs go back to the queue");
-    uv_close((uv_handle_t *)&d->sigint, NULL);
-    uv_close((uv_handle_t *)&d->sigterm, NULL);
+    if (d->signals_open) {
+        uv_close((uv_handle_t *)&d->sigint, NULL);
+        uv_close((uv_handle_t *)&d->sigterm, NULL);
+        d->signals_open = 0;
+    }
     td_daemon_shutdown(d);
 }
 
@@ -214,22 +230,65 @@ static void ready(td_daemon *d)
     char msg[256];
     int rc;
 
-    snprintf(msg, sizeof(msg), "READY=1\nSTATUS=listening on %s; %d device(s)", d->cfg.socket_path,
-             d->nworkers);
+    snprintf(msg, sizeof(msg), "READY=1\nSTATUS=listening on %s; %d device(s)%s",
+             d->cfg.socket_path, d->nworkers,
+             getenv("TRAIND_REEXEC") != NULL ? "; re-executed" : "");
     td_notify_send(&notify, msg);
     rc = td_notify_watchdog_start(&notify, d->loop, workers_fresh, d);
     if (rc != 0)
         td_log_err("cannot start the watchdog timer: %s", uv_strerror(rc));
 }
 
+/* "cuda:0, cuda:1" for the start's log line. */
+static void device_names(const td_daemon *d, char *out, size_t size)
+{
+    size_t len = 0;
+
+    out[0] = '\0';
+    for (int i = 0; i < d->nworkers && len < size; i++)
+        len += (size_t)snprintf(out + len, size - len, "%s%s", i ? ", " : "", d->workers[i].name);
+}
+
+/* The end of a loop that a sticky CUDA error stopped: tells systemd, then becomes a fresh
+ * traind. Returns only when the exec failed (exit 1: systemd restarts it, and the store
+ * resumes the queue all the same). */
+static int reexec(td_daemon *d, char **argv)
+{
+    char msg[700];
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    snprintf(msg, sizeof(msg),
+             "RELOADING=1\nMONOTONIC_USEC=%lld\nSTATUS=re-executing after a sticky CUDA error in "
+             "%.500s",
+             (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000, d->reexec_why);
+    td_notify_send(&notify, msg);
+    td_notify_close(&notify);
+    uv_run(d->loop, UV_RUN_DEFAULT); /* the watchdog timer's close callback */
+    uv_loop_close(d->loop);
+    /* The new process reads it only to say, in its status, that it is one. */
+    setenv("TRAIND_REEXEC", "1", 1);
+    td_daemon_reexec(d, argv);
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     static td_daemon d;
+    static char *args[256];
     td_config cfg;
     td_error_t err = {0};
     uv_loop_t *loop = uv_default_loop();
+    char names[TD_MAX_DEVICES * 12];
     int rc;
 
+    /* getopt_long may permute argv: a re-exec needs it as it came. */
+    if (argc >= (int)(sizeof(args) / sizeof(args[0]))) {
+        fprintf(stderr, "traind: too many arguments\n");
+        return EX_USAGE;
+    }
+    memcpy(args, argv, (size_t)argc * sizeof(*argv));
+    args[argc] = NULL;
     rc = configure(argc, argv, &cfg);
     if (rc != 0)
         return rc;
@@ -261,10 +320,14 @@ int main(int argc, char **argv)
     d.sigint.data = d.sigterm.data = &d;
     uv_signal_start(&d.sigint, on_signal, SIGINT);
     uv_signal_start(&d.sigterm, on_signal, SIGTERM);
-    td_log_notice("traind %s listening on %s; state in %s; %d device(s) cpu:0..%d", TD_VERSION,
-                  d.cfg.socket_path, cfg.db_path, d.nworkers, d.nworkers - 1);
+    d.signals_open = 1;
+    device_names(&d, names, sizeof(names));
+    td_log_notice("traind %s listening on %s; state in %s; %d device(s): %s", TD_VERSION,
+                  d.cfg.socket_path, cfg.db_path, d.nworkers, names);
     ready(&d);
     uv_run(loop, UV_RUN_DEFAULT);
+    if (d.reexec)
+        return reexec(&d, args);
     rc = d.exit_code;
 out:
     td_notify_close(&notify);

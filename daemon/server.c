@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "memguard.h"
 #include "td_log.h"
 #include "work.h"
 
@@ -423,18 +424,126 @@ static void req_hello(td_conn *c, const td_pval *root, int64_t id)
         return;
     }
     c->hello = 1;
-    reply_begin(c, "hello", id, 2);
+    reply_begin(c, "hello", id, 3);
     td_pw_str(&c->w, "version");
     td_pw_int(&c->w, TD_PROTO_VERSION);
     td_pw_str(&c->w, "server");
     td_pw_str(&c->w, "traind " TD_VERSION);
+    /* What this daemon understands beyond version 1's first form, so that a client never
+     * sends a flag an older daemon would ignore (a submit's dry_run would queue the job). */
+    td_pw_str(&c->w, "features");
+    td_pw_array(&c->w, 1);
+    td_pw_str(&c->w, "dry_run");
     conn_send(c);
+}
+
+/* ---- submit --dry-run ---- */
+
+/* The estimate reply of PROTOCOL.md ("submit", dry run). */
+static void send_estimate(td_conn *c, int64_t id, const td_jobspec *spec, int asked_auto,
+                          const td_memguard *g, const char *message)
+{
+    td_pw *w = &c->w;
+    int world = spec->train.world;
+    int batch = asked_auto ? (g->chose_batch > 0 ? g->chose_batch : world) : spec->train.batch_size;
+
+    reply_begin(c, "estimate", id, 11);
+    td_pw_str(w, "device");
+    td_pw_str(w, g->device);
+    td_pw_str(w, "devices");
+    td_pw_int(w, world);
+    td_pw_str(w, "batch_size");
+    td_pw_int(w, batch);
+    td_pw_str(w, "batch_auto");
+    td_pw_bool(w, asked_auto);
+    td_pw_str(w, "memory");
+    td_pw_map(w, 8);
+    td_pw_str(w, "rows");
+    td_pw_int(w, g->est.batch);
+    td_pw_str(w, "parameters");
+    td_pw_int(w, (int64_t)g->est.params);
+    td_pw_str(w, "gradients");
+    td_pw_int(w, (int64_t)g->est.grads);
+    td_pw_str(w, "optimizer");
+    td_pw_int(w, (int64_t)g->est.optim);
+    td_pw_str(w, "activations");
+    td_pw_int(w, (int64_t)g->est.activations);
+    td_pw_str(w, "attention");
+    td_pw_int(w, (int64_t)g->est.attention);
+    td_pw_str(w, "workspace");
+    td_pw_int(w, (int64_t)g->est.workspace);
+    td_pw_str(w, "total");
+    td_pw_int(w, (int64_t)g->est.total);
+    td_pw_str(w, "free_bytes");
+    td_pw_int(w, (int64_t)g->free_bytes);
+    td_pw_str(w, "total_bytes");
+    td_pw_int(w, (int64_t)g->total_bytes);
+    td_pw_str(w, "fits");
+    td_pw_bool(w, g->fits);
+    td_pw_str(w, "largest_batch");
+    td_pw_int(w, g->largest_batch);
+    td_pw_str(w, "auto_batch");
+    td_pw_int(w, td_memguard_auto_batch(g->largest_batch, world));
+    td_pw_str(w, "message");
+    td_pw_str(w, message);
+    conn_send(c);
+}
+
+/* submit with dry_run: the job validated as a submit would be, then the memory guard against
+ * the devices it would get, and the estimate sent back. Nothing is stored or queued. */
+static void req_dry_run(td_conn *c, const td_pval *job, int64_t id)
+{
+    td_jobspec *spec = malloc(sizeof(*spec)); /* ~70 KiB of paths: not on the stack */
+    const char *device = "?";
+    size_t free_bytes = 0, total_bytes = 0;
+    td_error_t err = {0};
+    td_memguard g = {0};
+    int asked_auto = 0, guarded = 0, rc;
+
+    if (spec == NULL) {
+        send_error(c, id, TD_ENOMEM, "out of memory");
+        return;
+    }
+    rc = td_daemon_validate(c->d, job, c->uid, c->gid, spec, &err);
+    if (rc == 0) {
+        td_worker *ws[TD_MAX_DEVICES];
+        for (int i = 0; i < spec->devices; i++)
+            ws[i] = &c->d->workers[i];
+        spec->train.world = spec->devices;
+        rc = td_daemon_least_memory(c->d, ws, spec->devices, &free_bytes, &total_bytes, &device,
+                                    &err);
+    }
+    if (rc == 0) {
+        asked_auto = spec->batch_auto;
+        guarded = 1;
+        rc = td_memguard_check(spec, free_bytes, total_bytes, device, &g, &err);
+    }
+    /* Not fitting is an answer, not an error: the estimate goes back with the refusal. */
+    if (rc == 0 || (guarded && rc == TD_ENOMEM && !g.fits && g.est.total > 0)) {
+        send_estimate(c, id, spec, asked_auto, &g, rc == 0 ? NULL : err.msg);
+    } else {
+        td_log_info("client pid %lld uid %lld: dry run refused: %s", (long long)c->pid,
+                    (long long)c->uid, err.msg);
+        send_error(c, id, err.code, err.msg);
+    }
+    free(spec);
 }
 
 static void req_submit(td_conn *c, const td_pval *root, int64_t id)
 {
+    const td_pval *dry = td_pv_get(root, "dry_run");
     td_error_t err = {0};
     int64_t job = 0;
+    int dry_run = 0;
+
+    if (dry != NULL && td_pv_bool(dry, &dry_run) != 0) {
+        send_error(c, id, TD_EPROTO, "dry_run: must be true or false");
+        return;
+    }
+    if (dry_run) {
+        req_dry_run(c, td_pv_get(root, "job"), id);
+        return;
+    }
 
     if (td_daemon_submit(c->d, td_pv_get(root, "job"), c->uid, c->gid, &job, &err) != 0) {
         td_log_info("client pid %lld uid %lld: job refused: %s", (long long)c->pid,

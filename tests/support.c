@@ -135,6 +135,39 @@ void ts_daemon_kill9(ts_daemon *d)
     ts_live_pid = -1;
 }
 
+/* How many times needle occurs in the daemon's log (d->dir/traind.log); 0 when it cannot be
+ * read. */
+int ts_log_count(const ts_daemon *d, const char *needle)
+{
+    char path[320], *buf = NULL;
+    size_t cap = 0;
+    FILE *f;
+    int n = 0;
+
+    snprintf(path, sizeof(path), "%s/traind.log", d->dir);
+    f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    if (getdelim(&buf, &cap, '\0', f) > 0)
+        for (const char *p = strstr(buf, needle); p != NULL; p = strstr(p + 1, needle))
+            n++;
+    free(buf);
+    fclose(f);
+    return n;
+}
+
+/* Polls the daemon's log until needle occurs count times; fails the test after timeout_s. */
+void ts_wait_log(const ts_daemon *d, const char *needle, int count, int timeout_s)
+{
+    for (long long until = ts_now_ms() + timeout_s * 1000LL; ts_now_ms() < until;) {
+        if (ts_log_count(d, needle) >= count)
+            return;
+        usleep(STATUS_POLL_MS * 1000);
+    }
+    fail_msg("\"%s\" is in %s/traind.log %d time(s), not %d, after %d s", needle, d->dir,
+             ts_log_count(d, needle), count, timeout_s);
+}
+
 /* Connects c to sock: 0, or -errno when the connection is refused (nothing is then left
  * open). */
 int ts_client_connect(ts_client *c, const char *sock)

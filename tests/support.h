@@ -65,6 +65,8 @@ void ts_daemon_start(ts_daemon *d, const char *devices);
 void ts_daemon_start_in(ts_daemon *d, const char *devices);
 int ts_daemon_stop(ts_daemon *d);
 void ts_daemon_kill9(ts_daemon *d);
+int ts_log_count(const ts_daemon *d, const char *needle);
+void ts_wait_log(const ts_daemon *d, const char *needle, int count, int timeout_s);
 
 /* The connection. ts_client_recv's frame: caller frees with td_proto_frame_free(). */
 int ts_client_connect(ts_client *c, const char *sock);

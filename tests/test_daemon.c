@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -26,11 +27,13 @@
  * evaluation stays quick. */
 /* Extra keys of a test job: devices, and an injected fault. */
 typedef struct job_extra {
-    int devices;           /* 0: leave the key out */
-    int64_t fail_step;     /* with fail_kind */
-    const char *fail_kind; /* NULL: no debug.fail */
-    int fail_devices[4];   /* device numbers, ended by -1 */
-    int batch;             /* 0: 64 */
+    int devices;              /* 0: leave the key out */
+    int64_t fail_step;        /* with fail_kind */
+    const char *fail_kind;    /* NULL: no debug.fail */
+    int fail_devices[4];      /* device numbers, ended by -1 */
+    int batch;                /* 0: 64 */
+    int64_t checkpoint_every; /* 0: leave the key out */
+    int hidden2;              /* a second hidden layer of this width; 0: none */
 } job_extra;
 
 static void write_mlp_job_ex(td_pw *w, const char *name, int layers1, int64_t max_steps,
@@ -40,7 +43,7 @@ static void write_mlp_job_ex(td_pw *w, const char *name, int layers1, int64_t ma
     int nfail = 0;
 
     if (x != NULL) {
-        n += (x->devices > 0) + (x->fail_kind != NULL);
+        n += (x->devices > 0) + (x->fail_kind != NULL) + (x->checkpoint_every > 0);
         while (x->fail_kind != NULL && nfail < 4 && x->fail_devices[nfail] >= 0)
             nfail++;
     }
@@ -48,6 +51,10 @@ static void write_mlp_job_ex(td_pw *w, const char *name, int layers1, int64_t ma
     if (x != NULL && x->devices > 0) {
         td_pw_str(w, "devices");
         td_pw_int(w, x->devices);
+    }
+    if (x != NULL && x->checkpoint_every > 0) {
+        td_pw_str(w, "checkpoint_every");
+        td_pw_int(w, x->checkpoint_every);
     }
     if (x != NULL && x->fail_kind != NULL) {
         td_pw_str(w, "debug");
@@ -70,9 +77,11 @@ static void write_mlp_job_ex(td_pw *w, const char *name, int layers1, int64_t ma
     td_pw_str(w, "kind");
     td_pw_str(w, "mlp");
     td_pw_str(w, "layers");
-    td_pw_array(w, 3);
+    td_pw_array(w, x != NULL && x->hidden2 > 0 ? 4 : 3);
     td_pw_int(w, 784);
     td_pw_int(w, layers1);
+    if (x != NULL && x->hidden2 > 0)
+        td_pw_int(w, x->hidden2);
     td_pw_int(w, 10);
     td_pw_str(w, "data");
     td_pw_map(w, with_test ? 3 : 2);
@@ -819,6 +828,88 @@ static void test_gpt_resume_is_exact(void **state)
     assert_int_equal(ts_daemon_stop(&d), 0);
 }
 
+/* A sticky CUDA error (injected on the CPU: debug.fail kind "sticky" fails the step with
+ * TD_ECUDA as a real illegal address would) fails its job with the message naming its
+ * device; the daemon then checkpoints and requeues the other running job, re-executes itself
+ * (the same pid, listening again on the same socket), and the new process resumes that job
+ * to its end with every metric row once. */
+/* The memory guard at dispatch refuses a job that cannot fit its device with the numbers
+ * (an MLP with two hidden layers of 2^20: over 4 TB of parameters alone), and the scheduler
+ * goes on with the next job. */
+static void test_memory_guard_refuses_at_dispatch(void **state)
+{
+    ts_daemon d;
+    ts_client c;
+    ts_watched w;
+    job_extra huge = {.devices = 1, .fail_devices = {-1}, .hidden2 = 1 << 20};
+    int64_t big, small;
+
+    ts_daemon_start(&d, "cpu:1");
+    ts_connect_hello(&c, d.sock);
+    big = submit_ex(&c, "huge", 1 << 20, 10, &huge, NULL, 0);
+    assert_true(big >= 1);
+    small = submit(&c, "small", 32, 20, NULL, 0);
+    ts_watch_to_end(&c, big, &w);
+    assert_string_equal(w.final_state, "failed");
+    if (strstr(w.error, "does not fit on cpu:0: needs ") == NULL)
+        fail_msg("expected the memory guard's refusal, got \"%s\"", w.error);
+    ts_watch_to_end(&c, small, &w);
+    assert_string_equal(w.final_state, "succeeded");
+    assert_int_equal(w.train_loss_rows, 20);
+    ts_client_close(&c);
+    assert_int_equal(ts_log_count(&d, "refused at dispatch: does not fit on cpu:0"), 1);
+    assert_int_equal(ts_daemon_stop(&d), 0);
+}
+
+#define SURVIVOR_STEPS 6000
+static void test_sticky_error_reexecs_and_resumes(void **state)
+{
+    ts_daemon d;
+    ts_client c;
+    ts_watched w;
+    job_extra survivor = {.devices = 1, .fail_devices = {-1}, .checkpoint_every = 50};
+    job_extra sticky = {
+        .devices = 1, .fail_step = 3, .fail_kind = "sticky", .fail_devices = {1, -1}};
+    const td_pval *job;
+    td_proto_frame *f;
+    int64_t b, a;
+    int status;
+
+    ts_daemon_start(&d, "cpu:2");
+    ts_connect_hello(&c, d.sock);
+    /* Long enough to outlast the sticky job's dataset load and first steps by far. */
+    b = submit_ex(&c, "survivor", 256, SURVIVOR_STEPS, &survivor, NULL, 0);
+    ts_wait_state(&c, b, "running", 30);
+    for (int i = 0; i < 300 && ts_job_status(&c, b, NULL, 0) < 20; i++)
+        usleep(50 * 1000);
+    /* The survivor runs on cpu:0, so the sticky job gets cpu:1, the device its fault names. */
+    a = submit_ex(&c, "sticky", 64, 50, &sticky, NULL, 0);
+    expect_failure(&c, a,
+                   "training worker on device 1 failed: injected sticky CUDA error at step 3: "
+                   "cudaErrorIllegalAddress: an illegal memory access was encountered",
+                   "sticky");
+    ts_client_close(&c);
+
+    /* The same process, started again: a second "listening on" line in its log. */
+    ts_wait_log(&d, "re-executing traind", 1, 60);
+    ts_wait_log(&d, "listening on", 2, 60);
+    assert_int_equal(waitpid(d.pid, &status, WNOHANG), 0);
+    ts_connect_hello(&c, d.sock);
+    f = ts_status(&c, a, &job);
+    assert_true(ts_str_is(td_pv_get(job, "state"), "failed"));
+    td_proto_frame_free(f);
+    ts_watch_to_end(&c, b, &w);
+    assert_string_equal(w.final_state, "succeeded");
+    assert_int_equal(w.train_loss_rows, SURVIVOR_STEPS);
+    assert_int_equal(w.dup_or_disorder, 0);
+    ts_client_close(&c);
+    assert_int_equal(stored_rows(&d, b, "train_loss"), SURVIVOR_STEPS);
+    /* It was interrupted by the re-exec, and resumed. */
+    assert_int_equal(ts_log_count(&d, "job 1 (survivor): interrupted at step"), 1);
+    assert_int_equal(ts_log_count(&d, "job 1 (survivor, uid 0): running on"), 2);
+    assert_int_equal(ts_daemon_stop(&d), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -833,7 +924,12 @@ int main(void)
         cmocka_unit_test_teardown(test_stalled_and_late_watchers, ts_kill_leftover),
         cmocka_unit_test_teardown(test_gpt_learns_text, ts_kill_leftover),
         cmocka_unit_test_teardown(test_gpt_resume_is_exact, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_sticky_error_reexecs_and_resumes, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_memory_guard_refuses_at_dispatch, ts_kill_leftover),
     };
     signal(SIGPIPE, SIG_IGN);
+    /* TD_TEST_FILTER=test_sticky* runs only the tests whose name matches. */
+    if (getenv("TD_TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("TD_TEST_FILTER"));
     return cmocka_run_group_tests_name("integration", tests, NULL, NULL);
 }

@@ -505,6 +505,166 @@ static void test_finish_prefix_and_limits(void **state)
     td_pw_free(NULL);
 }
 
+/* submit --dry-run (PROTOCOL.md, "Dry run"): the request as trainctl writes it and the
+ * estimate reply as traind writes it, through a reader one frame after the other: the job map
+ * nested whole, dry_run a boolean, byte counts past 4 GiB exact, message nil or a string; and
+ * the hello reply's features list. */
+static void test_dry_run_round_trip(void **state)
+{
+    static const char *const parts[] = {"rows",        "parameters", "gradients", "optimizer",
+                                        "activations", "attention",  "workspace", "total"};
+    const int64_t sizes[] = {8,        497664,    497920,       995328, 85126348800LL,
+                             67108864, 100933632, 85228440576LL};
+    td_proto_reader *r = NULL;
+    td_proto_frame *f = NULL;
+    td_error_t err = {0};
+    const td_pval *root, *mem;
+    const char *frame;
+    size_t len;
+    char buf[512];
+    int64_t v;
+    int b = -1;
+    td_pw w;
+
+    td_pw_init(&w);
+    assert_int_equal(td_proto_reader_new(&r, 0), 0);
+
+    /* the request */
+    td_pw_map(&w, 4);
+    td_pw_str(&w, "type");
+    td_pw_str(&w, "submit");
+    td_pw_str(&w, "id");
+    td_pw_int(&w, 7);
+    td_pw_str(&w, "job");
+    td_pw_map(&w, 2);
+    td_pw_str(&w, "batch_size");
+    td_pw_str(&w, "auto");
+    td_pw_str(&w, "model");
+    td_pw_map(&w, 1);
+    td_pw_str(&w, "kind");
+    td_pw_str(&w, "gpt");
+    td_pw_str(&w, "dry_run");
+    td_pw_bool(&w, 1);
+    assert_int_equal(td_pw_finish(&w, &frame, &len), 0);
+    assert_int_equal(td_proto_reader_feed(r, frame, len), 0);
+
+    /* the reply */
+    td_pw_reset(&w);
+    td_pw_map(&w, 13);
+    td_pw_str(&w, "type");
+    td_pw_str(&w, "estimate");
+    td_pw_str(&w, "id");
+    td_pw_int(&w, 7);
+    td_pw_str(&w, "device");
+    td_pw_str(&w, "cuda:1");
+    td_pw_str(&w, "devices");
+    td_pw_int(&w, 2);
+    td_pw_str(&w, "batch_size");
+    td_pw_int(&w, 16);
+    td_pw_str(&w, "batch_auto");
+    td_pw_bool(&w, 1);
+    td_pw_str(&w, "memory");
+    td_pw_map(&w, 8);
+    for (size_t i = 0; i < 8; i++) {
+        td_pw_str(&w, parts[i]);
+        td_pw_int(&w, sizes[i]);
+    }
+    td_pw_str(&w, "free_bytes");
+    td_pw_int(&w, 84427309056LL);
+    td_pw_str(&w, "total_bytes");
+    td_pw_int(&w, 85899345920LL);
+    td_pw_str(&w, "fits");
+    td_pw_bool(&w, 0);
+    td_pw_str(&w, "largest_batch");
+    td_pw_int(&w, 15);
+    td_pw_str(&w, "auto_batch");
+    td_pw_int(&w, 14);
+    td_pw_str(&w, "message");
+    td_pw_str(&w, "does not fit on cuda:1: needs 81279 MiB per device");
+    assert_int_equal(td_pw_finish(&w, &frame, &len), 0);
+    assert_int_equal(td_proto_reader_feed(r, frame, len), 0);
+
+    /* the hello reply with its features */
+    td_pw_reset(&w);
+    td_pw_map(&w, 5);
+    td_pw_str(&w, "type");
+    td_pw_str(&w, "hello");
+    td_pw_str(&w, "id");
+    td_pw_int(&w, 0);
+    td_pw_str(&w, "version");
+    td_pw_int(&w, TD_PROTO_VERSION);
+    td_pw_str(&w, "server");
+    td_pw_str(&w, "traind 0.1.0");
+    td_pw_str(&w, "features");
+    td_pw_array(&w, 1);
+    td_pw_str(&w, "dry_run");
+    assert_int_equal(td_pw_finish(&w, &frame, &len), 0);
+    assert_int_equal(td_proto_reader_feed(r, frame, len), 0);
+
+    assert_int_equal(td_proto_reader_next(r, &f, &err), 1);
+    root = td_proto_frame_root(f);
+    assert_string_equal(str_of(td_pv_get(root, "type"), buf, sizeof(buf)), "submit");
+    assert_int_equal(td_pv_bool(td_pv_get(root, "dry_run"), &b), 0);
+    assert_int_equal(b, 1);
+    assert_int_equal(td_pv_type_of(td_pv_get(root, "job")), TD_PV_MAP);
+    assert_string_equal(str_of(td_pv_get(td_pv_get(root, "job"), "batch_size"), buf, sizeof(buf)),
+                        "auto");
+    assert_string_equal(
+        str_of(td_pv_get(td_pv_get(td_pv_get(root, "job"), "model"), "kind"), buf, sizeof(buf)),
+        "gpt");
+    td_proto_frame_free(f);
+
+    assert_int_equal(td_proto_reader_next(r, &f, &err), 1);
+    root = td_proto_frame_root(f);
+    assert_int_equal(td_pv_len(root), 13);
+    assert_string_equal(str_of(td_pv_get(root, "type"), buf, sizeof(buf)), "estimate");
+    assert_int_equal(td_pv_int(td_pv_get(root, "id"), &v), 0);
+    assert_int_equal(v, 7);
+    assert_string_equal(str_of(td_pv_get(root, "device"), buf, sizeof(buf)), "cuda:1");
+    assert_int_equal(td_pv_bool(td_pv_get(root, "batch_auto"), &b), 0);
+    assert_int_equal(b, 1);
+    assert_int_equal(td_pv_bool(td_pv_get(root, "fits"), &b), 0);
+    assert_int_equal(b, 0);
+    mem = td_pv_get(root, "memory");
+    assert_int_equal(td_pv_len(mem), 8);
+    for (size_t i = 0; i < 8; i++) {
+        assert_int_equal(td_pv_int(td_pv_get(mem, parts[i]), &v), 0);
+        assert_true(v == sizes[i]);
+    }
+    assert_int_equal(td_pv_int(td_pv_get(root, "free_bytes"), &v), 0);
+    assert_true(v == 84427309056LL);
+    assert_int_equal(td_pv_int(td_pv_get(root, "total_bytes"), &v), 0);
+    assert_true(v == 85899345920LL);
+    assert_int_equal(td_pv_int(td_pv_get(root, "largest_batch"), &v), 0);
+    assert_int_equal(v, 15);
+    assert_int_equal(td_pv_int(td_pv_get(root, "auto_batch"), &v), 0);
+    assert_int_equal(v, 14);
+    assert_string_equal(str_of(td_pv_get(root, "message"), buf, sizeof(buf)),
+                        "does not fit on cuda:1: needs 81279 MiB per device");
+    td_proto_frame_free(f);
+
+    assert_int_equal(td_proto_reader_next(r, &f, &err), 1);
+    root = td_proto_frame_root(f);
+    assert_int_equal(td_pv_len(td_pv_get(root, "features")), 1);
+    assert_string_equal(str_of(td_pv_at(td_pv_get(root, "features"), 0), buf, sizeof(buf)),
+                        "dry_run");
+    td_proto_frame_free(f);
+    assert_int_equal(td_proto_reader_next(r, &f, &err), 0);
+
+    /* a fitting estimate's message is nil */
+    td_pw_reset(&w);
+    td_pw_map(&w, 1);
+    td_pw_str(&w, "message");
+    td_pw_str(&w, NULL);
+    assert_int_equal(td_pw_finish(&w, &frame, &len), 0);
+    assert_int_equal(td_proto_decode(frame + 4, len - 4, &f, &err), 0);
+    assert_int_equal(td_pv_type_of(td_pv_get(td_proto_frame_root(f), "message")), TD_PV_NIL);
+    td_proto_frame_free(f);
+
+    td_proto_reader_free(r);
+    td_pw_free(&w);
+}
+
 static void test_write_error(void **state)
 {
     td_pw w;
@@ -1551,6 +1711,7 @@ int main(void)
         cmocka_unit_test(test_oversized_string),
         cmocka_unit_test(test_finish_prefix_and_limits),
         cmocka_unit_test(test_write_error),
+        cmocka_unit_test(test_dry_run_round_trip),
     };
     const struct CMUnitTest reader[] = {
         cmocka_unit_test(test_reader_one_byte_at_a_time),

@@ -236,6 +236,47 @@ static int64_t submit(ts_client *c, int hidden, int batch, int64_t max_steps)
     return ts_submitted(c);
 }
 
+/* Submits a small MLP whose one device meets an injected sticky CUDA error at step 2. */
+static int64_t submit_sticky(ts_client *c)
+{
+    ts_begin(c, "submit", 1);
+    td_pw_str(&c->w, "job");
+    td_pw_map(&c->w, 5);
+    td_pw_str(&c->w, "name");
+    td_pw_str(&c->w, "sticky");
+    td_pw_str(&c->w, "model");
+    td_pw_map(&c->w, 2);
+    td_pw_str(&c->w, "kind");
+    td_pw_str(&c->w, "mlp");
+    td_pw_str(&c->w, "layers");
+    td_pw_array(&c->w, 3);
+    td_pw_int(&c->w, 784);
+    td_pw_int(&c->w, 32);
+    td_pw_int(&c->w, 10);
+    td_pw_str(&c->w, "data");
+    td_pw_map(&c->w, 2);
+    td_pw_str(&c->w, "kind");
+    td_pw_str(&c->w, "idx");
+    td_pw_str(&c->w, "train");
+    td_pw_map(&c->w, 2);
+    td_pw_str(&c->w, "images");
+    td_pw_str(&c->w, FMNIST "/train-images-idx3-ubyte.gz");
+    td_pw_str(&c->w, "labels");
+    td_pw_str(&c->w, FMNIST "/train-labels-idx1-ubyte.gz");
+    td_pw_str(&c->w, "max_steps");
+    td_pw_int(&c->w, 50);
+    td_pw_str(&c->w, "debug");
+    td_pw_map(&c->w, 1);
+    td_pw_str(&c->w, "fail");
+    td_pw_map(&c->w, 2);
+    td_pw_str(&c->w, "step");
+    td_pw_int(&c->w, 2);
+    td_pw_str(&c->w, "kind");
+    td_pw_str(&c->w, "sticky");
+    ts_client_send(c);
+    return ts_submitted(c);
+}
+
 /* Cancels job id; fails the test unless traind answers that it is cancelled. */
 static void cancel(ts_client *c, int64_t id)
 {
@@ -423,6 +464,11 @@ static void test_config_errors(void **state)
     expect_config_error("[daemon]\nsocket_group = traind-test-no-such-group\n", NULL,
                         "%s:2: bad value \"traind-test-no-such-group\" for key "
                         "\"socket_group\" in [daemon]: no such group");
+    expect_config_error("[daemon]\ndevices = cuda:1,1\n", NULL,
+                        "%s:2: bad value \"cuda:1,1\" for key \"devices\" in [daemon]: ");
+    expect_config_error("[cuda]\nnccl_timeout_s = 0\n", NULL,
+                        "%s:2: bad value \"0\" for key \"nccl_timeout_s\" in [cuda]: expected a "
+                        "number above 0");
     expect_config_error("[gpu]\ncount = 2\n", NULL, "%s:2: unknown section [gpu]");
     expect_config_error("socket = /tmp/x.sock\n", NULL,
                         "%s:1: key \"socket\" is outside any section");
@@ -863,6 +909,111 @@ static void test_socket_activation(void **state)
     svc_remove(&s);
 }
 
+/* --devices cuda:all on a box without a GPU (or a build without CUDA) refuses to start with
+ * a message saying why, before it binds anything. On a box with GPUs it starts, and its start
+ * line lists them. */
+static void test_cuda_devices_without_gpu(void **state)
+{
+    spawn_opts o = {.listen_fd = -1, .umask = 022};
+    const char *args[] = {"--config", NULL,        "--socket", NULL, "--state-dir",
+                          NULL,       "--devices", "cuda:all", NULL};
+    char log[8192];
+    int status = 0, exited = 0;
+    svc s;
+
+    svc_init(&s);
+    write_file(s.conf, "");
+    args[1] = s.conf;
+    args[3] = s.sock;
+    args[5] = s.dir;
+    spawn_traind(&s, args, &o);
+    for (long long until = ts_now_ms() + START_TIMEOUT_MS; ts_now_ms() < until && !exited;) {
+        if (waitpid(s.pid, &status, WNOHANG) == s.pid)
+            exited = 1;
+        else if (ts_can_connect(s.sock))
+            break;
+        else
+            usleep(20 * 1000);
+    }
+    if (exited) {
+        ts_live_pid = s.pid = -1;
+        read_file(s.log, log, sizeof(log));
+        if (strstr(log, "this traind was built without CUDA") != NULL) {
+            assert_int_equal(WEXITSTATUS(status), 64); /* a flag this build cannot honour */
+        } else {
+            assert_int_equal(WEXITSTATUS(status), 1);
+            if (strstr(log, "cannot start: --devices cuda:all: no CUDA device is visible") == NULL)
+                fail_msg("expected the reason in traind's log; got:\n%s", log);
+        }
+        assert_false(ts_can_connect(s.sock));
+    } else {
+        /* A GPU box: every GPU is a device, named in the start line. */
+        assert_true(ts_can_connect(s.sock));
+        assert_int_equal(stop_traind(&s), 0);
+        read_file(s.log, log, sizeof(log));
+        assert_non_null(strstr(log, "device(s): cuda:0"));
+    }
+    svc_remove(&s);
+}
+
+/* A sticky CUDA error re-executes traind in place: systemd is told RELOADING=1, then READY=1
+ * by the same pid, and the socket systemd passed (LISTEN_FDS) serves again in the new
+ * process, which it took over rather than binding its own. */
+static void test_sticky_reexec_keeps_passed_socket(void **state)
+{
+    char notify_path[300], notify_env[340], activated[300], text[600], msg[1024];
+    const char *env[] = {notify_env, NULL};
+    const char *args[] = {"--config", NULL, NULL};
+    spawn_opts o = {.env = env, .umask = 022};
+    const td_pval *job;
+    td_proto_frame *f;
+    struct stat st;
+    ts_client c;
+    int64_t id;
+    svc s;
+    int nfd, lfd;
+
+    if (access(FMNIST "/train-images-idx3-ubyte.gz", R_OK) != 0) {
+        print_message("%s missing (scripts/deps.sh installs it): skipped\n", FMNIST);
+        skip();
+    }
+    svc_init(&s);
+    snprintf(notify_path, sizeof(notify_path), "%s/notify", s.dir);
+    snprintf(notify_env, sizeof(notify_env), "NOTIFY_SOCKET=%s", notify_path);
+    snprintf(activated, sizeof(activated), "%s/activated.sock", s.dir);
+    snprintf(text, sizeof(text), "[daemon]\nsocket = %s\nstate_dir = %s\n", s.sock, s.dir);
+    write_file(s.conf, text);
+    args[1] = s.conf;
+    nfd = notify_listen(notify_path);
+    lfd = listen_at(activated);
+    o.listen_fd = lfd;
+    spawn_traind(&s, args, &o);
+    if (!notify_wait_for(nfd, "READY=1", START_TIMEOUT_MS, msg, sizeof(msg)))
+        fail_msg("no READY=1 within %d ms", START_TIMEOUT_MS);
+    ts_connect_hello(&c, activated);
+    id = submit_sticky(&c);
+    if (!notify_wait_for(nfd, "RELOADING=1", 60000, msg, sizeof(msg)))
+        fail_msg("no RELOADING=1 after the sticky error");
+    assert_non_null(strstr(msg, "STATUS=re-executing after a sticky CUDA error in job"));
+    assert_non_null(strstr(msg, "MONOTONIC_USEC="));
+    if (!notify_wait_for(nfd, "READY=1", START_TIMEOUT_MS, msg, sizeof(msg)))
+        fail_msg("no READY=1 from the re-executed traind");
+    assert_non_null(strstr(msg, "re-executed"));
+    assert_int_equal(waitpid(s.pid, NULL, WNOHANG), 0); /* the same process */
+    ts_client_close(&c);
+    ts_connect_hello(&c, activated);
+    f = ts_status(&c, id, &job);
+    assert_true(ts_str_is(td_pv_get(job, "state"), "failed"));
+    td_proto_frame_free(f);
+    ts_client_close(&c);
+    assert_int_not_equal(stat(s.sock, &st), 0); /* it never bound its own */
+    assert_int_equal(stop_traind(&s), 0);
+    assert_int_equal(stat(activated, &st), 0);
+    close(lfd);
+    close(nfd);
+    svc_remove(&s);
+}
+
 /* ---- the notification protocol ---- */
 
 /* READY=1 once the socket serves; WATCHDOG=1 every half interval while healthy, also while a
@@ -1051,10 +1202,15 @@ int main(void)
         cmocka_unit_test_teardown(test_socket_mode_and_group, ts_kill_leftover),
         cmocka_unit_test_teardown(test_other_user_owner_and_access, ts_kill_leftover),
         cmocka_unit_test_teardown(test_socket_activation, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_cuda_devices_without_gpu, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_sticky_reexec_keeps_passed_socket, ts_kill_leftover),
         cmocka_unit_test_teardown(test_notify_abstract_socket, ts_kill_leftover),
         cmocka_unit_test_teardown(test_notify_ready_watchdog_stopping, ts_kill_leftover),
         cmocka_unit_test_teardown(test_units_verify, ts_kill_leftover),
     };
     signal(SIGPIPE, SIG_IGN);
+    /* TD_TEST_FILTER=test_sticky* runs only the tests whose name matches. */
+    if (getenv("TD_TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("TD_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,9 @@
 /* Integration tests of trainctl (TRAINCTL_BIN) as a user drives it: exit statuses (64 usage,
  * 69 unreachable with the socket named, 77 for an EPERM error frame, 78 for an impossible
  * socket path), --help on every verb, -o json as a synonym of --json, info and logs, plot's
- * PNG and SVG files, and the bash completion script sourced into a real bash. A real traind
+ * PNG and SVG files, the bash completion script sourced into a real bash, submit --dry-run's
+ * estimate (and that it creates no job), and the GPU path's job keys refused with the field
+ * named. A real traind
  * (TRAIND_BIN) runs a short job on a temporary socket; a fake one, forked here, answers every
  * request with an EPERM error frame. */
 #include <signal.h>
@@ -104,22 +106,31 @@ static void wait_listening(const char *path)
     fail_msg("nothing listened on %s within 10 s", path);
 }
 
-static void daemon_start(void)
+/* Starts a traind with one cpu device on STATE/traind.sock (sock_out), its log in STATE. */
+static pid_t traind_start(const char *state, char *sock_out, size_t size)
 {
     const char *bin = env_or("TRAIND_BIN", "build/daemon/traind");
     char log[320];
+    pid_t pid;
 
-    snprintf(sock, sizeof(sock), "%s/traind.sock", dir);
-    snprintf(log, sizeof(log), "%s/traind.log", dir);
-    daemon_pid = fork();
-    assert_true(daemon_pid >= 0);
-    if (daemon_pid == 0) {
+    snprintf(sock_out, size, "%s/traind.sock", state);
+    snprintf(log, sizeof(log), "%s/traind.log", state);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
         if (freopen(log, "a", stderr) == NULL || freopen("/dev/null", "w", stdout) == NULL)
             _exit(126);
-        execl(bin, bin, "--socket", sock, "--state-dir", dir, "--devices", "cpu:1", (char *)NULL);
+        execl(bin, bin, "--socket", sock_out, "--state-dir", state, "--devices", "cpu:1",
+              (char *)NULL);
         _exit(127);
     }
-    wait_listening(sock);
+    wait_listening(sock_out);
+    return pid;
+}
+
+static void daemon_start(void)
+{
+    daemon_pid = traind_start(dir, sock, sizeof(sock));
 }
 
 /* ---- the fake daemon: hello, then EPERM for everything ---- */
@@ -406,6 +417,158 @@ static void test_completion_bash(void **state)
     assert_string_equal(strtok(out, "\n"), "1"); /* job 1, asked from traind */
 }
 
+/* ---- submit --dry-run ---- */
+
+/* Writes a job file at DIR/name: a byte-level gpt on DIR/train.txt with batch_size batch (a
+ * JSON value: 8, 1048576, "auto"). */
+static void write_gpt_job(char *path, size_t size, const char *name, const char *batch)
+{
+    char text[300];
+    FILE *f;
+
+    snprintf(text, sizeof(text), "%s/train.txt", dir);
+    f = fopen(text, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 200; i++)
+        fputs("the quick brown fox jumps over the lazy dog\n", f);
+    assert_int_equal(fclose(f), 0);
+    snprintf(path, size, "%s/%s", dir, name);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "{\"name\": \"%s\", \"model\": {\"kind\": \"gpt\", \"n_layer\": 4, \"n_head\": 4, "
+            "\"n_embd\": 256, \"seq_len\": 256, \"vocab_size\": 256}, \"data\": {\"kind\": "
+            "\"text\", \"train\": \"%s\"}, \"batch_size\": %s, \"max_steps\": 10}\n",
+            name, text, batch);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* The number after "prefix" in s, or -1. */
+static long long number_after(const char *s, const char *prefix)
+{
+    const char *p = strstr(s, prefix);
+
+    return p != NULL ? strtoll(p + strlen(prefix), NULL, 10) : -1;
+}
+
+/* A dry run on a daemon of its own: the estimate printed, per part, in MiB; JSON with --json;
+ * exit 1 with the refusal for a job far larger than the machine; and no job created. */
+static void test_dry_run_estimates_and_creates_no_job(void **state)
+{
+    char state_dir[300], dsock[400], small[400], huge[400], autoj[400];
+    pid_t pid;
+
+    snprintf(state_dir, sizeof(state_dir), "%s/dry", dir);
+    assert_int_equal(mkdir(state_dir, 0700), 0);
+    pid = traind_start(state_dir, dsock, sizeof(dsock));
+    write_gpt_job(small, sizeof(small), "small.json", "8");
+    write_gpt_job(huge, sizeof(huge), "huge.json", "1048576");
+    write_gpt_job(autoj, sizeof(autoj), "auto.json", "\"auto\"");
+
+    assert_int_equal(tc("--socket %s submit %s --dry-run", dsock, small), 0);
+    assert_non_null(strstr(out, "batch_size 8 over 1 device(s): 8 rows per device\n"));
+    assert_non_null(strstr(out, "memory per device:\n"));
+    static const char *const parts[] = {"parameters", "gradients", "optimizer", "activations",
+                                        "attention",  "workspace", "total"};
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
+        char want[64];
+        snprintf(want, sizeof(want), "  %s ", parts[i]);
+        assert_non_null(strstr(out, want));
+    }
+    assert_non_null(strstr(out, " MiB (of activations)\n"));
+    assert_non_null(strstr(out, "MiB free of "));
+    assert_non_null(strstr(out, "fits: yes\n"));
+    assert_true(number_after(out, "largest batch_size that fits: ") >= 8);
+    assert_string_equal(err, "");
+
+    assert_int_equal(tc("--socket %s submit %s --dry-run --json", dsock, small), 0);
+    assert_true(out[0] == '{');
+    assert_non_null(strstr(out, "\"fits\": true"));
+    assert_non_null(strstr(out, "\"device\": \"cpu:0\""));
+    assert_non_null(strstr(out, "\"attention\": "));
+    assert_non_null(strstr(out, "\"message\": null"));
+    assert_null(strstr(out, "\"type\""));
+
+    /* batch_size "auto": the batch it would take, a multiple of its one device. */
+    assert_int_equal(tc("--socket %s submit %s --dry-run", dsock, autoj), 0);
+    assert_non_null(strstr(out, " (auto) over 1 device(s)"));
+    assert_true(number_after(out, "batch_size ") >= 1);
+    assert_int_equal(number_after(out, "batch_size "),
+                     number_after(out, "batch_size \"auto\" would take: "));
+
+    /* 4 layers of (1048576, 4, 256, 256) attention scores alone are 4 TiB: refused with the
+     * numbers and the largest batch, and exit 1. */
+    assert_int_equal(tc("--socket %s submit %s --dry-run", dsock, huge), 1);
+    assert_non_null(strstr(out, "fits: no\n"));
+    assert_non_null(strstr(err, "does not fit on cpu:0: needs "));
+    assert_non_null(strstr(err, " MiB per device (parameters "));
+    assert_non_null(strstr(err, " of which attention "));
+    assert_true(number_after(err, "MiB free; batch_size ") >= 1);
+    assert_true(number_after(err, "MiB free; batch_size ") < 1048576);
+    assert_non_null(strstr(err, " would fit"));
+    assert_int_equal(tc("--socket %s submit %s --dry-run --json", dsock, huge), 1);
+    assert_non_null(strstr(out, "\"fits\": false"));
+    assert_true(number_after(out, "\"largest_batch\": ") >= 1);
+
+    /* An invalid job is refused as a submit would refuse it. */
+    assert_int_equal(tc("--socket %s submit %s --dry-run --set batch_size=0", dsock, small), 65);
+    assert_non_null(strstr(err, "batch_size: must be a positive integer"));
+    assert_int_equal(tc("--socket %s submit %s --dry-run --set devices=2", dsock, small), 65);
+    assert_non_null(strstr(err, "devices: the job asks for 2 devices but this daemon has 1"));
+
+    /* None of it made a job. */
+    assert_int_equal(tc("--socket %s ls --json", dsock), 0);
+    assert_string_equal(out, "[]\n");
+    assert_int_equal(tc("--socket %s info", dsock), 0);
+    assert_non_null(strstr(out, "queue    empty"));
+
+    /* --json belongs to the dry run. */
+    assert_int_equal(tc("--socket %s submit %s --json", dsock, small), 64);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}
+
+/* A daemon whose hello does not list dry_run would queue the job: nothing is sent. */
+static void test_dry_run_needs_a_daemon_that_knows_it(void **state)
+{
+    char job[400];
+
+    write_gpt_job(job, sizeof(job), "old.json", "8");
+    assert_int_equal(tc("--socket %s submit %s --dry-run", fake, job), 69);
+    assert_non_null(strstr(err, "too old for submit --dry-run; nothing was submitted"));
+}
+
+/* The job keys of the GPU path, refused with the field named (exit 65), dry run or not. */
+static void test_bad_new_keys_name_the_field(void **state)
+{
+    static const struct {
+        const char *set, *msg;
+    } bad[] = {
+        {"precision=fp16", "precision: must be one of \"fp32\", \"bf16\""},
+        {"tf32=1", "tf32: must be true or false"},
+        {"batch_size=max", "batch_size: must be a positive integer or \"auto\""},
+        {"nccl_timeout_s=0", "nccl_timeout_s: must be a number of seconds > 0"},
+        {"nccl_timeout_s=fast", "nccl_timeout_s: must be a number of seconds > 0"},
+        {"debug.fail.kind=segv", "debug.fail.kind: must be one of \"panic\", \"nan\", \"oom\", "
+                                 "\"data\", \"sticky\""},
+    };
+    char job[400];
+
+    write_gpt_job(job, sizeof(job), "keys.json", "8");
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(tc("--socket %s submit %s --set '%s'", sock, job, bad[i].set), 65);
+        assert_non_null(strstr(err, bad[i].msg));
+        assert_int_equal(tc("--socket %s submit %s --dry-run --set '%s'", sock, job, bad[i].set),
+                         65);
+        assert_non_null(strstr(err, bad[i].msg));
+    }
+    /* and good ones pass */
+    assert_int_equal(tc("--socket %s submit %s --dry-run --set precision=bf16 --set tf32=true "
+                        "--set nccl_timeout_s=30 --set debug.fail.kind=sticky",
+                        sock, job),
+                     0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -417,6 +580,9 @@ int main(void)
         cmocka_unit_test(test_info_and_logs),
         cmocka_unit_test(test_plot_png_and_svg),
         cmocka_unit_test(test_completion_bash),
+        cmocka_unit_test(test_dry_run_estimates_and_creates_no_job),
+        cmocka_unit_test(test_dry_run_needs_a_daemon_that_knows_it),
+        cmocka_unit_test(test_bad_new_keys_name_the_field),
     };
     signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests_name("integration", tests, setup, teardown);
