@@ -7,6 +7,12 @@
 #define OFFSET ((uintptr_t)1 << 62) /* heap address + this: non-canonical, faults on access */
 
 static fd_counters counts;
+static int64_t allocs_left = -1; /* fd_fail_allocs_after */
+
+void fd_fail_allocs_after(int64_t n)
+{
+    allocs_left = n;
+}
 
 void *fd_host(const void *device)
 {
@@ -24,7 +30,16 @@ static void *dev(void *host)
 
 static int fd_alloc(void **p, size_t bytes, td_error_t *err)
 {
-    int rc = CPU->alloc(p, bytes, err);
+    int rc;
+
+    if (allocs_left == 0) {
+        *p = NULL;
+        return td_error_set(err, TD_ENOMEM, "fake device: out of memory allocating %zu bytes",
+                            bytes);
+    }
+    if (allocs_left > 0)
+        allocs_left--;
+    rc = CPU->alloc(p, bytes, err);
 
     if (rc == 0) {
         *p = dev(*p);

@@ -23,6 +23,10 @@ const td_kernels *fd_kernels(void);
 /* What the table has done so far (process-wide; tests run one at a time). */
 fd_counters fd_counts(void);
 
+/* From now on, the table's alloc succeeds n more times and then fails with TD_ENOMEM (as a
+ * full GPU would); n < 0: never fails (the default). */
+void fd_fail_allocs_after(int64_t n);
+
 /* A device address as the host can read it (for a test's own checks). */
 void *fd_host(const void *device);
 

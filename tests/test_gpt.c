@@ -789,6 +789,24 @@ static void test_gpt_on_device(void **state)
     assert_memory_equal(a + 5, b, 3 * sizeof(double));
 }
 
+/* A device that runs out of memory while the trainer acquires its buffers (arena, parameters,
+ * gradients, moments, scalars: each of the first six allocations failing in turn) makes
+ * td_trainer_new fail with TD_ENOMEM and the device's message, and leaves nothing allocated
+ * on it. */
+static void test_gpt_device_out_of_memory(void **state)
+{
+    td_train_config cfg;
+
+    gpt_config(&cfg);
+    cfg.kernels = fd_kernels();
+    for (int n = 0; n < 6; n++) {
+        fd_fail_allocs_after(n);
+        expect_new_fails(&cfg, TD_ENOMEM, "fake device: out of memory allocating", NULL);
+        assert_int_equal(fd_counts().allocs, fd_counts().frees);
+    }
+    fd_fail_allocs_after(-1);
+}
+
 /* Data parallel on the fake device: the all-reduce gets device buffers, the loss goes up into
  * the gradient's slack and comes back; world 2 records world 2 on the CPU's metrics bit for
  * bit. */
@@ -1207,6 +1225,7 @@ int main(void)
         cmocka_unit_test(test_token_shards),
         cmocka_unit_test(test_gpt_on_device),
         cmocka_unit_test(test_gpt_data_parallel_on_device),
+        cmocka_unit_test(test_gpt_device_out_of_memory),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -146,24 +146,15 @@ fail:
     return TD_ENOMEM;
 }
 
-/* One device buffer of n floats, filled from host (or zeroed when host is NULL). */
-static int place_one(float **out, const float *host, size_t n, const td_kernels *k, td_error_t *err)
+/* n floats of k's memory into *out (NULL for none). */
+static int place_one(float **out, size_t n, const td_kernels *k, td_error_t *err)
 {
-    int rc;
-
     *out = NULL;
-    if (n == 0)
-        return 0;
-    rc = k->alloc((void **)out, n * sizeof(float), err);
-    if (rc != 0)
-        return rc;
-    if (host != NULL)
-        k->upload(*out, host, n * sizeof(float));
-    else
-        k->zero(*out, n);
-    return 0;
+    return n > 0 ? k->alloc((void **)out, n * sizeof(float), err) : 0;
 }
 
+/* Everything is acquired first (errors are returned); then p owns the device buffers, and the
+ * copies, which panic on a device error, leave nothing that td_params_free would miss. */
 int td_params_place(td_params *p, const td_kernels *k, td_error_t *err)
 {
     float *d = NULL, *g = NULL, *m = NULL, *v = NULL;
@@ -171,13 +162,13 @@ int td_params_place(td_params *p, const td_kernels *k, td_error_t *err)
 
     if (k->host || p->k != NULL)
         return 0;
-    rc = place_one(&d, p->data, p->n, k, err);
+    rc = place_one(&d, p->n, k, err);
     if (rc == 0)
-        rc = place_one(&g, NULL, p->n + TD_PARAMS_ALIGN, k, err);
+        rc = place_one(&g, p->n + TD_PARAMS_ALIGN, k, err);
     if (rc == 0 && p->m != NULL)
-        rc = place_one(&m, p->m, p->n, k, err);
+        rc = place_one(&m, p->n, k, err);
     if (rc == 0 && p->v != NULL)
-        rc = place_one(&v, p->v, p->n, k, err);
+        rc = place_one(&v, p->n, k, err);
     if (rc != 0) {
         k->free(d);
         k->free(g);
@@ -195,6 +186,12 @@ int td_params_place(td_params *p, const td_kernels *k, td_error_t *err)
         p->tensors[i]->data = p->data + p->offset[i];
         p->tensors[i]->grad = p->grad + p->offset[i];
     }
+    k->upload(p->data, p->host_data, p->n * sizeof(float));
+    k->zero(p->grad, p->n + TD_PARAMS_ALIGN);
+    if (p->m != NULL)
+        k->upload(p->m, p->host_m, p->n * sizeof(float));
+    if (p->v != NULL)
+        k->upload(p->v, p->host_v, p->n * sizeof(float));
     return 0;
 }
 

@@ -111,7 +111,8 @@ void td_params_free(td_params *p); /* accepts a zeroed or freed td_params */
  * the parameters and moments, zeroes the gradient, keeps the host parameters and moments as
  * host_data, host_m, host_v and points every declared tensor into the device buffers (a gpt's
  * layer views need td_gpt_bind() again). 0, or k's error with err saying why; the buffers
- * are the host's as before then. */
+ * are the host's as before then. The copies panic on a device error: call it under a
+ * boundary; p then owns the device buffers, and td_params_free releases them. */
 int td_params_place(td_params *p, const td_kernels *k, td_error_t *err);
 
 /* Copies the device's parameters and moments into host_data, host_m, host_v (nothing on a

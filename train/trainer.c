@@ -520,16 +520,24 @@ static int resume(td_trainer *t, td_error_t *err)
 }
 
 /* Moves the model, built and resumed on the host, to where the backend computes, with the
- * step's device scalars. */
+ * step's device scalars. A device's copies panic on its errors, so they run under a boundary
+ * of their own: td_trainer_new returns errors. */
 static int place(td_trainer *t, td_error_t *err)
 {
-    int rc = td_params_place(&t->params, t->k, err);
+    td_boundary b;
+    int rc;
 
-    if (rc != 0)
-        return rc;
-    if (t->cfg.model == TD_MODEL_GPT)
+    if (!TD_TRY(&b)) {
+        *err = b.err;
+        return err->code;
+    }
+    rc = td_params_place(&t->params, t->k, err);
+    if (rc == 0 && t->cfg.model == TD_MODEL_GPT)
         td_gpt_bind(&t->gpt);
-    return t->k->alloc(&t->scalars, 2 * sizeof(double), err);
+    if (rc == 0)
+        rc = t->k->alloc(&t->scalars, 2 * sizeof(double), err);
+    td_boundary_leave(&b);
+    return rc;
 }
 
 int td_trainer_new(td_trainer **out, const td_train_config *cfg, const td_train_hooks *hooks,
