@@ -63,7 +63,7 @@ T0=$(date +%s)
         meson setup --reconfigure "$BUILD" "$ROOT" -Dcuda=enabled -Dwerror=true
     fi &&
         timeout "$(limit 200)" ninja -C "$BUILD" -j "$JOBS" tests/test_gpu tests/test_memest \
-            tests/test_kernels bench/bench_gpu
+            tests/test_kernels bench/bench_gpu daemon/traind client/trainctl
 } >"$OUT/build.log" 2>&1
 rc=$?
 stage "build (-Dcuda=enabled, $(($(date +%s) - T0)) s)" $rc
@@ -72,6 +72,7 @@ if [ $rc -ne 0 ]; then
     exit 1
 fi
 
+if [ "${TD_CHECK_STAGE:-all}" = all ]; then
 # NCCL's ranks here are threads of one process: its bootstrap needs only the loopback interface,
 # which NCCL skips unless told (the machine may have no other). Warnings go into the logs.
 export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
@@ -108,6 +109,73 @@ rc=$?
 stage "bench_gpu ($(($(date +%s) - T0)) s)" $rc
 grep -E "^(device 0|cuBLAS|GPT-2|the trainer|bf16 |tf32 |fp32 )" "$OUT/bench_gpu.log" |
     tee -a "$SUMMARY"
+fi
+
+# 5. the daemon on the GPUs, end to end: traind --devices cuda:all; a dry run; a gpt job on up
+#    to two GPUs (NCCL when two) that must succeed with mfu and gpu_mem_used_mb recorded; a job
+#    too large for the GPU refused at dispatch with the guard's numbers; a job with an injected
+#    sticky error, after which traind re-executes itself and still serves. TD_CHECK_DEVICES
+#    (default cuda:all) and TD_CHECK_STAGE=daemon (this stage alone) let the stage's own logic
+#    be tried on a machine without a GPU: TD_CHECK_DEVICES=cpu:2 TD_CHECK_STAGE=daemon.
+DEVICES=${TD_CHECK_DEVICES:-cuda:all}
+EMBD=${TD_CHECK_EMBD:-512} # the job's n_embd and seq_len (smaller for a trial on a CPU)
+SEQ=${TD_CHECK_SEQ:-512}
+T0=$(date +%s)
+daemon_check() {
+    D=$(mktemp -d /tmp/td_gpu_daemon_XXXXXX)
+    SOCK=$D/traind.sock
+    TC="$BUILD/client/trainctl --socket $SOCK"
+    cat "$ROOT"/*/*.c "$ROOT"/*/*.h "$ROOT"/*.md >"$D/text.txt"
+    NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+    [ "${DEVICES#cpu:}" != "$DEVICES" ] && NGPU=${DEVICES#cpu:}
+    [ "$NGPU" -ge 2 ] && NDEV=2 || NDEV=1
+    "$BUILD/daemon/traind" --socket "$SOCK" --state-dir "$D/state" --devices "$DEVICES" \
+        --log-level info >"$OUT/traind.log" 2>&1 &
+    PID=$!
+    for _ in $(seq 1 100); do [ -S "$SOCK" ] && break; sleep 0.2; done
+    cat >"$D/job.json" <<JOB
+{"name": "gpu-check", "devices": $NDEV,
+ "model": {"kind": "gpt", "n_layer": 4, "n_head": 8, "n_embd": $EMBD, "seq_len": $SEQ, "vocab_size": 256},
+ "data": {"kind": "text", "train": ["$D/text.txt"], "valid_fraction": 0.05},
+ "optim": {"kind": "adamw", "lr": 3e-4, "grad_clip": 1.0},
+ "batch_size": 16, "max_steps": 60, "eval_every": 30, "eval_batches": 4,
+ "checkpoint_every": 30, "seed": 1}
+JOB
+    rc=0
+    $TC info || rc=1
+    $TC submit "$D/job.json" --dry-run || rc=1
+    ID=$($TC submit "$D/job.json") || rc=1
+    timeout "$(limit 120)" $TC watch "$ID" --keys train_loss,mfu,gpu_mem_used_mb || rc=1
+    $TC status "$ID" || rc=1
+    $TC metrics "$ID" --summary || rc=1
+    if [ "${DEVICES#cuda}" != "$DEVICES" ]; then
+        $TC metrics "$ID" --keys mfu --csv | grep -q '^[0-9]' || { echo "no mfu rows"; rc=1; }
+        $TC metrics "$ID" --keys gpu_mem_used_mb --csv | grep -q '^[0-9]' ||
+            { echo "no gpu_mem_used_mb rows"; rc=1; }
+    fi
+    # too large: 1048576 sequences of 512 tokens
+    BIG=$($TC submit "$D/job.json" --set batch_size=1048576 --set devices=1) || rc=1
+    timeout 60 $TC watch "$BIG" >"$D/big.txt" 2>&1
+    cat "$D/big.txt"
+    $TC status "$BIG" | grep -q "does not fit on " || { echo "guard did not refuse"; rc=1; }
+    # an injected sticky error: the job fails, traind re-executes itself and serves again
+    STK=$($TC submit "$D/job.json" --set devices=1 --set max_steps=20 \
+        --set 'debug={"fail": {"step": 5, "device": 0, "kind": "sticky"}}') || rc=1
+    timeout 60 $TC watch "$STK" >/dev/null 2>&1
+    for _ in $(seq 1 100); do $TC info >/dev/null 2>&1 && break; sleep 0.3; done
+    $TC info >/dev/null || { echo "traind does not answer after the re-exec"; rc=1; }
+    $TC status "$STK" | grep "sticky" || { echo "no sticky failure"; rc=1; }
+    grep -q "re-exec" "$OUT/traind.log" || { echo "traind did not re-execute itself"; rc=1; }
+    kill -TERM "$PID" 2>/dev/null
+    wait "$PID"
+    rm -rf "$D"
+    return $rc
+}
+daemon_check >"$OUT/daemon.log" 2>&1
+stage "daemon on $DEVICES ($(($(date +%s) - T0)) s)" $?
+grep -E "mfu|gpu_mem_used_mb|tokens_per_s|does not fit" "$OUT/daemon.log" | head -8 |
+    tee -a "$SUMMARY"
+
 echo "total: $(($(date +%s) - START)) s" | tee -a "$SUMMARY"
 
 echo "logs and figures in $OUT"
