@@ -423,6 +423,16 @@ static void store_batch(td_daemon *d, td_djob *job, const td_memguard *g)
     td_log_notice("job %lld (%s): %s", (long long)job->id, job->spec.name, line);
 }
 
+const td_kernels *td_daemon_kernels(const td_worker *w)
+{
+#ifdef TD_HAVE_CUDA
+    if (w->kind == TD_DEV_CUDA)
+        return td_kernels_cuda();
+#endif
+    (void)w;
+    return td_kernels_cpu();
+}
+
 int td_daemon_least_memory(td_daemon *d, td_worker *const *ws, int n, size_t *free_bytes,
                            size_t *total_bytes, const char **name, td_error_t *err)
 {
@@ -459,6 +469,7 @@ static int guard_memory(td_daemon *d, td_djob *job, td_worker **ws, int n)
     rc = td_daemon_least_memory(d, ws, n, &least, &total, &where, &err);
     if (rc != 0)
         goto refuse;
+    spec.train.kernels = td_daemon_kernels(ws[0]); /* the CUDA workspace counts on a GPU */
     spec.train.world = n;
     rc = td_memguard_check(&spec, least, total, where, &g, &err);
     if (rc != 0)

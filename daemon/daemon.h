@@ -14,6 +14,7 @@
 #include <uv.h>
 
 #include "jobspec.h"
+#include "kernels.h"
 #include "metricq.h"
 #include "proto.h"
 #include "store.h"
@@ -182,6 +183,8 @@ int td_daemon_reexec(td_daemon *d, char *const argv[]);
  * TD_ECUDA / TD_EIO with err saying why. */
 int td_daemon_device_memory(td_daemon *d, int index, size_t *free_bytes, size_t *total_bytes,
                             td_error_t *err);
+/* The backend table jobs on w compute with: the CUDA one on a cuda device, else the CPU's. */
+const td_kernels *td_daemon_kernels(const td_worker *w);
 /* The least free memory among workers ws[0..n) as a job on all of them would have it (a cpu:
  * device's share is MemAvailable over n, since they share the machine's memory), that
  * device's total, and its name (borrowed from the worker). Errors as td_daemon_device_memory. */

@@ -224,7 +224,7 @@ static int cuda_prepare(replica *p, td_train_config *cfg, td_train_hooks *hooks,
         r->job->spec.nccl_timeout_s > 0 ? r->job->spec.nccl_timeout_s : r->d->cfg.nccl_timeout_s;
     td_error_t why;
 
-    cfg->kernels = td_kernels_cuda();
+    cfg->kernels = td_daemon_kernels(w);
     rc = set_precision(w->ctx, bf16, cfg->tf32, e);
     if (rc != 0)
         return rc;

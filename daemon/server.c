@@ -510,6 +510,7 @@ static void req_dry_run(td_conn *c, const td_pval *job, int64_t id)
         for (int i = 0; i < spec->devices; i++)
             ws[i] = &c->d->workers[i];
         spec->train.world = spec->devices;
+        spec->train.kernels = td_daemon_kernels(ws[0]);
         rc = td_daemon_least_memory(c->d, ws, spec->devices, &free_bytes, &total_bytes, &device,
                                     &err);
     }

@@ -1752,6 +1752,7 @@ static void body_memory_guard(void)
     cfg.data = TD_DATA_TOKENS;
     cfg.n_layer = 12, cfg.n_head = 12, cfg.n_embd = 768, cfg.seq_len = 1024;
     cfg.vocab_size = 50257;
+    cfg.kernels = td_kernels_cuda(); /* the estimate counts the context's workspace */
     assert_int_equal(td_cuda_mem_info(td_cuda_ctx_device(c), &free0, &total, &err), 0);
     rc = td_train_largest_batch(&cfg,
                                 free0 + TD_CUDA_CUBLAS_WORKSPACE + TD_CUDA_SCRATCH_DEFAULT +

@@ -151,6 +151,32 @@ static void estimate(const td_train_config *cfg, td_mem_estimate *e)
     if (td_train_memory_estimate(cfg, e, &err) != 0)
         fail_msg("estimate: %s: %s", td_errname(err.code), err.msg);
     assert_int_equal(e->total, e->params + e->grads + e->optim + e->activations + e->workspace);
+    if (cfg->kernels == NULL || cfg->kernels->host)
+        assert_int_equal(e->workspace, 0);
+}
+
+/* The CUDA context's workspace counts only on a device backend: a table whose memory is not
+ * host memory adds the cuBLAS workspace, the scratch and the fixed buffers (96 MiB and a bit),
+ * the CPU's adds nothing; the rest of the estimate is the same. */
+static void test_workspace_on_device_only(void **state)
+{
+    static const td_kernels device = {.name = "device", .host = 0};
+    td_train_config cfg;
+    td_mem_estimate cpu, dev;
+
+    td_train_config_defaults(&cfg);
+    cfg.model = TD_MODEL_MLP;
+    cfg.data = TD_DATA_IDX;
+    cfg.layers[0] = 784, cfg.layers[1] = 256, cfg.layers[2] = 10;
+    cfg.n_layers = 3;
+    estimate(&cfg, &cpu);
+    cfg.kernels = td_kernels_cpu();
+    estimate(&cfg, &dev);
+    assert_memory_equal(&cpu, &dev, sizeof(cpu));
+    cfg.kernels = &device;
+    estimate(&cfg, &dev);
+    assert_int_equal(dev.workspace, (size_t)(96u << 20) + 1024 * 8 + 65536 * 4);
+    assert_int_equal(dev.total, cpu.total + dev.workspace);
 }
 
 /* The flat buffers: td_params_alloc rounds each to the arena's alignment, the gradient with its
@@ -369,9 +395,13 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mlp_exact),         cmocka_unit_test(test_mlp_upper_bound),
-        cmocka_unit_test(test_gpt_exact),         cmocka_unit_test(test_gpt_replica),
-        cmocka_unit_test(test_largest_batch),     cmocka_unit_test(test_estimate_errors),
+        cmocka_unit_test(test_workspace_on_device_only),
+        cmocka_unit_test(test_mlp_exact),
+        cmocka_unit_test(test_mlp_upper_bound),
+        cmocka_unit_test(test_gpt_exact),
+        cmocka_unit_test(test_gpt_replica),
+        cmocka_unit_test(test_largest_batch),
+        cmocka_unit_test(test_estimate_errors),
         cmocka_unit_test(test_gpt2_124m_figures),
     };
 

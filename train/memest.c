@@ -153,7 +153,7 @@ int td_train_memory_estimate(const td_train_config *cfg, td_mem_estimate *out, t
         return rc;
     }
     out->batch = max_local_rows(cfg);
-    out->workspace = CUDA_WORKSPACE;
+    out->workspace = cfg->kernels != NULL && !cfg->kernels->host ? CUDA_WORKSPACE : 0;
     out->total = out->params + out->grads + out->optim + out->activations + out->workspace;
     return 0;
 }

@@ -248,7 +248,9 @@ typedef struct td_mem_estimate {
                          * with gradients and attention's backward scratch) and an evaluation */
     size_t attention;   /* of activations: a training step's attention scores, L times the
                          * (batch, n_head, T, T) matrix kept for the backward (gpt; mlp 0) */
-    size_t workspace;   /* the CUDA backend's context: cuBLAS workspace, scratch, fixed buffers */
+    size_t workspace;   /* on a device backend (cfg.kernels not host memory), the CUDA
+                         * backend's context: cuBLAS workspace, scratch, fixed buffers; 0 on
+                         * the CPU */
     size_t total;       /* params + grads + optim + activations + workspace */
 } td_mem_estimate;
 
