@@ -126,6 +126,29 @@ out:
     return ret;
 }
 
+/* write_one for a statement that updates job id's row: TD_ENOTFOUND when there is no such
+ * job. Clears the statement's bindings after, since SQLITE_STATIC binds borrow the caller's
+ * memory only for the call. */
+static int write_job(td_store *s, sqlite3_stmt *st, int64_t id, const char *what, td_error_t *err)
+{
+    int changes = 0;
+    int ret = write_one(s, st, what, &changes, err);
+
+    if (ret == 0 && changes == 0)
+        ret = td_error_set(err, TD_ENOTFOUND, "store: no job %lld", (long long)id);
+    sqlite3_clear_bindings(st);
+    return ret;
+}
+
+/* Binds len bytes of blob to parameter i, or NULL when blob is NULL. */
+static void bind_blob_or_null(sqlite3_stmt *st, int i, const void *blob, size_t len)
+{
+    if (blob != NULL)
+        sqlite3_bind_blob(st, i, blob, (int)len, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, i);
+}
+
 /* Checks that a string fits a fixed field of len bytes (NUL included). */
 static int check_fits(const char *field, const char *v, size_t len, td_error_t *err)
 {
@@ -332,7 +355,6 @@ int td_store_job_set_state(td_store *s, int64_t id, const char *state, const cha
                            int err_code, const char *err_msg, td_error_t *err)
 {
     sqlite3_stmt *st = NULL;
-    int changes = 0;
     int ret;
 
     if (state == NULL) {
@@ -341,11 +363,7 @@ int td_store_job_set_state(td_store *s, int64_t id, const char *state, const cha
     }
     ret = state_stmt(s, id, state, device_list, err_code, err_msg, &st, err);
     if (ret == 0)
-        ret = write_one(s, st, "setting a job's state", &changes, err);
-    if (ret == 0 && changes == 0)
-        ret = td_error_set(err, TD_ENOTFOUND, "store: no job %lld", (long long)id);
-    if (st != NULL)
-        sqlite3_clear_bindings(st);
+        ret = write_job(s, st, id, "setting a job's state", err);
 out:
     return ret;
 }
@@ -354,7 +372,6 @@ int td_store_job_set_spec_json(td_store *s, int64_t id, const void *blob, size_t
                                const char *json, td_error_t *err)
 {
     sqlite3_stmt *st = NULL;
-    int changes = 0;
     int ret;
 
     if ((blob == NULL && len > 0) || len > (size_t)INT_MAX) {
@@ -366,19 +383,12 @@ int td_store_job_set_spec_json(td_store *s, int64_t id, const void *blob, size_t
     if (ret < 0)
         goto out;
     sqlite3_bind_int64(st, 1, id);
-    if (blob != NULL)
-        sqlite3_bind_blob(st, 2, blob, (int)len, SQLITE_STATIC);
-    else
-        sqlite3_bind_null(st, 2);
+    bind_blob_or_null(st, 2, blob, len);
     if (json != NULL)
         sqlite3_bind_text(st, 3, json, -1, SQLITE_STATIC);
     else
         sqlite3_bind_null(st, 3);
-    ret = write_one(s, st, "replacing a job's spec", &changes, err);
-    if (ret == 0 && changes == 0)
-        ret = td_error_set(err, TD_ENOTFOUND, "store: no job %lld", (long long)id);
-    /* Drop the borrowed pointers now: SQLITE_STATIC binds must not outlive the call. */
-    sqlite3_clear_bindings(st);
+    ret = write_job(s, st, id, "replacing a job's spec", err);
 out:
     return ret;
 }
@@ -387,7 +397,6 @@ int td_store_job_set_error_devices(td_store *s, int64_t id, const void *blob, si
                                    td_error_t *err)
 {
     sqlite3_stmt *st = NULL;
-    int changes = 0;
     int ret;
 
     ret = td__store_stmt(s, TD__ST_JOB_ERR_DEVICES,
@@ -395,14 +404,8 @@ int td_store_job_set_error_devices(td_store *s, int64_t id, const void *blob, si
     if (ret < 0)
         goto out;
     sqlite3_bind_int64(st, 1, id);
-    if (blob != NULL)
-        sqlite3_bind_blob(st, 2, blob, (int)len, SQLITE_STATIC);
-    else
-        sqlite3_bind_null(st, 2);
-    ret = write_one(s, st, "recording a job's device errors", &changes, err);
-    if (ret == 0 && changes == 0)
-        ret = td_error_set(err, TD_ENOTFOUND, "store: no job %lld", (long long)id);
-    sqlite3_clear_bindings(st);
+    bind_blob_or_null(st, 2, blob, len);
+    ret = write_job(s, st, id, "recording a job's device errors", err);
 out:
     return ret;
 }
@@ -411,7 +414,6 @@ int td_store_job_set_progress(td_store *s, int64_t id, int64_t step, int64_t tot
                               td_error_t *err)
 {
     sqlite3_stmt *st = NULL;
-    int changes = 0;
     int ret;
 
     ret = td__store_stmt(s, TD__ST_JOB_PROGRESS,
@@ -421,9 +423,7 @@ int td_store_job_set_progress(td_store *s, int64_t id, int64_t step, int64_t tot
     sqlite3_bind_int64(st, 1, id);
     sqlite3_bind_int64(st, 2, step);
     sqlite3_bind_int64(st, 3, total_steps);
-    ret = write_one(s, st, "setting a job's progress", &changes, err);
-    if (ret == 0 && changes == 0)
-        ret = td_error_set(err, TD_ENOTFOUND, "store: no job %lld", (long long)id);
+    ret = write_job(s, st, id, "setting a job's progress", err);
 out:
     return ret;
 }

@@ -199,14 +199,16 @@ static void wait_listening(svc *s, const char *sock)
     fail_msg("traind did not listen on %s within %d ms", sock, START_TIMEOUT_MS);
 }
 
-/* Submits an MLP 784-hidden-10 on Fashion-MNIST; returns the job id. */
-static int64_t submit(ts_client *c, int hidden, int batch, int64_t max_steps)
+/* Submits an MLP 784-hidden-10 on Fashion-MNIST, named name; with sticky_at > 0 its one
+ * device meets an injected sticky CUDA error at that step. Returns the job id. */
+static int64_t submit_job(ts_client *c, const char *name, int hidden, int batch, int64_t max_steps,
+                          int sticky_at)
 {
     ts_begin(c, "submit", 1);
     td_pw_str(&c->w, "job");
-    td_pw_map(&c->w, 5);
+    td_pw_map(&c->w, sticky_at > 0 ? 6 : 5);
     td_pw_str(&c->w, "name");
-    td_pw_str(&c->w, "service-test");
+    td_pw_str(&c->w, name);
     td_pw_str(&c->w, "model");
     td_pw_map(&c->w, 2);
     td_pw_str(&c->w, "kind");
@@ -232,49 +234,23 @@ static int64_t submit(ts_client *c, int hidden, int batch, int64_t max_steps)
     td_pw_int(&c->w, batch);
     td_pw_str(&c->w, "max_steps");
     td_pw_int(&c->w, max_steps);
+    if (sticky_at > 0) {
+        td_pw_str(&c->w, "debug");
+        td_pw_map(&c->w, 1);
+        td_pw_str(&c->w, "fail");
+        td_pw_map(&c->w, 2);
+        td_pw_str(&c->w, "step");
+        td_pw_int(&c->w, sticky_at);
+        td_pw_str(&c->w, "kind");
+        td_pw_str(&c->w, "sticky");
+    }
     ts_client_send(c);
     return ts_submitted(c);
 }
 
-/* Submits a small MLP whose one device meets an injected sticky CUDA error at step 2. */
-static int64_t submit_sticky(ts_client *c)
+static int64_t submit(ts_client *c, int hidden, int batch, int64_t max_steps)
 {
-    ts_begin(c, "submit", 1);
-    td_pw_str(&c->w, "job");
-    td_pw_map(&c->w, 5);
-    td_pw_str(&c->w, "name");
-    td_pw_str(&c->w, "sticky");
-    td_pw_str(&c->w, "model");
-    td_pw_map(&c->w, 2);
-    td_pw_str(&c->w, "kind");
-    td_pw_str(&c->w, "mlp");
-    td_pw_str(&c->w, "layers");
-    td_pw_array(&c->w, 3);
-    td_pw_int(&c->w, 784);
-    td_pw_int(&c->w, 32);
-    td_pw_int(&c->w, 10);
-    td_pw_str(&c->w, "data");
-    td_pw_map(&c->w, 2);
-    td_pw_str(&c->w, "kind");
-    td_pw_str(&c->w, "idx");
-    td_pw_str(&c->w, "train");
-    td_pw_map(&c->w, 2);
-    td_pw_str(&c->w, "images");
-    td_pw_str(&c->w, FMNIST "/train-images-idx3-ubyte.gz");
-    td_pw_str(&c->w, "labels");
-    td_pw_str(&c->w, FMNIST "/train-labels-idx1-ubyte.gz");
-    td_pw_str(&c->w, "max_steps");
-    td_pw_int(&c->w, 50);
-    td_pw_str(&c->w, "debug");
-    td_pw_map(&c->w, 1);
-    td_pw_str(&c->w, "fail");
-    td_pw_map(&c->w, 2);
-    td_pw_str(&c->w, "step");
-    td_pw_int(&c->w, 2);
-    td_pw_str(&c->w, "kind");
-    td_pw_str(&c->w, "sticky");
-    ts_client_send(c);
-    return ts_submitted(c);
+    return submit_job(c, "service-test", hidden, batch, max_steps, 0);
 }
 
 /* Cancels job id; fails the test unless traind answers that it is cancelled. */
@@ -991,7 +967,7 @@ static void test_sticky_reexec_keeps_passed_socket(void **state)
     if (!notify_wait_for(nfd, "READY=1", START_TIMEOUT_MS, msg, sizeof(msg)))
         fail_msg("no READY=1 within %d ms", START_TIMEOUT_MS);
     ts_connect_hello(&c, activated);
-    id = submit_sticky(&c);
+    id = submit_job(&c, "sticky", 32, 128, 50, 2);
     if (!notify_wait_for(nfd, "RELOADING=1", 60000, msg, sizeof(msg)))
         fail_msg("no RELOADING=1 after the sticky error");
     assert_non_null(strstr(msg, "STATUS=re-executing after a sticky CUDA error in job"));
