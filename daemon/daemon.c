@@ -433,6 +433,19 @@ const td_kernels *td_daemon_kernels(const td_worker *w)
     return td_kernels_cpu();
 }
 
+/* What a job can have of a GPU whose cudaMemGetInfo says free: plus the worker's own context
+ * (already allocated, and counted again in the estimate's workspace), less a reserve for what
+ * is allocated outside the estimate once the job runs: NCCL's buffers (hundreds of MiB per
+ * rank), kernels cuBLAS and the runtime load lazily on first use. */
+#define GPU_RESERVE ((size_t)1 << 30) /* bytes */
+static size_t gpu_usable(size_t free_bytes)
+{
+#ifdef TD_HAVE_CUDA
+    free_bytes += (size_t)TD_CUDA_CUBLAS_WORKSPACE + TD_CUDA_SCRATCH_DEFAULT + TD_CUDA_CTX_FIXED;
+#endif
+    return free_bytes > GPU_RESERVE ? free_bytes - GPU_RESERVE : 0;
+}
+
 int td_daemon_least_memory(td_daemon *d, td_worker *const *ws, int n, size_t *free_bytes,
                            size_t *total_bytes, const char **name, td_error_t *err)
 {
@@ -443,6 +456,8 @@ int td_daemon_least_memory(td_daemon *d, td_worker *const *ws, int n, size_t *fr
             return rc;
         if (ws[i]->kind == TD_DEV_CPU)
             f /= (size_t)n;
+        else
+            f = gpu_usable(f);
         if (i == 0 || f < *free_bytes) {
             *free_bytes = f;
             *total_bytes = t;

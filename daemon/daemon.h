@@ -186,7 +186,9 @@ int td_daemon_device_memory(td_daemon *d, int index, size_t *free_bytes, size_t 
 /* The backend table jobs on w compute with: the CUDA one on a cuda device, else the CPU's. */
 const td_kernels *td_daemon_kernels(const td_worker *w);
 /* The least free memory among workers ws[0..n) as a job on all of them would have it (a cpu:
- * device's share is MemAvailable over n, since they share the machine's memory), that
+ * device's share is MemAvailable over n, since they share the machine's memory; a GPU's is
+ * cudaMemGetInfo's free, plus the worker's context that the estimate counts again, less 1 GiB
+ * kept for NCCL's buffers and lazily loaded kernels), that
  * device's total, and its name (borrowed from the worker). Errors as td_daemon_device_memory. */
 int td_daemon_least_memory(td_daemon *d, td_worker *const *ws, int n, size_t *free_bytes,
                            size_t *total_bytes, const char **name, td_error_t *err);

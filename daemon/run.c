@@ -475,6 +475,11 @@ static void replica_run(td_worker *w, td_run *r, int rank)
         replica_train(&p);
     }
 #ifdef TD_HAVE_CUDA
+    /* ncclCommFinalize completes only once every rank finalizes: meet first, so that a rank
+     * done early does not wait out the timeout while rank 0 evaluates and writes the last
+     * checkpoint (after a failure the barrier is aborted and returns at once). */
+    if (p.nccl != NULL)
+        (void)td_hostreduce_barrier(&r->hr, NULL, NULL);
     td_nccl_free(p.nccl);
 #endif
     if (p.sink != NULL) {

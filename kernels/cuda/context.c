@@ -54,6 +54,15 @@ void td__cuda_note(cudaError_t e)
         atomic_store(&poisoned, 1);
 }
 
+/* A failed runtime call also leaves its error in the calling thread's last-error slot, where
+ * the next kernel launch's check (cudaGetLastError) would find it: the worker's next job would
+ * fail at its first kernel with this job's error. The error has been reported once; clear it.
+ * (A sticky error cannot be cleared, and the process is poisoned then anyway.) */
+static void clear_last_error(void)
+{
+    (void)cudaGetLastError();
+}
+
 const char *td__cuda_file(const char *file)
 {
     while (strncmp(file, "../", 3) == 0)
@@ -78,10 +87,12 @@ static void cublas_message(char *buf, size_t size, cublasStatus_t s, const char 
     int n = snprintf(buf, size, "%s:%d: %s: %s (%s)", td__cuda_file(file), line,
                      cublasGetStatusName(s), cublasGetStatusString(s), what);
 
-    if (e != cudaSuccess && n > 0 && (size_t)n < size) {
-        snprintf(buf + n, size - (size_t)n, "; CUDA: %s: %s", cudaGetErrorName(e),
-                 cudaGetErrorString(e));
+    if (e != cudaSuccess) {
+        if (n > 0 && (size_t)n < size)
+            snprintf(buf + n, size - (size_t)n, "; CUDA: %s: %s", cudaGetErrorName(e),
+                     cudaGetErrorString(e));
         td__cuda_note(e);
+        clear_last_error();
     }
 }
 
@@ -90,6 +101,7 @@ void td__cuda_fail(cudaError_t e, const char *file, int line, const char *expr)
     char msg[512];
 
     td__cuda_note(e);
+    clear_last_error();
     cuda_message(msg, sizeof(msg), e, file, line, expr);
     td_panic(TD_ECUDA, "%s", msg);
 }
@@ -107,6 +119,7 @@ int td__cuda_error_set(td_error_t *err, cudaError_t e, const char *file, int lin
     char msg[512];
 
     td__cuda_note(e);
+    clear_last_error();
     cuda_message(msg, sizeof(msg), e, file, line, what);
     return td_error_set(err, TD_ECUDA, "%s", msg);
 }
@@ -222,6 +235,7 @@ void td_cuda_ctx_free(td_cuda_ctx *c)
 {
     if (c == NULL)
         return;
+    (void)cudaSetDevice(c->device); /* its buffers and stream are that device's */
     if (c->stream != NULL)
         (void)cudaStreamSynchronize(c->stream);
     if (c->blas != NULL)

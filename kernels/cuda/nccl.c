@@ -240,16 +240,21 @@ int td_nccl_wait(td_nccl *c, td_error_t *err)
     for (;;) {
         ncclResult_t state, r;
         e = cudaEventQuery(c->done);
-        if (e == cudaSuccess)
-            return 0;
-        if (stopped(c, err))
-            return TD_EABORTED;
-        if (e != cudaErrorNotReady) {
+        if (e == cudaErrorNotReady) {
+            /* Not an error, but the runtime records it as the thread's last error all the
+             * same: left there, the next kernel launch's check (cudaGetLastError) would read
+             * it and fail the step with "cudaErrorNotReady". */
+            (void)cudaGetLastError();
+        } else if (e != cudaSuccess) {
             rc = td__cuda_error_set(err, e, __FILE__, __LINE__, "cudaEventQuery after all-reduce");
             abort_comm(c);
             return rc;
         }
         r = ncclCommGetAsyncError(c->comm, &state);
+        if (e == cudaSuccess && r == ncclSuccess && state == ncclSuccess)
+            return 0; /* done, and NCCL saw nothing wrong on the way */
+        if (stopped(c, err))
+            return TD_EABORTED;
         if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
             rc = NCCL_ERR(r != ncclSuccess ? r : state, c, "all-reduce");
             abort_comm(c);

@@ -695,6 +695,13 @@ static void to_bf16(td_cuda_ctx *x, __nv_bfloat16 *dst, const float *src, size_t
         LAUNCH_N(x, to_bf16_kernel, n, dst, src, rows, cols, ld);
 }
 
+// dst (n) = bf16 of src (n), contiguous; n in size_t, as attention's hn (T,T) heads may pass
+// INT_MAX with a large scratch
+static void to_bf16_n(td_cuda_ctx *x, __nv_bfloat16 *dst, const float *src, size_t n)
+{
+    LAUNCH_N(x, to_bf16_flat_kernel, n, dst, src, n);
+}
+
 // Column-major C (m,n) = alpha op(A) op(B) + beta C with bf16 A and B, fp32 C, fp32 sums
 static void gemm_bf16(td_cuda_ctx *x, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                       int k, const __nv_bfloat16 *A, int lda, const __nv_bfloat16 *B, int ldb,
@@ -1092,7 +1099,7 @@ static int attention_forward_bf16(td_cuda_ctx *x, float *out, float *att, const 
     hc = fit < (size_t)NH ? (int)fit : NH;
     for (int b = 0; b < B; b++) {
         float *ab = att + (size_t)b * NH * TT;
-        to_bf16(x, Q, qkv + (size_t)b * T * C3, 1, T * C3, (size_t)T * C3);
+        to_bf16_n(x, Q, qkv + (size_t)b * T * C3, (size_t)T * C3);
         gemm_bf16_batched(x, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, Q + C, C3, hs, Q, C3, hs,
                           0.0f, ab, T, TT, NH);
         causal_softmax_kernel<<<row_blocks((size_t)NH * T), ROW_WARPS * 32, 0, x->stream>>>(
@@ -1100,7 +1107,7 @@ static int attention_forward_bf16(td_cuda_ctx *x, float *out, float *att, const 
         LAUNCH_CHECK("causal_softmax_kernel");
         for (int h0 = 0; h0 < NH; h0 += hc) {
             int hn = NH - h0 < hc ? NH - h0 : hc;
-            to_bf16(x, A, ab + (size_t)h0 * TT, 1, (int)((long long)hn * TT), (size_t)hn * TT);
+            to_bf16_n(x, A, ab + (size_t)h0 * TT, (size_t)hn * TT);
             gemm_bf16_batched(x, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, Q + 2 * C + h0 * hs, C3,
                               hs, A, T, TT, 0.0f, out + (size_t)b * T * C + (size_t)h0 * hs, C, hs,
                               hn);
@@ -1176,8 +1183,8 @@ static int attention_backward_bf16(td_cuda_ctx *x, float *dqkv, float *scratch, 
         return 0;
     }
     for (int b = 0; b < B; b++) {
-        to_bf16(x, Q, qkv + (size_t)b * T * C3, 1, T * C3, (size_t)T * C3);
-        to_bf16(x, G, dout + (size_t)b * T * C, 1, T * C, (size_t)T * C);
+        to_bf16_n(x, Q, qkv + (size_t)b * T * C3, (size_t)T * C3);
+        to_bf16_n(x, G, dout + (size_t)b * T * C, (size_t)T * C);
         for (int h0 = 0; h0 < NH; h0 += hc) {
             int hn = NH - h0 < hc ? NH - h0 : hc;
             size_t off = (size_t)b * T * C3 + (size_t)h0 * hs;
@@ -1185,17 +1192,17 @@ static int attention_backward_bf16(td_cuda_ctx *x, float *dqkv, float *scratch, 
             const __nv_bfloat16 *g = G + (size_t)h0 * hs;
             float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
             const float *a = att + ((size_t)b * NH + h0) * TT;
-            int n = (int)((long long)hn * TT);
+            size_t n = (size_t)hn * TT;
 
             gemm_bf16_batched(x, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, v, C3, hs, g, C, hs,
                               0.0f, d, T, TT, hn);
-            to_bf16(x, A, a, 1, n, (size_t)n);
+            to_bf16_n(x, A, a, n);
             gemm_bf16_batched(x, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, g, C, hs, A, T, TT, 1.0f,
                               dv, C3, hs, hn);
             causal_softmax_backward_kernel<<<row_blocks((size_t)hn * T), ROW_WARPS * 32, 0,
                                              x->stream>>>(d, a, scale, (size_t)hn * T, T);
             LAUNCH_CHECK("causal_softmax_backward_kernel");
-            to_bf16(x, A, d, 1, n, (size_t)n);
+            to_bf16_n(x, A, d, n);
             gemm_bf16_batched(x, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, k, C3, hs, A, T, TT,
                               1.0f, dq, C3, hs, hn);
             gemm_bf16_batched(x, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, q, C3, hs, A, T, TT,
