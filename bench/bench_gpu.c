@@ -14,10 +14,10 @@
  *     (td_cuda_peak_flops; TD_PEAK_TFLOPS overrides it for a device it does not know).
  *     The batch is the largest that fits, at most 16 (td_train_largest_batch against
  *     td_cuda_mem_info), unless --batch says.
- *  3. Where the trainer does not compute on the device (it keeps its buffers on the host: the
- *     engine before its GPU path), or with --direct: the same step driven through the CUDA
- *     table by hand (the forward and backward of td_gpt_forward replayed op by op, AdamW per
- *     tensor) on device buffers laid out as llm.c's train_gpt2.c lays them out, one fixed batch.
+ *  3. With --direct, instead: the same step driven through the CUDA table by hand (the forward
+ *     and backward of td_gpt_forward replayed op by op, AdamW per tensor) on device buffers laid
+ *     out as llm.c's train_gpt2.c lays them out, one fixed batch: the difference to 2. is the
+ *     trainer's own cost (the batch's upload, the loss and norm read back each step).
  *
  *   bench_gpu [--batch B] [--steps S] [--warmup W] [--precision LIST] [--direct] [--no-gemm]
  *             [--csv FILE]
@@ -483,7 +483,6 @@ typedef struct train_arg {
     td_cuda_ctx *ctx;
     td_train_config cfg;
     int steps, warmup;
-    int on_host; /* out: the trainer did not put its buffers on the device */
     result r;
 } train_arg;
 
@@ -498,9 +497,9 @@ static void loss_hook(void *ud, const char *key, int64_t step, double value)
     r->last_loss = value;
 }
 
-/* Builds the trainer (the device's free memory must fall by at least the parameters' size, or
- * the trainer computes on the host: on_host, nothing run), then warmup + steps steps, timed
- * after the warm-up. Each step ends reading its loss back, so the wall clock is the device's. */
+/* Builds the trainer (the device's free memory must fall by at least the parameters' size: it
+ * keeps its buffers on the device), then warmup + steps steps, timed after the warm-up. Each
+ * step reads its loss and gradient norm back, so the wall clock is the device's. */
 static void train_run(void *arg)
 {
     train_arg *a = arg;
@@ -524,9 +523,11 @@ static void train_run(void *arg)
         td_panic(err.code, "%s", err.msg);
     }
     if (free0 < free1 + e.params) {
-        a->on_host = 1;
         td_trainer_free(t);
-        return;
+        td_panic(TD_ESTATE,
+                 "the trainer's buffers are not on the device: its free memory fell "
+                 "by %zu MiB, the parameters alone are %zu MiB",
+                 free0 > free1 ? (free0 - free1) >> 20 : 0, e.params >> 20);
     }
     for (int s = 0; s < a->warmup + a->steps; s++) {
         if (s == a->warmup)
@@ -717,7 +718,7 @@ int main(int argc, char **argv)
         a.cfg.batch_size = B > 0 ? B : pick_batch(&a.cfg, 0);
         printf("GPT-2 124M through the trainer: B=%d, T=1024, %d + %d steps\n", a.cfg.batch_size,
                warmup, steps);
-        for (int p = 0; p < N_PREC && !a.on_host; p++) {
+        for (int p = 0; p < N_PREC; p++) {
             if (!(modes & (1 << p)))
                 continue;
             memset(&a.r, 0, sizeof(a.r));
@@ -727,16 +728,10 @@ int main(int argc, char **argv)
                 rc = 1;
                 continue;
             }
-            if (!a.on_host)
-                report(&a.r, 0, g.tflops, csv);
+            report(&a.r, 0, g.tflops, csv);
         }
         unlink(shard);
         rmdir(dir);
-        if (a.on_host) {
-            printf("the trainer keeps its buffers on the host (no GPU path in train/ yet): "
-                   "driving the CUDA table by hand instead\n");
-            direct = 1;
-        }
         if (B == 0)
             B = a.cfg.batch_size;
     }

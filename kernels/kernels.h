@@ -1,8 +1,8 @@
 /* Compute kernels: every op the engine (train/) runs, as one backend table per device kind.
  * A backend is a struct of function pointers; train/ picks one table per trainer and calls
  * only through it, so the same model code runs on the CPU (OpenBLAS sgemm + C loops, cpu.c)
- * and, later, CUDA (kernels + cuBLAS). Owns no memory: every pointer is the caller's and lives
- * where the backend computes (host memory for "cpu").
+ * and CUDA (kernels + cuBLAS, kernels/cuda). Owns no memory: every pointer is the caller's and
+ * lives where the backend computes (host memory for "cpu", device memory for "cuda").
  *
  * Conventions, llm.c style: outputs first, then inputs, then dimensions; shapes in comments
  * (`// inp is (N,C)`), row-major. Backward kernels ACCUMULATE (+=) into their gradient
