@@ -411,18 +411,24 @@ void tc_fmt_bytes(char *buf, size_t size, double bytes)
         snprintf(buf, size, "%.1f %s", bytes, units[u]);
 }
 
-/* "  cpu:0  job 3  fashion-mnist-mlp" or "  cpu:1  idle" */
+/* "  cuda:0  80517/143771 MiB free  job 3  fashion-mnist-mlp" or "  cpu:1  idle" (the
+ * memory when the daemon could read it) */
 static void print_device(const td_pval *dev, int width)
 {
-    char name[128], job_name[256];
+    char name[128], job_name[256], mem[64] = "";
     int64_t job = tc_job_int(dev, "job_id", -1);
+    int64_t free_b = tc_job_int(dev, "free_bytes", -1),
+            total_b = tc_job_int(dev, "total_bytes", -1);
 
     tc_job_str(dev, "name", name, sizeof(name));
     tc_job_str(dev, "job_name", job_name, sizeof(job_name));
+    if (free_b >= 0 && total_b > 0)
+        snprintf(mem, sizeof(mem), "  %lld/%lld MiB free", (long long)(free_b >> 20),
+                 (long long)(total_b >> 20));
     if (job >= 0)
-        printf("  %-*s  job %lld  %s\n", width, name, (long long)job, job_name);
+        printf("  %-*s%s  job %lld  %s\n", width, name, mem, (long long)job, job_name);
     else
-        printf("  %-*s  idle\n", width, name);
+        printf("  %-*s%s  idle\n", width, name, mem);
 }
 
 /* "queue    3 jobs: 4 5 6", at most TC_INFO_QUEUE_MAX ids. */

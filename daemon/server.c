@@ -641,7 +641,17 @@ static void req_info(td_conn *c, int64_t id)
     td_pw_array(&c->w, (uint32_t)d->nworkers);
     for (int i = 0; i < d->nworkers; i++) {
         const td_djob *job = d->workers[i].running;
-        td_pw_map(&c->w, 3);
+        size_t free_b = 0, total_b = 0;
+        td_error_t e;
+        /* A device whose memory cannot be read is listed without it. */
+        int mem = td_daemon_device_memory(d, i, &free_b, &total_b, &e) == 0;
+        td_pw_map(&c->w, mem ? 5 : 3);
+        if (mem) {
+            td_pw_str(&c->w, "free_bytes");
+            td_pw_int(&c->w, (int64_t)free_b);
+            td_pw_str(&c->w, "total_bytes");
+            td_pw_int(&c->w, (int64_t)total_b);
+        }
         td_pw_str(&c->w, "name");
         td_pw_str(&c->w, d->workers[i].name);
         td_pw_str(&c->w, "job_id");

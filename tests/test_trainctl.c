@@ -318,6 +318,8 @@ static void test_o_json_is_json(void **state)
     assert_int_equal(tc("--socket %s info -o json", sock), 0);
     assert_non_null(strstr(out, "\"protocol\": 1"));
     assert_non_null(strstr(out, "\"cpu:0\""));
+    assert_non_null(strstr(out, "\"free_bytes\": "));
+    assert_non_null(strstr(out, "\"total_bytes\": "));
 }
 
 static void test_info_and_logs(void **state)
@@ -328,7 +330,14 @@ static void test_info_and_logs(void **state)
     assert_int_equal(tc("--socket %s info", sock), 0);
     assert_non_null(strstr(out, ", protocol 1\n"));
     assert_non_null(strstr(out, "traind.db ("));
-    assert_non_null(strstr(out, "cpu:0  idle"));
+    /* "  cpu:0  1234/24000 MiB free  idle": the machine's memory, read from /proc/meminfo */
+    {
+        const char *dev = strstr(out, "cpu:0  ");
+        long long freem = -1, total = -1;
+        assert_non_null(dev);
+        assert_int_equal(sscanf(dev, "cpu:0  %lld/%lld MiB free  idle", &freem, &total), 2);
+        assert_true(freem > 0 && freem <= total);
+    }
     assert_non_null(strstr(out, "queue    empty"));
     assert_int_equal(tc("--socket %s logs 1", sock), 0);
     /* every line: 2026-11-30 05:16:51 notice message */
