@@ -34,6 +34,7 @@ typedef struct job_extra {
     int batch;                /* 0: 64 */
     int64_t checkpoint_every; /* 0: leave the key out */
     int hidden2;              /* a second hidden layer of this width; 0: none */
+    int batch_auto;           /* batch_size "auto" (batch is then ignored) */
 } job_extra;
 
 static void write_mlp_job_ex(td_pw *w, const char *name, int layers1, int64_t max_steps,
@@ -108,7 +109,10 @@ static void write_mlp_job_ex(td_pw *w, const char *name, int layers1, int64_t ma
     td_pw_str(w, "lr");
     td_pw_double(w, 1e-3);
     td_pw_str(w, "batch_size");
-    td_pw_int(w, x != NULL && x->batch > 0 ? x->batch : 64);
+    if (x != NULL && x->batch_auto)
+        td_pw_str(w, "auto");
+    else
+        td_pw_int(w, x != NULL && x->batch > 0 ? x->batch : 64);
     td_pw_str(w, "max_steps");
     td_pw_int(w, max_steps);
     td_pw_str(w, "seed");
@@ -861,6 +865,55 @@ static void test_memory_guard_refuses_at_dispatch(void **state)
     assert_int_equal(ts_daemon_stop(&d), 0);
 }
 
+/* The spec's batch_size as the store keeps it now. */
+static int64_t stored_batch(ts_client *c, int64_t id)
+{
+    const td_pval *job;
+    td_proto_frame *f = ts_status(c, id, &job);
+    int64_t b = ts_get_i(td_pv_get(job, "spec"), "batch_size");
+
+    td_proto_frame_free(f);
+    return b;
+}
+
+/* batch_size "auto" on cpu:2: the guard takes the largest batch that fits, at most 1024 rows
+ * per device (a small mlp fits far more), writes it into the stored job and its log, and a
+ * daemon killed mid-job resumes the job with that batch (a different one would not match the
+ * checkpoint's configuration, and the job would fail). */
+static void test_auto_batch_is_kept_across_restart(void **state)
+{
+    ts_daemon d;
+    ts_client c;
+    ts_watched w;
+    job_extra x = {.devices = 2, .fail_devices = {-1}, .batch_auto = 1, .checkpoint_every = 20};
+    int64_t id;
+
+    ts_daemon_start(&d, "cpu:2");
+    ts_connect_hello(&c, d.sock);
+    id = submit_ex(&c, "auto", 32, 120, &x, NULL, 0);
+    assert_true(id >= 1);
+    ts_wait_state(&c, id, "running", 30);
+    assert_int_equal(stored_batch(&c, id), 2048);
+    assert_int_equal(ts_log_count(&d, "batch_size auto: 2048 (needs "), 1);
+    for (int i = 0; i < 300 && ts_job_status(&c, id, NULL, 0) < 30; i++)
+        usleep(50 * 1000);
+    ts_client_close(&c);
+    ts_daemon_kill9(&d);
+
+    ts_daemon_start_in(&d, "cpu:2");
+    ts_connect_hello(&c, d.sock);
+    ts_watch_to_end(&c, id, &w);
+    if (strcmp(w.final_state, "succeeded") != 0)
+        fail_msg("the resumed auto job ended %s: %s", w.final_state, w.error);
+    assert_int_equal(w.train_loss_rows, 120);
+    assert_int_equal(w.dup_or_disorder, 0);
+    assert_int_equal(stored_batch(&c, id), 2048);
+    ts_client_close(&c);
+    /* the log (both processes append to it): the batch was chosen once, not again on resume */
+    assert_int_equal(ts_log_count(&d, "batch_size auto: "), 1);
+    assert_int_equal(ts_daemon_stop(&d), 0);
+}
+
 #define SURVIVOR_STEPS 6000
 static void test_sticky_error_reexecs_and_resumes(void **state)
 {
@@ -926,6 +979,7 @@ int main(void)
         cmocka_unit_test_teardown(test_gpt_resume_is_exact, ts_kill_leftover),
         cmocka_unit_test_teardown(test_sticky_error_reexecs_and_resumes, ts_kill_leftover),
         cmocka_unit_test_teardown(test_memory_guard_refuses_at_dispatch, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_auto_batch_is_kept_across_restart, ts_kill_leftover),
     };
     signal(SIGPIPE, SIG_IGN);
     /* TD_TEST_FILTER=test_sticky* runs only the tests whose name matches. */
