@@ -688,8 +688,7 @@ static void on_async(uv_async_t *h)
     schedule(d);
 }
 
-/* Brings a queued job from the store back into memory at start. */
-int td_daemon_stored_spec(const td_job_row *row, td_jobspec *spec, td_error_t *err)
+int td_daemon_stored_spec(const td_job_row *row, int files, td_jobspec *spec, td_error_t *err)
 {
     td_proto_frame *f = NULL;
     int rc;
@@ -699,7 +698,8 @@ int td_daemon_stored_spec(const td_job_row *row, td_jobspec *spec, td_error_t *e
                             (long long)row->id);
     rc = td_proto_decode(row->spec, row->spec_len, &f, err);
     if (rc == 0)
-        rc = td_jobspec_parse(td_proto_frame_root(f), spec, err);
+        rc = files ? td_jobspec_parse(td_proto_frame_root(f), spec, err)
+                   : td_jobspec_parse_stored(td_proto_frame_root(f), spec, err);
     td_proto_frame_free(f);
     return rc;
 }
@@ -712,7 +712,7 @@ static int load_job(td_daemon *d, const td_job_row *row)
 
     if (job == NULL)
         return TD_ENOMEM;
-    rc = td_daemon_stored_spec(row, &job->spec, &err);
+    rc = td_daemon_stored_spec(row, 1, &job->spec, &err);
     if (rc != 0) {
         /* The spec was valid when submitted; a dataset may have gone since. */
         td_log_warn("job %lld: cannot be resumed: %s", (long long)row->id, err.msg);

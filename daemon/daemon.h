@@ -161,8 +161,11 @@ int td_daemon_cancel(td_daemon *d, int64_t id, int64_t uid, char *state_out, td_
 int td_daemon_check_owner(int64_t job, int64_t owner, int64_t uid, td_error_t *err);
 /* Where job's checkpoints live: STATE_DIR/checkpoints/JOB. TD_E2BIG when it does not fit. */
 int td_daemon_checkpoint_dir(const td_daemon *d, int64_t job, char *out, size_t size);
-/* Parses a job's stored spec (row->spec, msgpack) again, with the checks of submit. */
-int td_daemon_stored_spec(const td_job_row *row, td_jobspec *spec, td_error_t *err);
+/* Parses a job's stored spec (row->spec, msgpack) again, with the checks of submit; files 0
+ * leaves out the checks that its files are readable (export and sample need only the
+ * configuration, and an ended job's dataset may be gone), 1 keeps them (a queued job about to
+ * run). */
+int td_daemon_stored_spec(const td_job_row *row, int files, td_jobspec *spec, td_error_t *err);
 /* Appends a line to a job's log in the store (lifecycle events, warnings). */
 void td_daemon_log(td_daemon *d, int64_t job, int level, const char *line);
 td_djob *td_daemon_find(td_daemon *d, int64_t id);

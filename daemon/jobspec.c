@@ -120,9 +120,10 @@ static int get_choice(const td_pval *m, const char *path, const char *key,
     return bad(err, path, key, why);
 }
 
-/* A readable file path: the daemon refuses a missing dataset at submit, naming it. */
+/* A readable file path: the daemon refuses a missing dataset at submit, naming it. files 0:
+ * a stored spec, whose files were checked at submit (and may have gone since): not checked. */
 static int get_path(const td_pval *m, const char *path, const char *key, char *out, size_t size,
-                    td_error_t *err)
+                    int files, td_error_t *err)
 {
     const td_pval *v = td_pv_get(m, key);
     char why[TD_PATH_MAX + 64];
@@ -131,7 +132,7 @@ static int get_path(const td_pval *m, const char *path, const char *key, char *o
         return bad(err, path, key, "is required");
     if (td_pv_strcpy(v, out, size) != 0 || out[0] == '\0')
         return bad(err, path, key, "must be a file path (a non-empty string)");
-    if (access(out, R_OK) != 0) {
+    if (files && access(out, R_OK) != 0) {
         snprintf(why, sizeof(why), "cannot read %s: %s", out, strerror(errno));
         return bad(err, path, key, why);
     }
@@ -178,7 +179,7 @@ static int parse_mlp(const td_pval *m, td_train_config *c, td_error_t *err)
 
 /* GPT dimensions. With init_from they may be left out (the file has them); any given must
  * agree with the file, which the trainer checks when it opens it. */
-static int parse_gpt(const td_pval *m, td_train_config *c, td_error_t *err)
+static int parse_gpt(const td_pval *m, td_train_config *c, int files, td_error_t *err)
 {
     static const char *const keys[] = {"kind",    "n_layer",    "n_head",    "n_embd",
                                        "seq_len", "vocab_size", "init_from", NULL};
@@ -190,8 +191,8 @@ static int parse_gpt(const td_pval *m, td_train_config *c, td_error_t *err)
     if ((rc = check_keys(m, "model", keys, err)) != 0)
         return rc;
     c->model = TD_MODEL_GPT;
-    if (from != NULL &&
-        (rc = get_path(m, "model", "init_from", c->init_from, sizeof(c->init_from), err)) != 0)
+    if (from != NULL && (rc = get_path(m, "model", "init_from", c->init_from, sizeof(c->init_from),
+                                       files, err)) != 0)
         return rc;
     for (int i = 0; i < 5; i++) {
         *vals[i] = 0;
@@ -209,7 +210,7 @@ static int parse_gpt(const td_pval *m, td_train_config *c, td_error_t *err)
     return 0;
 }
 
-static int parse_model(const td_pval *m, td_train_config *c, td_error_t *err)
+static int parse_model(const td_pval *m, td_train_config *c, int files, td_error_t *err)
 {
     static const char *const kinds[] = {"mlp", "gpt", NULL};
     int kind = 0, rc;
@@ -218,10 +219,11 @@ static int parse_model(const td_pval *m, td_train_config *c, td_error_t *err)
         return rc;
     if ((rc = get_choice(m, "model", "kind", kinds, 1, &kind, err)) != 0)
         return rc;
-    return kind == 0 ? parse_mlp(m, c, err) : parse_gpt(m, c, err);
+    return kind == 0 ? parse_mlp(m, c, err) : parse_gpt(m, c, files, err);
 }
 
-static int parse_split(const td_pval *d, const char *key, td_idx_split *s, td_error_t *err)
+static int parse_split(const td_pval *d, const char *key, td_idx_split *s, int files,
+                       td_error_t *err)
 {
     static const char *const keys[] = {"images", "labels", NULL};
     const td_pval *m = td_pv_get(d, key);
@@ -231,9 +233,9 @@ static int parse_split(const td_pval *d, const char *key, td_idx_split *s, td_er
     snprintf(path, sizeof(path), "data.%s", key);
     if ((rc = need_map(m, "data", key, err)) != 0 || (rc = check_keys(m, path, keys, err)) != 0)
         return rc;
-    if ((rc = get_path(m, path, "images", s->images, sizeof(s->images), err)) != 0)
+    if ((rc = get_path(m, path, "images", s->images, sizeof(s->images), files, err)) != 0)
         return rc;
-    return get_path(m, path, "labels", s->labels, sizeof(s->labels), err);
+    return get_path(m, path, "labels", s->labels, sizeof(s->labels), files, err);
 }
 
 /* One path or glob of a text/tokens split; it must match at least one readable file now. */
@@ -261,9 +263,9 @@ static int check_pattern(const char *where, const char *pat, td_error_t *err)
     return rc;
 }
 
-/* A path, glob, or list of them. */
+/* A path, glob, or list of them; each must match readable files now when files is set. */
 static int parse_files(const td_pval *d, const char *key, char (*out)[TD_PATH_MAX], int *n,
-                       td_error_t *err)
+                       int files, td_error_t *err)
 {
     const td_pval *v = td_pv_get(d, key);
     int list = td_pv_type_of(v) == TD_PV_ARRAY;
@@ -286,14 +288,14 @@ static int parse_files(const td_pval *d, const char *key, char (*out)[TD_PATH_MA
         if (td_pv_strcpy(p, out[i], TD_PATH_MAX) != 0 || out[i][0] == '\0')
             return td_error_set(err, TD_EJOB, "%s: must be a path or glob (a non-empty string)",
                                 where);
-        if ((rc = check_pattern(where, out[i], err)) != 0)
+        if (files && (rc = check_pattern(where, out[i], err)) != 0)
             return rc;
         (*n)++;
     }
     return 0;
 }
 
-static int parse_data(const td_pval *d, td_train_config *c, td_error_t *err)
+static int parse_data(const td_pval *d, td_train_config *c, int files, td_error_t *err)
 {
     static const char *const idx_keys[] = {"kind", "train", "test", "shuffle", NULL};
     static const char *const tok_keys[] = {"kind",    "train",          "valid",
@@ -310,9 +312,10 @@ static int parse_data(const td_pval *d, td_train_config *c, td_error_t *err)
     if (kind == 0) {
         c->data = TD_DATA_IDX;
         if ((rc = check_keys(d, "data", idx_keys, err)) != 0 ||
-            (rc = parse_split(d, "train", &c->train, err)) != 0)
+            (rc = parse_split(d, "train", &c->train, files, err)) != 0)
             return rc;
-        if (td_pv_get(d, "test") != NULL && (rc = parse_split(d, "test", &c->test, err)) != 0)
+        if (td_pv_get(d, "test") != NULL &&
+            (rc = parse_split(d, "test", &c->test, files, err)) != 0)
             return rc;
         return 0;
     }
@@ -321,8 +324,8 @@ static int parse_data(const td_pval *d, td_train_config *c, td_error_t *err)
         return rc;
     if (td_pv_get(d, "train") == NULL)
         return bad(err, "data", "train", "is required");
-    if ((rc = parse_files(d, "train", c->train_files, &c->n_train_files, err)) != 0 ||
-        (rc = parse_files(d, "valid", c->valid_files, &c->n_valid_files, err)) != 0)
+    if ((rc = parse_files(d, "train", c->train_files, &c->n_train_files, files, err)) != 0 ||
+        (rc = parse_files(d, "valid", c->valid_files, &c->n_valid_files, files, err)) != 0)
         return rc;
     if ((rc = get_float(d, "data", "valid_fraction", 0, 1, 1, "must be in [0, 1)",
                         &c->valid_fraction, err)) != 0)
@@ -485,7 +488,7 @@ static int parse_device_keys(const td_pval *job, td_jobspec *out, td_error_t *er
     return 0;
 }
 
-int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err)
+static int parse_job(const td_pval *job, td_jobspec *out, int files, td_error_t *err)
 {
     static const char *const keys[] = {"name",
                                        "model",
@@ -527,8 +530,8 @@ int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err)
     if (name != NULL &&
         (td_pv_strcpy(name, out->name, sizeof(out->name)) != 0 || out->name[0] == '\0'))
         return bad(err, "", "name", "must be a non-empty string of at most 127 bytes");
-    if ((rc = parse_model(td_pv_get(job, "model"), c, err)) != 0 ||
-        (rc = parse_data(td_pv_get(job, "data"), c, err)) != 0 ||
+    if ((rc = parse_model(td_pv_get(job, "model"), c, files, err)) != 0 ||
+        (rc = parse_data(td_pv_get(job, "data"), c, files, err)) != 0 ||
         (rc = parse_optim(td_pv_get(job, "optim"), c, err)) != 0 ||
         (rc = parse_schedule(td_pv_get(job, "schedule"), c, err)) != 0 ||
         (rc = parse_debug(td_pv_get(job, "debug"), out, err)) != 0)
@@ -730,4 +733,14 @@ int td_jobspec_check_access(const td_jobspec *spec, int64_t uid, int64_t gid, td
     if (rc == 0 && c->init_from[0] != '\0')
         rc = check_one("model.init_from", c->init_from, uid, groups, ngroups, err);
     return rc;
+}
+
+int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err)
+{
+    return parse_job(job, out, 1, err);
+}
+
+int td_jobspec_parse_stored(const td_pval *job, td_jobspec *out, td_error_t *err)
+{
+    return parse_job(job, out, 0, err);
 }

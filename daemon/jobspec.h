@@ -32,6 +32,11 @@ typedef struct td_jobspec {
 /* Fills *out from job. Returns 0, or TD_EJOB with err naming the field. */
 int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err);
 
+/* td_jobspec_parse for a job the daemon stored at submit, when only its configuration is
+ * needed (export, sample): the same checks but for the files, which were readable then and
+ * may have gone since (an ended job's dataset, deleted). */
+int td_jobspec_parse_stored(const td_pval *job, td_jobspec *out, td_error_t *err);
+
 /* Re-encodes the stored job map spec (msgpack, as submitted) with its "batch_size" set to
  * batch (replacing "auto"), into *out (malloc'd, *out_len bytes; caller frees). For the
  * daemon to store the batch an "auto" job was given, so a restart resumes with the same one.

@@ -55,9 +55,10 @@ static int job_config(td_daemon *d, int64_t job, int64_t uid, td_train_config *c
         rc = td_error_set(err, TD_ENOMEM, "out of memory");
         goto out;
     }
-    rc = td_daemon_stored_spec(&row, spec, err);
+    rc = td_daemon_stored_spec(&row, 0, spec, err);
     if (rc != 0) {
-        /* The spec was valid at submit; a file it names may have gone since. */
+        /* The spec was valid at submit, and its files are not checked again: only a change of
+         * traind's own rules since can refuse it now. */
         td_error_t why = *err;
         rc = td_error_set(err, TD_EJOB, "job %lld's spec no longer validates: %s", (long long)job,
                           why.msg);

@@ -479,6 +479,23 @@ static void test_export_import_sample(void **state)
     assert_memory_equal(out, greedy, 40);
     free(out);
 
+    /* (e) The corpus deleted after the job ended: the model is in the checkpoint, so export
+     * and sample still work, and give the same bytes. */
+    assert_int_equal(unlink(corpus), 0);
+    assert_int_equal(trainctl(&d, "export %lld -o %s", (long long)ja, cli_model), 0);
+    free(cli_file);
+    cli_file = read_file(cli_model, &cli_len);
+    assert_non_null(cli_file);
+    assert_int_equal(cli_len, len);
+    assert_memory_equal(cli_file, file, len);
+    assert_int_equal(
+        trainctl(&d, "sample %lld --tokens 40 --prompt 'The cat ' --temperature 0", (long long)ja),
+        0);
+    out = tc_output(&d, "out", &out_len);
+    assert_int_equal(out_len, 40);
+    assert_memory_equal(out, greedy, 40);
+    free(out);
+
     free(file);
     free(cli_file);
     ts_client_close(&c);
