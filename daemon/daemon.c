@@ -1008,6 +1008,7 @@ static void finish_shutdown(td_daemon *d)
 static void stop_jobs(td_daemon *d)
 {
     d->stopping = 1;
+    atomic_store(&d->work_stop, 1);
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
         if (j->run != NULL)
             atomic_store(&j->interrupt, 1);

@@ -131,6 +131,7 @@ struct td_daemon {
     pthread_mutex_t ev_mu;
     td_event *ev_head, *ev_tail;
     int stopping;
+    atomic_int work_stop; /* set when stopping: a sample running on the threadpool stops early */
     int exit_code;
     int server_open;      /* server is initialised and not yet closed */
     int socket_inherited; /* server came from systemd (LISTEN_FDS): its path is not ours */

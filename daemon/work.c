@@ -83,6 +83,7 @@ int td_work_new(td_work **out, td_daemon *d, td_work_kind kind, int64_t job, int
         return td_error_set(err, TD_ENOMEM, "out of memory");
     w->kind = kind;
     w->job = job;
+    w->stop = &d->work_stop;
     w->fd = -1;
     cfg = &w->cfg;
     rc = job_config(d, job, uid, cfg, err);
@@ -150,7 +151,11 @@ static void run_sample(td_work *w)
         return;
     }
     w->rc = td_sample(&w->cfg, w->prompt != NULL ? w->prompt : "", w->tokens, w->temperature,
-                      w->seed, w->text, cap, &w->err);
+                      w->seed, w->stop, w->text, cap, &w->err);
+    if (w->rc == TD_ECANCELLED) {
+        td_error_t why = w->err;
+        td_error_set(&w->err, w->rc, "%s: traind is stopping", why.msg);
+    }
     if (w->rc != 0)
         return;
     /* A text job writes exactly one byte per token, NUL included (the text is NUL-terminated

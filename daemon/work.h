@@ -33,11 +33,13 @@ struct td_work {
 
     /* the caller's: set them before td_work_start() */
     void *ud;
-    int64_t req_id;    /* the request this answers */
-    char *prompt;      /* sample: malloc'd, NUL-terminated; td_work_free() frees it */
-    int tokens;        /* sample: 1 to TD_SAMPLE_MAX_TOKENS */
-    float temperature; /* sample: >= 0, 0 is greedy */
-    uint64_t seed;     /* sample */
+    int64_t req_id;         /* the request this answers */
+    char *prompt;           /* sample: malloc'd, NUL-terminated; td_work_free() frees it */
+    int tokens;             /* sample: 1 to TD_SAMPLE_MAX_TOKENS */
+    float temperature;      /* sample: >= 0, 0 is greedy */
+    uint64_t seed;          /* sample */
+    const atomic_int *stop; /* the daemon's work_stop, set by td_work_new: a sample stops early
+                             * when the daemon stops */
 
     /* the results, valid in the done callback */
     int rc; /* 0, or a negative code with err saying why ("job 3 has no checkpoint yet") */

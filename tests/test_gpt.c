@@ -1117,19 +1117,27 @@ static void test_sample(void **state)
     gpt_config(&cfg);
     cfg.max_steps = 30;
     tt_path_of(cfg.checkpoint_dir, "ckpt-sample");
-    assert_int_equal(td_sample(&cfg, "the ", 10, 1.0f, 1, a, sizeof(a), &err), TD_ENOTFOUND);
+    assert_int_equal(td_sample(&cfg, "the ", 10, 1.0f, 1, NULL, a, sizeof(a), &err), TD_ENOTFOUND);
     t = new_trainer(&cfg, NULL);
     run_steps(t, 100);
     td_trainer_free(t);
-    assert_int_equal(td_sample(&cfg, "the ", 20, 0.8f, 7, a, sizeof(a), &err), 0);
+    assert_int_equal(td_sample(&cfg, "the ", 20, 0.8f, 7, NULL, a, sizeof(a), &err), 0);
     assert_int_equal(strlen(a), 20);
-    assert_int_equal(td_sample(&cfg, "the ", 20, 0.8f, 7, b, sizeof(b), &err), 0);
+    assert_int_equal(td_sample(&cfg, "the ", 20, 0.8f, 7, NULL, b, sizeof(b), &err), 0);
     assert_string_equal(a, b);
-    assert_int_equal(td_sample(&cfg, "", 20, 0.0f, 1, b, sizeof(b), &err), 0);
-    assert_int_equal(td_sample(&cfg, "", 20, 0.0f, 2, c, sizeof(c), &err), 0);
+    assert_int_equal(td_sample(&cfg, "", 20, 0.0f, 1, NULL, b, sizeof(b), &err), 0);
+    assert_int_equal(td_sample(&cfg, "", 20, 0.0f, 2, NULL, c, sizeof(c), &err), 0);
     assert_string_equal(b, c);
-    assert_int_equal(td_sample(&cfg, "x", 100, 1.0f, 1, c, 8, &err), 0); /* cut to fit */
+    assert_int_equal(td_sample(&cfg, "x", 100, 1.0f, 1, NULL, c, 8, &err), 0); /* cut to fit */
     assert_int_equal(strlen(c), 7);
+    /* a set stop flag (the daemon stopping) ends the sample before its next token */
+    {
+        atomic_int stop = 1;
+        assert_int_equal(td_sample(&cfg, "the ", 20, 0.8f, 7, &stop, c, sizeof(c), &err),
+                         TD_ECANCELLED);
+        assert_string_equal(err.msg, "sampling: stopped after 0 of 20 tokens");
+        assert_string_equal(c, "");
+    }
     print_message("sample after 30 steps: \"the %s\"\n", a);
 }
 
@@ -1178,9 +1186,9 @@ static void test_token_shards(void **state)
     td_trainer_free(t);
     assert_int_equal(tt_values_of(&r, "train_loss", v, NULL, 8), 8);
     assert_int_equal(tt_values_of(&r, "valid_loss", NULL, NULL, 8), 1);
-    assert_int_equal(td_sample(&cfg, "5, 12", 3, 1.0f, 1, out, sizeof(out), &err), 0);
+    assert_int_equal(td_sample(&cfg, "5, 12", 3, 1.0f, 1, NULL, out, sizeof(out), &err), 0);
     assert_non_null(strchr(out, ' '));
-    assert_int_equal(td_sample(&cfg, "5 400", 3, 1.0f, 1, out, sizeof(out), &err), TD_EINVAL);
+    assert_int_equal(td_sample(&cfg, "5 400", 3, 1.0f, 1, NULL, out, sizeof(out), &err), TD_EINVAL);
 }
 
 /* ---- fixture ------------------------------------------------------------------------------------

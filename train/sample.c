@@ -105,15 +105,19 @@ static void put_token(const td_train_config *cfg, int token, char *out, size_t o
 }
 
 /* Appends ntokens sampled tokens to tok (n of them so far), each one forward of the window
- * (the last maxT tokens) with no tape, and writes them to out. May panic. */
+ * (the last maxT tokens) with no tape, and writes them to out; stops early, panicking with
+ * TD_ECANCELLED, once *stop is set. May panic. */
 static void generate_loop(const td_train_config *cfg, td_gpt *m, td_arena *arena, int *tok, int n,
-                          int ntokens, float temperature, td_rng *rng, char *out, size_t outsize)
+                          int ntokens, float temperature, td_rng *rng, const atomic_int *stop,
+                          char *out, size_t outsize)
 {
     td_ctx c = {.k = td_kernels_cpu(), .arena = arena, .tape = NULL};
     int maxT = m->d.maxT;
     size_t len = 0;
 
     for (int i = 0; i < ntokens; i++, n++) {
+        if (stop != NULL && atomic_load(stop))
+            td_panic(TD_ECANCELLED, "stopped after %d of %d tokens", i, ntokens);
         int first = n > maxT ? n - maxT : 0, T = n - first;
         td_tensor *logits;
         td_arena_reset(arena);
@@ -126,13 +130,13 @@ static void generate_loop(const td_train_config *cfg, td_gpt *m, td_arena *arena
 /* generate_loop under a boundary. Returns 0 or the panic's code with err set. Nothing here
  * changes after setjmp, so no local needs volatile. */
 static int try_generate(const td_train_config *cfg, td_gpt *m, td_arena *arena, int *tok, int n,
-                        int ntokens, float temperature, td_rng *rng, char *out, size_t outsize,
-                        td_error_t *err)
+                        int ntokens, float temperature, td_rng *rng, const atomic_int *stop,
+                        char *out, size_t outsize, td_error_t *err)
 {
     td_boundary b;
 
     if (TD_TRY(&b)) {
-        generate_loop(cfg, m, arena, tok, n, ntokens, temperature, rng, out, outsize);
+        generate_loop(cfg, m, arena, tok, n, ntokens, temperature, rng, stop, out, outsize);
         td_boundary_leave(&b);
         return 0;
     }
@@ -141,7 +145,8 @@ static int try_generate(const td_train_config *cfg, td_gpt *m, td_arena *arena, 
 
 /* The sampling arena (one forward of a full window, no gradients) around try_generate. */
 static int generate(const td_train_config *cfg, td_gpt *m, int *tok, int n, int ntokens,
-                    float temperature, uint64_t seed, char *out, size_t outsize, td_error_t *err)
+                    float temperature, uint64_t seed, const atomic_int *stop, char *out,
+                    size_t outsize, td_error_t *err)
 {
     td_arena arena = {0};
     td_rng rng;
@@ -151,13 +156,13 @@ static int generate(const td_train_config *cfg, td_gpt *m, int *tok, int n, int 
         return td_error_set(err, TD_ENOMEM, "no memory for the sampling arena");
     td_rng_seed(&rng, seed, 3);
     out[0] = '\0';
-    rc = try_generate(cfg, m, &arena, tok, n, ntokens, temperature, &rng, out, outsize, err);
+    rc = try_generate(cfg, m, &arena, tok, n, ntokens, temperature, &rng, stop, out, outsize, err);
     td_arena_free(&arena);
     return rc;
 }
 
 int td_sample(const td_train_config *cfg, const char *prompt, int ntokens, float temperature,
-              uint64_t seed, char *out, size_t outsize, td_error_t *err)
+              uint64_t seed, const atomic_int *stop, char *out, size_t outsize, td_error_t *err)
 {
     td_gpt *m = NULL;
     td_params p = {0};
@@ -181,7 +186,7 @@ int td_sample(const td_train_config *cfg, const char *prompt, int ntokens, float
         goto out;
     }
     n = prompt_tokens(cfg, m->d.V, prompt, tok, (int)cap - ntokens, err);
-    rc = n < 0 ? n : generate(cfg, m, tok, n, ntokens, temperature, seed, out, outsize, err);
+    rc = n < 0 ? n : generate(cfg, m, tok, n, ntokens, temperature, seed, stop, out, outsize, err);
 out:
     free(tok);
     td_params_free(&p);

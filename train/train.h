@@ -12,6 +12,7 @@
 #ifndef TD_TRAIN_H
 #define TD_TRAIN_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -226,10 +227,12 @@ int td_export_llmc(const td_train_config *cfg, const char *out_path, td_error_t 
 /* Generates ntokens tokens after prompt (bytes, for a text job) from the latest checkpoint of
  * a gpt job, sampling at temperature (0: greedy) from seed, and writes them, NUL-terminated,
  * into out (outsize bytes; longer text is cut). Token jobs write token ids separated by
- * spaces. Errors as td_export_llmc; TD_EINVAL for a bad argument. Runs its own forwards:
- * call it on any thread, never under another trainer's step. */
+ * spaces. Errors as td_export_llmc; TD_EINVAL for a bad argument; TD_ECANCELLED once *stop
+ * (read before each token; NULL: never) is set, "sampling: stopped after 12 of 4096 tokens"
+ * (out holds those 12). Runs its own forwards: call it on any thread, never under another
+ * trainer's step. */
 int td_sample(const td_train_config *cfg, const char *prompt, int ntokens, float temperature,
-              uint64_t seed, char *out, size_t outsize, td_error_t *err);
+              uint64_t seed, const atomic_int *stop, char *out, size_t outsize, td_error_t *err);
 
 /* ---- memory estimate (memest.c) ---------------------------------------------------------- */
 
