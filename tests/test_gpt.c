@@ -85,25 +85,6 @@ int posix_memalign(void **out, size_t align, size_t n)
 
 /* ---- fixtures: text, metrics, steps --------------------------------------------------------- */
 
-/* A small English-like text: sentences drawn from a few words by a fixed LCG, so a tiny model
- * learns its letters and words in a few dozen steps. */
-static void write_text(const char *path, size_t bytes)
-{
-    static const char *words[] = {"the", "quick", "brown", "fox", "jumps", "over", "lazy",
-                                  "dog", "and",   "cat",   "sat", "on",    "a",    "mat"};
-    FILE *f = fopen(path, "wb");
-    uint64_t s = 12345;
-    size_t n = 0;
-
-    assert_non_null(f);
-    while (n < bytes) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        const char *w = words[(s >> 33) % 14];
-        n += (size_t)fprintf(f, "%s%s", w, (s >> 20) % 7 == 0 ? ".\n" : " ");
-    }
-    assert_int_equal(fclose(f), 0);
-}
-
 /* The test job: L=2, C=32, NH=4, T=16, B=4 on the text, AdamW lr 1e-2, 10% held out. */
 static void gpt_config(td_train_config *cfg)
 {
@@ -415,7 +396,7 @@ static void test_gpt_resume(void **state)
 
     gpt_config(&cfg);
     tt_path_of(cfg.train_files[0], "small.txt");
-    write_text(cfg.train_files[0], 330);
+    tt_write_text(cfg.train_files[0], 330);
     cfg.valid_fraction = 0.2f;
     cfg.eval_every = 3;
     cfg.max_steps = 12;
@@ -1199,7 +1180,7 @@ static int setup(void **state)
     if (tt_tmpdir_make("/tmp/td_test_gpt_XXXXXX") != 0)
         return -1;
     tt_path_of(text_path, "text.txt");
-    write_text(text_path, 20000);
+    tt_write_text(text_path, 20000);
     return 0;
 }
 

@@ -1874,38 +1874,6 @@ typedef struct e2e_rec {
     int64_t step[E2E_MAX];
 } e2e_rec;
 
-static void e2e_write(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-
-    assert_non_null(f);
-    assert_int_equal(fwrite(p, 1, n, f), n);
-    assert_int_equal(fclose(f), 0);
-}
-
-/* About 40 KB of text: words drawn from a short list by a fixed generator, so a small GPT has
- * something to learn in ten steps. */
-static void e2e_write_text(char *path)
-{
-    static const char *words[] = {"the",    "model", "learns", "a",    "sequence", "of",
-                                  "bytes",  "from",  "text",   "and",  "predicts", "next",
-                                  "one",    "on",    "device", "with", "loss",     "falling",
-                                  "slowly", "each",  "step"};
-    size_t cap = 40000, n = 0;
-    char *buf = malloc(cap + 32);
-    uint64_t s = 1;
-
-    assert_non_null(buf);
-    while (n < cap) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        const char *w = words[(s >> 33) % (sizeof(words) / sizeof(words[0]))];
-        n += (size_t)sprintf(buf + n, "%s%s", w, (s >> 20) % 9 == 0 ? ".\n" : " ");
-    }
-    tt_path_of(path, "text.txt");
-    e2e_write(path, buf, n);
-    free(buf);
-}
-
 /* An IDX image file (n x 8 x 8) and its labels: class k lights up quadrant k (of 4), with
  * noise everywhere; 10 classes, the other 6 rare. */
 static void e2e_write_idx(td_idx_split *split, int n)
@@ -1941,7 +1909,8 @@ static void e2e_gpt_config(td_train_config *cfg)
     cfg->data = TD_DATA_TEXT;
     cfg->n_layer = 2, cfg->n_head = 4, cfg->n_embd = 64, cfg->seq_len = 64;
     cfg->vocab_size = 256;
-    e2e_write_text(cfg->train_files[0]);
+    tt_path_of(cfg->train_files[0], "text.txt");
+    tt_write_text(cfg->train_files[0], 40000);
     cfg->n_train_files = 1;
     cfg->batch_size = 4;
     cfg->lr = 1e-3f;

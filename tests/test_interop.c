@@ -385,6 +385,36 @@ static char *tc_output(const ts_daemon *d, const char *which, size_t *len)
 
 /* ---- the tests ---- */
 
+/* trainctl export of job into path writes exactly want (len bytes). */
+static void cli_export_is(const ts_daemon *d, int64_t job, const char *path, const char *want,
+                          size_t len)
+{
+    size_t got_len;
+    char *got;
+
+    assert_int_equal(trainctl(d, "export %lld -o %s", (long long)job, path), 0);
+    got = read_file(path, &got_len);
+    assert_non_null(got);
+    assert_int_equal(got_len, len);
+    assert_memory_equal(got, want, len);
+    free(got);
+}
+
+/* trainctl's greedy sample of 40 tokens after "The cat " prints exactly want. */
+static void cli_greedy_is(const ts_daemon *d, int64_t job, const char *want)
+{
+    size_t out_len;
+    char *out;
+
+    assert_int_equal(
+        trainctl(d, "sample %lld --tokens 40 --prompt 'The cat ' --temperature 0", (long long)job),
+        0);
+    out = tc_output(d, "out", &out_len);
+    assert_int_equal(out_len, 40);
+    assert_memory_equal(out, want, 40);
+    free(out);
+}
+
 /* Train, export, start a new job from the file, sample; then the same through trainctl. */
 static void test_export_import_sample(void **state)
 {
@@ -395,8 +425,8 @@ static void test_export_import_sample(void **state)
     char text[8192], again[8192], greedy[8192], greedy2[8192];
     sample_args args = {.tokens = 50, .temperature = -1, .seed = 7};
     td_proto_frame *f;
-    char *file, *cli_file, *out;
-    size_t len, cli_len, n, m, out_len;
+    char *file, *out;
+    size_t len, n, m, out_len;
     int64_t ja, jb, export_id, status_id;
     struct stat st;
 
@@ -454,11 +484,7 @@ static void test_export_import_sample(void **state)
 
     /* (d) trainctl writes the same bytes, through FILE.tmp, and prints the same text. */
     snprintf(cli_model, sizeof(cli_model), "%s/cli.bin", d.dir);
-    assert_int_equal(trainctl(&d, "export %lld -o %s", (long long)ja, cli_model), 0);
-    cli_file = read_file(cli_model, &cli_len);
-    assert_non_null(cli_file);
-    assert_int_equal(cli_len, len);
-    assert_memory_equal(cli_file, file, len);
+    cli_export_is(&d, ja, cli_model, file, len);
     snprintf(tmp, sizeof(tmp), "%s.tmp", cli_model);
     assert_int_not_equal(stat(tmp, &st), 0);
     out = tc_output(&d, "err", &out_len);
@@ -471,33 +497,15 @@ static void test_export_import_sample(void **state)
     assert_int_equal(out_len, n); /* no newline added outside a terminal */
     assert_memory_equal(out, text, n);
     free(out);
-    assert_int_equal(
-        trainctl(&d, "sample %lld --tokens 40 --prompt 'The cat ' --temperature 0", (long long)ja),
-        0);
-    out = tc_output(&d, "out", &out_len);
-    assert_int_equal(out_len, 40);
-    assert_memory_equal(out, greedy, 40);
-    free(out);
+    cli_greedy_is(&d, ja, greedy);
 
     /* (e) The corpus deleted after the job ended: the model is in the checkpoint, so export
      * and sample still work, and give the same bytes. */
     assert_int_equal(unlink(corpus), 0);
-    assert_int_equal(trainctl(&d, "export %lld -o %s", (long long)ja, cli_model), 0);
-    free(cli_file);
-    cli_file = read_file(cli_model, &cli_len);
-    assert_non_null(cli_file);
-    assert_int_equal(cli_len, len);
-    assert_memory_equal(cli_file, file, len);
-    assert_int_equal(
-        trainctl(&d, "sample %lld --tokens 40 --prompt 'The cat ' --temperature 0", (long long)ja),
-        0);
-    out = tc_output(&d, "out", &out_len);
-    assert_int_equal(out_len, 40);
-    assert_memory_equal(out, greedy, 40);
-    free(out);
+    cli_export_is(&d, ja, cli_model, file, len);
+    cli_greedy_is(&d, ja, greedy);
 
     free(file);
-    free(cli_file);
     ts_client_close(&c);
     assert_int_equal(ts_daemon_stop(&d), 0);
 }

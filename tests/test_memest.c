@@ -58,20 +58,6 @@ static void write_split(td_idx_split *split, const char *name, int n)
     free(lab);
 }
 
-/* Some text for a byte-level gpt. */
-static void write_text(const char *path, size_t bytes)
-{
-    FILE *f = fopen(path, "wb");
-    uint64_t s = 7;
-
-    assert_non_null(f);
-    for (size_t i = 0; i < bytes; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        fputc("abcdefgh \n"[(s >> 33) % 10], f);
-    }
-    assert_int_equal(fclose(f), 0);
-}
-
 /* 64-32-4, batch 128, SGD with momentum (one moment buffer), a test split of n_test. */
 static void mlp_config(td_train_config *cfg, int n_test)
 {
@@ -383,7 +369,7 @@ static int setup(void **state)
     if (tt_tmpdir_make("/tmp/td_test_memest_XXXXXX") != 0)
         return -1;
     tt_path_of(text_path, "text.txt");
-    write_text(text_path, 20000);
+    tt_write_text(text_path, 20000);
     return 0;
 }
 

@@ -1,6 +1,6 @@
-/* Helpers shared by the train/ unit tests (test_train.c, test_gpt.c, test_memest.c): the
- * temporary-directory fixture, the IDX file writer and the metric recorder. See
- * train_support.h. */
+/* Helpers shared by the train/ unit tests (test_train.c, test_gpt.c, test_memest.c, and
+ * test_gpu.c's trainer tests): the temporary-directory fixture, the IDX and text file writers
+ * and the metric recorder. See train_support.h. */
 #include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -109,4 +109,23 @@ int tt_values_of(const tt_recorder *r, const char *key, double *out, int64_t *st
             k++;
         }
     return k;
+}
+
+/* Sentences drawn from a few words by a fixed LCG: a tiny model learns its letters and words
+ * in a few dozen steps. */
+void tt_write_text(const char *path, size_t bytes)
+{
+    static const char *words[] = {"the", "quick", "brown", "fox", "jumps", "over", "lazy",
+                                  "dog", "and",   "cat",   "sat", "on",    "a",    "mat"};
+    FILE *f = fopen(path, "wb");
+    uint64_t s = 12345;
+    size_t n = 0;
+
+    assert_non_null(f);
+    while (n < bytes) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        const char *w = words[(s >> 33) % 14];
+        n += (size_t)fprintf(f, "%s%s", w, (s >> 20) % 7 == 0 ? ".\n" : " ");
+    }
+    assert_int_equal(fclose(f), 0);
 }

@@ -1,7 +1,8 @@
-/* Helpers shared by the train/ unit tests (test_train.c, test_gpt.c, test_memest.c): a
- * temporary directory made before the group and removed after it, IDX files written plain or
- * gzipped, and a metric hook that records every sample for the test to look up. They fail the
- * calling test through cmocka's assertions, so include <cmocka.h> first. */
+/* Helpers shared by the train/ unit tests (test_train.c, test_gpt.c, test_memest.c) and
+ * test_gpu.c's trainer tests: a temporary directory made before the group and removed after it,
+ * IDX files written plain or gzipped, English-like text, and a metric hook that records every
+ * sample for the test to look up. They fail the calling test through cmocka's assertions, so
+ * include <cmocka.h> first. */
 #ifndef TD_TESTS_TRAIN_SUPPORT_H
 #define TD_TESTS_TRAIN_SUPPORT_H
 
@@ -24,6 +25,10 @@ void tt_path_of(char *out, const char *name);
  * body_len may be shorter than the header promises, to make a truncated file. */
 void tt_write_idx(const char *path, int gz, uint32_t magic, const uint32_t *dims, int ndim,
                   const uint8_t *body, size_t body_len);
+
+/* Writes at least bytes of English-like text (a fixed word list and generator, the same text
+ * every time) to path, for byte-level gpt jobs. */
+void tt_write_text(const char *path, size_t bytes);
 
 #define TT_MAX_SAMPLES 4096
 
