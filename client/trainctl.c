@@ -205,9 +205,9 @@ static const verb verbs[] = {
         .arg = ARG_NONE,
         .usage = "trainctl info [--json|-o json]",
         .brief = "show the daemon: version, devices, queue, store",
-        .help = "Shows traind's version and protocol version, its devices and the job\n"
-                "running on each, the queued jobs in the order they will run, and the\n"
-                "store's path and size.\n\n"
+        .help = "Shows traind's version and protocol version, its devices with their free\n"
+                "and total memory and the job running on each, the queued jobs in the order\n"
+                "they will run, and the store's path and size.\n\n"
                 "  --json      print the daemon's info reply as one JSON object\n" TC_HELP_JSON,
     },
     {

@@ -463,6 +463,9 @@ int td_daemon_least_memory(td_daemon *d, td_worker *const *ws, int n, size_t *fr
             *total_bytes = t;
             *name = ws[i]->name;
         }
+        /* cpu: devices share the machine's memory: one reading answers for all of them */
+        if (ws[i]->kind == TD_DEV_CPU)
+            break;
     }
     return 0;
 }

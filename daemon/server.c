@@ -639,12 +639,15 @@ static void req_info(td_conn *c, int64_t id)
     td_pw_int(&c->w, stat(d->cfg.db_path, &st) == 0 ? (int64_t)st.st_size : 0);
     td_pw_str(&c->w, "devices");
     td_pw_array(&c->w, (uint32_t)d->nworkers);
+    size_t free_b = 0, total_b = 0;
+    int mem = 0;
     for (int i = 0; i < d->nworkers; i++) {
         const td_djob *job = d->workers[i].running;
-        size_t free_b = 0, total_b = 0;
         td_error_t e;
-        /* A device whose memory cannot be read is listed without it. */
-        int mem = td_daemon_device_memory(d, i, &free_b, &total_b, &e) == 0;
+        /* A device whose memory cannot be read is listed without it; cpu: devices share the
+         * machine's memory, read once for all of them. */
+        if (i == 0 || d->workers[i].kind != TD_DEV_CPU)
+            mem = td_daemon_device_memory(d, i, &free_b, &total_b, &e) == 0;
         td_pw_map(&c->w, mem ? 5 : 3);
         if (mem) {
             td_pw_str(&c->w, "free_bytes");

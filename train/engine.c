@@ -346,14 +346,21 @@ td_tensor *td_linear(td_ctx *c, td_tensor *inp, td_tensor *w, td_tensor *b)
     return out;
 }
 
-td_tensor *td_relu(td_ctx *c, td_tensor *inp)
+/* out = forward(inp) elementwise, same shape, recorded as op. */
+static td_tensor *elementwise(td_ctx *c, td_tensor *inp,
+                              void (*forward)(float *out, const float *inp, size_t n), td_op_id op)
 {
     td_tensor *out = td_tensor_new(c, inp->ndim, inp->shape, wants_grad(c, inp, NULL, NULL));
 
-    c->k->relu_forward(out->data, inp->data, inp->n);
+    forward(out->data, inp->data, inp->n);
     if (out->grad != NULL)
-        tape_push(c->tape, TD_OP_RELU, out, inp, NULL, NULL);
+        tape_push(c->tape, op, out, inp, NULL, NULL);
     return out;
+}
+
+td_tensor *td_relu(td_ctx *c, td_tensor *inp)
+{
+    return elementwise(c, inp, c->k->relu_forward, TD_OP_RELU);
 }
 
 td_tensor *td_softmax_xent_padded(td_ctx *c, td_tensor *logits, const int *targets, int V)
@@ -432,12 +439,7 @@ size_t td_op_bytes_layernorm(size_t rows, int C, int train)
 
 td_tensor *td_gelu(td_ctx *c, td_tensor *inp)
 {
-    td_tensor *out = td_tensor_new(c, inp->ndim, inp->shape, wants_grad(c, inp, NULL, NULL));
-
-    c->k->gelu_forward(out->data, inp->data, inp->n);
-    if (out->grad != NULL)
-        tape_push(c->tape, TD_OP_GELU, out, inp, NULL, NULL);
-    return out;
+    return elementwise(c, inp, c->k->gelu_forward, TD_OP_GELU);
 }
 
 td_tensor *td_residual(td_ctx *c, td_tensor *a, td_tensor *b)
