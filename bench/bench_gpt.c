@@ -45,6 +45,7 @@
 #include "hostreduce.h"
 #include "metricq.h"
 #include "store.h"
+#include "td_clock.h"
 #include "train.h"
 
 #define HEADLINE_STEPS 20
@@ -65,21 +66,12 @@ typedef struct opts {
     const char *data;
 } opts;
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* This process's CPU time, all threads. Over a wall-clock span it says how many cores the
  * process had: well below the cores there are, the machine's other work took the rest (or the
  * process waited), and the figures of that span are the machine's, not the code's. */
 static double cpu_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+    return td_clock_ms(CLOCK_PROCESS_CPUTIME_ID);
 }
 
 /* The reference config, as the job file of issue 3 gives it, with o's sizes. */
@@ -159,10 +151,10 @@ static double time_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, i
     double t0;
 
     cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, N);
-    t0 = now_ms();
+    t0 = td_mono_ms();
     for (int r = 0; r < SGEMM_REPS; r++)
         cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, N);
-    return (now_ms() - t0) / SGEMM_REPS;
+    return (td_mono_ms() - t0) / SGEMM_REPS;
 }
 
 /* The step's linear layers (qkv, attproj, fc, fcproj, lm head) as kernels/cpu.c calls sgemm:
@@ -235,23 +227,23 @@ static int run_headline(const opts *o)
     double sgemm_before, sgemm_after;
 
     gpt_config(&cfg, o, steps + WARMUP_STEPS);
-    t0 = now_ms();
+    t0 = td_mono_ms();
     if (trainer_new(&t, &cfg, &hooks) != 0)
         return 1;
     printf("gpt L=%d C=256 NH=4 T=256 B=%d V=256 (%.2fM parameters), adamw, BLAS threads %d\n",
            o->layers, o->batch, n_params / 1e6, openblas_get_num_threads());
     printf("data %s; trainer build %.0f ms; %.2f GFLOP a step (nanoGPT's count)\n", o->data,
-           now_ms() - t0, flops / 1e9);
+           td_mono_ms() - t0, flops / 1e9);
 
     /* sgemm is timed before the training and after it: on a shared machine a burst of other
      * work during one of them would otherwise decide the ratio. The faster of the two counts,
      * which can only make the ratio look worse. */
     sgemm_before = bench_sgemm(o->batch * cfg.seq_len, 256, 256, o->layers, 0);
-    t0 = now_ms();
+    t0 = td_mono_ms();
     c0 = cpu_ms();
     while (td_trainer_step(t) == 0)
         ;
-    wall = now_ms() - t0;
+    wall = td_mono_ms() - t0;
     busy = (cpu_ms() - c0) / wall;
     {
         struct rusage ru;
@@ -331,11 +323,11 @@ static void metric_pipeline(void *ud, const char *key, int64_t step, double valu
 
     if (!m->on)
         return;
-    t0 = now_ms();
+    t0 = td_mono_ms();
     m->pushed++;
     if (td_mq_push(m->sink, key, step, value, &err) != 0 && m->errors++ == 0)
         fprintf(stderr, "bench_gpt: metrics: %s\n", err.msg);
-    m->hook_ms += now_ms() - t0;
+    m->hook_ms += td_mono_ms() - t0;
 }
 
 /* A store in a new temporary directory dir (mkdtemp template) with one job; its path in db. */
@@ -422,15 +414,15 @@ static int run_metrics(const opts *o)
     store_cpu0 = task_cpu_ms(store_tid);
     for (int b = 0; b < nblocks; b++) {
         int on = ((b + 1) / 2) % 2; /* off on on off off on ... */
-        double t0 = now_ms(), c0 = cpu_ms(), t1;
+        double t0 = td_mono_ms(), c0 = cpu_ms(), t1;
         m.on = on;
         for (int i = 0; i < block; i++)
             td_trainer_step(t);
-        t1 = now_ms();
+        t1 = td_mono_ms();
         if (on && td_mq_flush(m.sink, &err) != 0 && m.errors++ == 0)
             fprintf(stderr, "bench_gpt: metrics: %s\n", err.msg);
-        m.hook_ms += now_ms() - t1;
-        block_ms[on] = (now_ms() - t0) / block;
+        m.hook_ms += td_mono_ms() - t1;
+        block_ms[on] = (td_mono_ms() - t0) / block;
         cpu[on] += cpu_ms() - c0;
         ms[on] += block_ms[on] * block;
         nsteps[on] += block;
@@ -492,11 +484,11 @@ typedef struct replica {
 static void host_allreduce(void *ud, float *buf, size_t n)
 {
     replica *p = ud;
-    double t0 = now_ms(), avg0 = p->g->average_ms[p->rank];
+    double t0 = td_mono_ms(), avg0 = p->g->average_ms[p->rank];
 
     td_hostreduce_average(p->g, p->rank, buf, n);
     if (p->timed) {
-        p->reduce_ms += now_ms() - t0;
+        p->reduce_ms += td_mono_ms() - t0;
         p->average_ms += p->g->average_ms[p->rank] - avg0;
     }
 }
@@ -564,7 +556,7 @@ static double world_block(replica *reps, int world, int threads, int64_t steps, 
 
     /* OpenBLAS has one thread count per process: the last trainer built set it. */
     openblas_set_num_threads(threads);
-    t0 = now_ms();
+    t0 = td_mono_ms();
     for (int k = 0; k < world; k++) {
         reps[k].block = steps;
         reps[k].timed = timed;
@@ -573,7 +565,7 @@ static double world_block(replica *reps, int world, int threads, int64_t steps, 
     for (int k = 0; k < world; k++)
         pthread_join(th[k], NULL);
     *cpu += cpu_ms() - c0;
-    return now_ms() - t0;
+    return td_mono_ms() - t0;
 }
 
 static void world_free(group *g, replica *reps, int world)

@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "td_clock.h"
 #include "td_panic.h"
 #include "train.h"
 
@@ -56,14 +57,6 @@ typedef enum { P_BF16 = 0, P_TF32 = 1, P_FP32 = 2, N_PREC } prec;
 static const char *prec_names[N_PREC] = {"bf16", "tf32", "fp32"};
 
 static const td_kernels *K;
-
-static double now_s(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* One layer's forward tensors, and the same again for their gradients. */
 typedef struct layer_acts {
@@ -531,7 +524,7 @@ static void train_run(void *arg)
     }
     for (int s = 0; s < a->warmup + a->steps; s++) {
         if (s == a->warmup)
-            t0 = now_s();
+            t0 = (td_mono_ms() / 1e3);
         if (td_trainer_step_caught(t, &err) < 0) {
             td_trainer_free(t);
             td_panic(err.code, "step %d: %s", s + 1, err.msg);
@@ -540,7 +533,7 @@ static void train_run(void *arg)
             printf("  step %2d: loss %.4f%s\n", s + 1, a->r.last_loss,
                    s < a->warmup ? " (warm-up)" : "");
     }
-    a->r.ms = (now_s() - t0) * 1e3 / a->steps;
+    a->r.ms = ((td_mono_ms() / 1e3) - t0) * 1e3 / a->steps;
     a->r.flops_per_step = td_train_flops_per_step(&a->cfg);
     td_trainer_free(t);
     set_precision(a->ctx, P_FP32);
@@ -601,7 +594,7 @@ static void run(void *arg)
     for (int s = 0; s < a->warmup + a->steps; s++) {
         if (s == a->warmup) {
             td_cuda_sync();
-            t0 = now_s();
+            t0 = (td_mono_ms() / 1e3);
         }
         forward(m);
         backward(m);
@@ -612,7 +605,7 @@ static void run(void *arg)
         if (s < a->warmup || s == a->warmup + a->steps - 1 || (s - a->warmup) % 5 == 0)
             printf("  step %2d: loss %.4f%s\n", s + 1, loss, s < a->warmup ? " (warm-up)" : "");
     }
-    a->r.ms = (now_s() - t0) * 1e3 / a->steps;
+    a->r.ms = ((td_mono_ms() / 1e3) - t0) * 1e3 / a->steps;
     a->r.last_loss = loss;
     a->r.flops_per_step = (6.0 * N + 6.0 * m->d.L * m->d.C * m->T) * (double)m->B * m->T;
     set_precision(a->ctx, P_FP32);

@@ -24,6 +24,7 @@
 
 #include "metricq.h"
 #include "store.h"
+#include "td_clock.h"
 
 #define KEYS          8    /* metric names per step, as a training step records */
 #define RAW_BATCH     4096 /* rows per raw transaction: TD_MQ_BATCH, the store thread's most */
@@ -49,9 +50,7 @@ typedef struct timing {
 
 static double clock_s(clockid_t clock)
 {
-    struct timespec ts;
-    clock_gettime(clock, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    return td_clock_ms(clock) / 1e3;
 }
 
 static timing timing_start(void)

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "td_clock.h"
 #include "train.h"
 
 #define DEFAULT_STEPS 500
@@ -34,13 +35,6 @@ typedef struct stats {
 
 static const int sizes[] = {784, 256, 256, 10};
 static const int n_sizes = 4;
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 /* Flops of the sgemms of one training step on a batch of N: per layer the forward, the weight
  * gradient, the bias gradient (ones . dout) and, past the first layer, the input gradient. */
@@ -73,10 +67,10 @@ static void on_metric(void *ud, const char *key, int64_t step, double value)
         s->flops += step_flops((int)N);
     } else if (strcmp(key, "epoch") == 0) {
         s->epoch = (int)value;
-        s->epoch_start_ms = now_ms();
+        s->epoch_start_ms = td_mono_ms();
     } else if (strcmp(key, "test_loss") == 0) {
         printf("epoch %d: %.2f s (evaluation included), test_loss %.4f", s->epoch,
-               (now_ms() - s->epoch_start_ms) / 1e3, value);
+               (td_mono_ms() - s->epoch_start_ms) / 1e3, value);
     } else if (strcmp(key, "test_accuracy") == 0) {
         printf(", test_accuracy %.4f\n", value);
     }
@@ -92,10 +86,10 @@ static double time_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, i
 
     for (int r = 0; r < 5; r++)
         cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, N);
-    t0 = now_ms();
+    t0 = td_mono_ms();
     for (int r = 0; r < SGEMM_REPS; r++)
         cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, N);
-    return (now_ms() - t0) / SGEMM_REPS;
+    return (td_mono_ms() - t0) / SGEMM_REPS;
 }
 
 /* The step's sgemm calls (as kernels/cpu.c makes them) on random data, alone. */
@@ -181,18 +175,18 @@ int main(int argc, char **argv)
         cfg.max_steps = steps > WARMUP_STEPS ? steps : WARMUP_STEPS + 1;
     }
 
-    s.t0_ms = now_ms();
+    s.t0_ms = td_mono_ms();
     rc = td_trainer_new(&t, &cfg, &hooks, &err);
     if (rc != 0) {
         fprintf(stderr, "bench_mlp: %s: %s\n", td_errname(rc), err.msg);
         return 1;
     }
-    t_new = now_ms() - s.t0_ms;
+    t_new = td_mono_ms() - s.t0_ms;
     printf("mlp 784-256-256-10, adamw, batch %d, %lld steps, BLAS threads %d\n", cfg.batch_size,
            (long long)td_trainer_total_steps(t), openblas_get_num_threads());
     printf("dataset load and trainer build: %.0f ms\n", t_new);
 
-    s.t0_ms = now_ms();
+    s.t0_ms = td_mono_ms();
     while (td_trainer_step(t) == 0)
         ;
     printf("\ntraining steps %lld..%lld (first %d left out):\n", (long long)WARMUP_STEPS + 1,
@@ -201,7 +195,7 @@ int main(int argc, char **argv)
            s.samples / (s.ms / 1e3), s.flops / (s.ms * 1e6));
     printf("  an epoch of 60000 samples at that rate: %.2f s (training only)\n",
            60000.0 / (s.samples / (s.ms / 1e3)));
-    printf("  wall time of the whole loop: %.2f s\n", (now_ms() - s.t0_ms) / 1e3);
+    printf("  wall time of the whole loop: %.2f s\n", (td_mono_ms() - s.t0_ms) / 1e3);
     td_trainer_free(t);
 
     bench_sgemm(cfg.batch_size);

@@ -1,6 +1,6 @@
 /* trainctl's internal interface: the exit statuses, the parsed command line, the connection
  * to traind (conn.c), job files and JSON (jobjson.c), metric rows (rows.c), human output
- * (output.c) and the verbs (verbs.c, watch.c, plot.c, completion.c).
+ * (output.c), diagnostics (diag.c) and the verbs (verbs.c, watch.c, plot.c, completion.c).
  *
  * trainctl is a program, not a library, so its functions return what the process will exit
  * with: 0, or a sysexits(3) status after the function has already said why on stderr. That

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "client.h"
+#include "td_clock.h"
 
 #define TC_LS_NAME_MAX    24 /* characters of a job name shown by ls */
 #define TC_INFO_QUEUE_MAX 20 /* queued job ids info lists before "and N more" */
@@ -70,10 +71,7 @@ void tc_fmt_value(char *buf, size_t size, double v)
 
 double tc_now_real(void)
 {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    return td_wall_s();
 }
 
 void tc_fmt_time(char *buf, size_t size, double t)

@@ -265,26 +265,6 @@ static const verb verbs[] = {
 #define NVERBS (sizeof(verbs) / sizeof(verbs[0]))
 #define NFLAGS (sizeof(flags) / sizeof(flags[0]))
 
-/* Set by watch.c while its bars, without a last newline, are on stdout. */
-int tc_line_open;
-
-int tc_err(int status, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (tc_line_open) {
-        fputc('\n', stdout);
-        fflush(stdout);
-        tc_line_open = 0;
-    }
-    fputs("trainctl: ", stderr);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    return status;
-}
-
 static void print_main_help(FILE *f)
 {
     size_t i;

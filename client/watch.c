@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "client.h"
+#include "td_clock.h"
 
 #define TC_BAR_WIDTH    20         /* characters of a bar itself */
 #define TC_BAR_MIN_COLS 40         /* narrower terminals get the text without the bars */
@@ -66,14 +67,6 @@ typedef struct watch {
     char shown_state[24]; /* plain mode: the last state line printed */
     int64_t shown_step, shown_total;
 } watch;
-
-static double now_mono(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void on_sigint(int sig)
 {
@@ -306,7 +299,7 @@ static void draw(watch *wt)
     }
     fflush(stdout);
     tc_line_open = 1;
-    wt->drawn_at = now_mono();
+    wt->drawn_at = td_mono_ms() / 1e3;
     wt->dirty = 0;
 }
 
@@ -547,7 +540,7 @@ static int wait_ms(const watch *wt)
 
     if (wt->mode != W_BAR)
         return -1;
-    left = wt->drawn_at + (wt->dirty ? TC_REDRAW_S : 1.0) - now_mono();
+    left = wt->drawn_at + (wt->dirty ? TC_REDRAW_S : 1.0) - td_mono_ms() / 1e3;
     return left > 0 ? (int)ceil(left * 1000) : 0;
 }
 

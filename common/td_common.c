@@ -1,9 +1,11 @@
-/* The pieces every part of traind shares: error texts, the panic boundary, logging. */
+/* The pieces every part of traind shares: error texts, the panic boundary, logging, the
+ * clock. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "td_clock.h"
 #include "td_errno.h"
 #include "td_log.h"
 #include "td_panic.h"
@@ -130,4 +132,22 @@ void td_log(int level, const char *fmt, ...)
     /* One write keeps lines from different threads whole. */
     if (write(STDERR_FILENO, line, (size_t)n) < 0)
         return;
+}
+
+double td_clock_ms(clockid_t clock)
+{
+    struct timespec ts;
+
+    clock_gettime(clock, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+double td_mono_ms(void)
+{
+    return td_clock_ms(CLOCK_MONOTONIC);
+}
+
+double td_wall_s(void)
+{
+    return td_clock_ms(CLOCK_REALTIME) / 1e3;
 }

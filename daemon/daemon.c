@@ -16,6 +16,7 @@
 #include "daemon.h"
 #include "memguard.h"
 #include "run.h"
+#include "td_clock.h"
 #include "td_log.h"
 #include "td_panic.h"
 #ifdef TD_HAVE_CUDA
@@ -23,13 +24,6 @@
 #endif
 
 #define MIB (1024.0 * 1024.0) /* bytes */
-
-static double mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 /* ---- events: any thread to the loop ---- */
 
@@ -537,7 +531,7 @@ static void write_progress(td_daemon *d, td_djob *job)
 {
     td_error_t err;
 
-    job->progress_written = mono_ms();
+    job->progress_written = td_mono_ms();
     if (td_store_job_set_progress(d->store, job->id, job->step, job->total_steps, &err) != 0)
         td_log_warn("job %lld: cannot record progress: %s", (long long)job->id, err.msg);
 }
@@ -635,7 +629,7 @@ static void handle_event(td_daemon *d, td_event *ev)
         if (job != NULL) {
             atomic_store(&job->progress_pending, 0);
             job->step = atomic_load(&job->live_step);
-            if (mono_ms() - job->progress_written >= TD_PROGRESS_WRITE_MS)
+            if (td_mono_ms() - job->progress_written >= TD_PROGRESS_WRITE_MS)
                 write_progress(d, job);
         }
         break;

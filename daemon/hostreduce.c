@@ -3,13 +3,7 @@
 #include <time.h>
 
 #include "hostreduce.h"
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
+#include "td_clock.h"
 
 void td_hostreduce_init(td_hostreduce *g, int world)
 {
@@ -70,7 +64,7 @@ int td_hostreduce_average(td_hostreduce *g, int rank, float *buf, size_t n)
     pthread_mutex_unlock(&g->mu);
     if (td_hostreduce_barrier(g, NULL, NULL) != 0)
         return -1;
-    t0 = now_ms();
+    t0 = td_mono_ms();
     for (size_t i = lo; i < hi; i++) {
         float s = 0;
         for (int k = 0; k < g->world; k++)
@@ -79,6 +73,6 @@ int td_hostreduce_average(td_hostreduce *g, int rank, float *buf, size_t n)
         for (int k = 0; k < g->world; k++)
             g->bufs[k][i] = s;
     }
-    g->average_ms[rank] += now_ms() - t0;
+    g->average_ms[rank] += td_mono_ms() - t0;
     return td_hostreduce_barrier(g, NULL, NULL);
 }

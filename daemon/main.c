@@ -23,6 +23,7 @@
 #include "config.h"
 #include "daemon.h"
 #include "notify.h"
+#include "td_clock.h"
 #include "td_log.h"
 
 #define EX_USAGE  64
@@ -180,19 +181,12 @@ static int configure(int argc, char **argv, td_config *cfg)
 
 static td_notify notify;
 
-static long long mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* The watchdog's health check: every busy worker has started or finished a step within the
  * watchdog interval. An idle worker has nothing to prove. */
 static int workers_fresh(void *ud, int64_t stale_ms, char *why, size_t size)
 {
     td_daemon *d = ud;
-    long long now = mono_ms();
+    long long now = (long long)td_mono_ms();
 
     for (int i = 0; i < d->nworkers; i++) {
         td_worker *w = &d->workers[i];
@@ -255,13 +249,11 @@ static void device_names(const td_daemon *d, char *out, size_t size)
 static int reexec(td_daemon *d, char **argv)
 {
     char msg[700];
-    struct timespec ts;
 
-    clock_gettime(CLOCK_MONOTONIC, &ts);
     snprintf(msg, sizeof(msg),
              "RELOADING=1\nMONOTONIC_USEC=%lld\nSTATUS=re-executing after a sticky CUDA error in "
              "%.500s",
-             (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000, d->reexec_why);
+             (long long)(td_mono_ms() * 1e3), d->reexec_why);
     td_notify_send(&notify, msg);
     td_notify_close(&notify);
     uv_run(d->loop, UV_RUN_DEFAULT); /* the watchdog timer's close callback */

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "metricq.h"
+#include "td_clock.h"
 
 typedef struct mq_event {
     td_metric m;
@@ -41,13 +42,6 @@ struct td_mq {
     mq_event *batch; /* the store thread's copy of the batch it writes */
     td_metric *rows;
 };
-
-static double now_ms(clockid_t clock)
-{
-    struct timespec ts;
-    clock_gettime(clock, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 /* Appends e to a sink's pending errors: the first code wins, messages join in order. */
 static void sink_add_error(td_mq_sink *s, const td_error_t *e)
@@ -311,11 +305,11 @@ int td_mq_push(td_mq_sink *s, const char *key, int64_t step, double value, td_er
     pthread_mutex_lock(&q->mu);
     while (q->count == q->cap && !q->killed && !q->exited) {
         if (t0 == 0)
-            t0 = now_ms(CLOCK_MONOTONIC);
+            t0 = td_mono_ms();
         pthread_cond_wait(&q->not_full, &q->mu);
     }
     if (t0 != 0)
-        s->blocked_ms += now_ms(CLOCK_MONOTONIC) - t0;
+        s->blocked_ms += td_mono_ms() - t0;
     if (q->killed || q->exited) {
         rc = mq_dead(q, err);
         goto out;
@@ -326,7 +320,7 @@ int td_mq_push(td_mq_sink *s, const char *key, int64_t step, double value, td_er
     snprintf(ev->m.key, sizeof(ev->m.key), "%s", key);
     ev->m.step = step;
     ev->m.value = value;
-    ev->m.time = now_ms(CLOCK_REALTIME) / 1e3;
+    ev->m.time = td_wall_s();
     q->count++;
     s->pushed++;
     pthread_cond_signal(&q->not_empty);

@@ -17,6 +17,7 @@
 
 #include "hostreduce.h"
 #include "run.h"
+#include "td_clock.h"
 #include "td_log.h"
 #include "td_panic.h"
 #ifdef TD_HAVE_CUDA
@@ -48,13 +49,6 @@ struct td_run {
     td_error_t nccl_err; /* why no id could be made; rank 0 fails with it */
 #endif
 };
-
-static double mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 int td_run_new(td_run **out, td_daemon *d, td_djob *job, td_worker **workers, int n)
 {
@@ -293,7 +287,7 @@ static void replica_train(replica *p)
     int finished = 0;
 
     /* Loading a dataset is work too: the watchdog must not take it for a hang. */
-    atomic_store(&w->heartbeat_ms, (long long)mono_ms());
+    atomic_store(&w->heartbeat_ms, (long long)td_mono_ms());
     replica_config(p, &cfg);
     if (r->world > 1)
         hooks.allreduce = hook_allreduce;
@@ -308,7 +302,7 @@ static void replica_train(replica *p)
         run_fail(r, p->rank, &e);
         return;
     }
-    atomic_store(&w->heartbeat_ms, (long long)mono_ms());
+    atomic_store(&w->heartbeat_ms, (long long)td_mono_ms());
     if (p->rank == 0) {
         td_event *ev = td_event_new(TD_EV_STARTED, r->job->id);
         ev->total_steps = td_trainer_total_steps(t);
@@ -324,9 +318,9 @@ static void replica_train(replica *p)
                 r->stopped = r->decision;
             break;
         }
-        atomic_store(&w->heartbeat_ms, (long long)mono_ms());
+        atomic_store(&w->heartbeat_ms, (long long)td_mono_ms());
         finished = td_trainer_step_caught(t, &e);
-        atomic_store(&w->heartbeat_ms, (long long)mono_ms());
+        atomic_store(&w->heartbeat_ms, (long long)td_mono_ms());
         if (finished < 0) {
             if (e.code != TD_EABORTED)
                 run_fail(r, p->rank, &e);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "store_int.h"
+#include "td_clock.h"
 
 /* The columns of td_job_row, in the order row_read expects them. */
 #define JOB_COLUMNS                                                                       \
@@ -185,7 +186,7 @@ int td_store_job_insert(td_store *s, const char *name, int devices, int priority
     sqlite3_bind_int(st, 2, devices);
     sqlite3_bind_int(st, 3, priority);
     sqlite3_bind_int64(st, 4, uid);
-    sqlite3_bind_double(st, 5, td__store_now());
+    sqlite3_bind_double(st, 5, td_wall_s());
     if (spec != NULL)
         sqlite3_bind_blob64(st, 6, spec, spec_len, SQLITE_STATIC);
     if (spec_json != NULL)
@@ -321,7 +322,7 @@ static int state_stmt(td_store *s, int64_t id, const char *state, const char *de
                                  "WHERE id = ?1",
                                  &st, err);
         if (ret == 0) {
-            sqlite3_bind_double(st, 3, td__store_now());
+            sqlite3_bind_double(st, 3, td_wall_s());
             sqlite3_bind_text(st, 4, device_list != NULL ? device_list : "", -1, SQLITE_STATIC);
         }
     } else if (final) {
@@ -330,7 +331,7 @@ static int state_stmt(td_store *s, int64_t id, const char *state, const char *de
                              "err_msg = ?5 WHERE id = ?1",
                              &st, err);
         if (ret == 0) {
-            sqlite3_bind_double(st, 3, td__store_now());
+            sqlite3_bind_double(st, 3, td_wall_s());
             sqlite3_bind_int(st, 4, err_code);
             if (err_msg != NULL)
                 sqlite3_bind_text(st, 5, err_msg, -1, SQLITE_STATIC);
@@ -461,7 +462,7 @@ int td_store_log(td_store *s, int64_t job, int level, const char *msg, td_error_
     if (ret < 0)
         goto out;
     sqlite3_bind_int64(st, 1, job);
-    sqlite3_bind_double(st, 2, td__store_now());
+    sqlite3_bind_double(st, 2, td_wall_s());
     sqlite3_bind_int(st, 3, level);
     sqlite3_bind_text(st, 4, msg, -1, SQLITE_STATIC);
     snprintf(what, sizeof(what), "logging for job %lld", (long long)job);

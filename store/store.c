@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "store_int.h"
+#include "td_clock.h"
 #include "td_log.h"
 
 /* KiB of page cache per connection (SQLite's default is 2000). A job's metric tables
@@ -103,14 +104,6 @@ void td__store_rollback(td_store *s)
     if (!sqlite3_get_autocommit(s->db))
         exec_cached(s, TD__ST_ROLLBACK, "ROLLBACK", NULL);
     td__store_keys_clear(s);
-}
-
-double td__store_now(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 int td__store_exec(td_store *s, const char *sql, td_error_t *err)

@@ -93,9 +93,6 @@ int td__store_begin(td_store *s, td_error_t *err);
 int td__store_commit(td_store *s, td_error_t *err);
 void td__store_rollback(td_store *s);
 
-/* Unix time in seconds, from CLOCK_REALTIME. */
-double td__store_now(void);
-
 /* Brings the schema at s->db to TD_STORE_SCHEMA_VERSION (schema.c). */
 int td__store_migrate(td_store *s, const char *path, td_error_t *err);
 

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "support.h"
+#include "td_clock.h"
 
 #define RECV_TIMEOUT_MS 120000 /* a frame the daemon owes us; generous for a loaded CI box */
 #define LISTEN_WAIT_MS  50     /* between tries to connect to a starting traind */
@@ -31,9 +32,7 @@ pid_t ts_live_pid = -1;
 /* Milliseconds on the monotonic clock, for deadlines. */
 long long ts_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (long long)td_mono_ms();
 }
 
 /* The environment variable name, or dflt when it is unset or empty. */

@@ -26,6 +26,7 @@
 #include "ckpt.h"
 #include "data.h"
 #include "engine.h"
+#include "td_clock.h"
 #include "td_panic.h"
 
 #define EVAL_BATCH \
@@ -638,13 +639,6 @@ static void emit(const td_trainer *t, const char *key, int64_t step, double valu
         t->hooks.metric(t->hooks.ud, key, step, value);
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* A one-element tensor's value, from wherever the backend keeps it. */
 static float scalar(const td_trainer *t, const td_tensor *x)
 {
@@ -1000,7 +994,7 @@ int td_trainer_step(td_trainer *t)
     }
     if (t->steps_done >= t->total_steps)
         return 1;
-    t0 = now_ms();
+    t0 = td_mono_ms();
     inject_fault(t, step);
     td_arena_reset(&t->arena);
     td_tape_reset(&t->tape);
@@ -1023,7 +1017,7 @@ int td_trainer_step(td_trainer *t)
     }
     if (t->data != NULL)
         td_data_advance(t->data);
-    ms = now_ms() - t0;
+    ms = td_mono_ms() - t0;
     t->steps_done = step;
 
     if (cfg->model == TD_MODEL_MLP && (step - 1) % t->steps_per_epoch == 0)

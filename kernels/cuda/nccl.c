@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "cuda_internal.h"
+#include "td_clock.h"
 #include "td_panic.h"
 
 #define POLL_NS 100000 /* nanoseconds between two polls of the watchdog: 0.1 ms */
@@ -78,14 +79,6 @@ static int nccl_error(td_error_t *err, ncclResult_t r, const td_nccl *c, const c
 
 #define NCCL_ERR(r, c, what) nccl_error(err, (r), (c), __FILE__, __LINE__, (what))
 
-static double now_s(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void nap(void)
 {
     struct timespec ts = {0, POLL_NS};
@@ -126,7 +119,7 @@ static int stopped(td_nccl *c, td_error_t *err)
  * what names the operation in the messages. */
 static int wait_state(td_nccl *c, const char *what, td_error_t *err)
 {
-    double start = now_s();
+    double start = td_mono_ms() / 1e3;
     ncclResult_t state;
 
     for (;;) {
@@ -145,7 +138,7 @@ static int wait_state(td_nccl *c, const char *what, td_error_t *err)
             abort_comm(c);
             return TD_ECUDA;
         }
-        if (now_s() - start > c->timeout_s) {
+        if (td_mono_ms() / 1e3 - start > c->timeout_s) {
             abort_comm(c);
             return td_error_set(err, TD_ECUDA,
                                 "NCCL %s did not complete within %g s (rank %d of %d)", what,
@@ -222,7 +215,7 @@ int td_nccl_aborted(const td_nccl *c)
 
 int td_nccl_wait(td_nccl *c, td_error_t *err)
 {
-    double start = now_s();
+    double start = td_mono_ms() / 1e3;
     cudaError_t e;
     int rc;
 
@@ -260,7 +253,7 @@ int td_nccl_wait(td_nccl *c, td_error_t *err)
             abort_comm(c);
             return rc;
         }
-        if (now_s() - start > c->timeout_s) {
+        if (td_mono_ms() / 1e3 - start > c->timeout_s) {
             abort_comm(c);
             return td_error_set(err, TD_ECUDA,
                                 "NCCL all-reduce did not complete within %g s (rank %d of %d)",
