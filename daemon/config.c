@@ -70,7 +70,7 @@ void td_config_defaults(td_config *cfg)
     snprintf(cfg->socket_path, sizeof(cfg->socket_path), "/run/traind/traind.sock");
     snprintf(cfg->state_dir, sizeof(cfg->state_dir), "/var/lib/traind");
     snprintf(cfg->db_path, sizeof(cfg->db_path), "/var/lib/traind/traind.db");
-    cfg->dev_kind = TD_DEV_CPU;
+    cfg->dev_kind = TD_DEVICE_CPU;
     cfg->ncpu_devices = 1;
     cfg->nccl_timeout_s = NCCL_TIMEOUT_DEFAULT;
     cfg->max_conns = TD_MAX_CONNS;
@@ -159,7 +159,10 @@ int td_config_set_devices(td_config *cfg, const char *spec, char *why, size_t si
     long v;
 
     if (strncmp(spec, "cuda:", 5) == 0) {
-#ifdef TD_HAVE_CUDA
+        if (!td_device_kind_built(TD_DEVICE_CUDA)) {
+            snprintf(why, size, "this traind was built without CUDA; its devices are cpu:N");
+            return -1;
+        }
         if (strcmp(spec + 5, "all") == 0) {
             cfg->cuda_all = 1;
             cfg->ncuda_devices = 0;
@@ -168,13 +171,8 @@ int td_config_set_devices(td_config *cfg, const char *spec, char *why, size_t si
         } else {
             cfg->cuda_all = 0;
         }
-        cfg->dev_kind = TD_DEV_CUDA;
+        cfg->dev_kind = TD_DEVICE_CUDA;
         return 0;
-#else
-        (void)set_cuda_list;
-        snprintf(why, size, "this traind was built without CUDA; its devices are cpu:N");
-        return -1;
-#endif
     }
     if (strncmp(spec, "cpu:", 4) != 0)
         goto bad;
@@ -182,7 +180,7 @@ int td_config_set_devices(td_config *cfg, const char *spec, char *why, size_t si
     v = strtol(spec + 4, &end, 10);
     if (errno != 0 || end == spec + 4 || *end != '\0' || v < 1 || v > TD_MAX_DEVICES)
         goto bad;
-    cfg->dev_kind = TD_DEV_CPU;
+    cfg->dev_kind = TD_DEVICE_CPU;
     cfg->ncpu_devices = (int)v;
     return 0;
 bad:

@@ -1,254 +1,59 @@
-/* The daemon's job table, scheduler and device workers. Everything here runs on the loop
- * thread; the workers' side is in run.c and reaches the loop only through td_daemon_post(). */
-#include <dirent.h>
+/* The daemon's core (daemon.h): the job table, the scheduler, the memory guard at dispatch,
+ * the device workers' start and stop, and the events workers and the store thread post.
+ * Everything here runs on the loop thread; the workers' side is in run.c and reaches the loop
+ * only through the mailbox. */
 #include <errno.h>
-#include <fcntl.h>
 #include <glob.h>
-#include <math.h>
 #include <pwd.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "daemon.h"
-#include "memguard.h"
+#include "mailbox.h"
+#include "metricq.h"
 #include "run.h"
 #include "td_clock.h"
 #include "td_log.h"
-#include "td_panic.h"
-#ifdef TD_HAVE_CUDA
-#include "td_cuda.h"
-#endif
 
 #define MIB (1024.0 * 1024.0) /* bytes */
 
-/* ---- events: any thread to the loop ---- */
+/* A job the daemon holds in memory: queued or running. Ended jobs live only in the store. */
+typedef struct td_djob {
+    int64_t id;
+    td_jobspec spec;
+    int64_t uid;
+    char state[TD_STORE_MAX_STATE];
+    int64_t step, total_steps;
+    int64_t durable_step;    /* highest step the store thread has written */
+    double progress_written; /* monotonic ms when step was last written to the store */
+    td_run *run;             /* while running */
+    char device_list[64];    /* "cpu:0,cpu:1" while running; td_job_row.device_list's size */
+    struct td_djob *next;
+} td_djob;
 
-void td_daemon_post(td_daemon *d, td_event *ev)
-{
-    ev->next = NULL;
-    pthread_mutex_lock(&d->ev_mu);
-    if (d->ev_tail != NULL)
-        d->ev_tail->next = ev;
-    else
-        d->ev_head = ev;
-    d->ev_tail = ev;
-    pthread_mutex_unlock(&d->ev_mu);
-    uv_async_send(&d->async);
-}
+struct td_daemon {
+    td_config cfg;
+    uv_loop_t *loop;
+    td_daemon_hooks hooks;
+    td_store *store;
+    td_mq *mq;
+    td_mailbox mailbox;
+    td_worker workers[TD_MAX_DEVICES];
+    int nworkers;
+    td_djob *jobs;        /* queued and running, submission order */
+    int stopping;         /* 1: jobs are being interrupted; 2: everything is closed */
+    atomic_int work_stop; /* set when stopping: a sample running on the threadpool stops early */
+    int reexec;           /* a sticky CUDA error: stop, then re-execute (main.c) */
+    char reexec_why[512]; /* which job, which device, what error */
+};
 
-td_event *td_event_new(td_event_kind kind, int64_t job)
-{
-    td_event *ev = calloc(1, sizeof(*ev));
-    if (ev == NULL) {
-        /* Losing an event would leave a job or a watcher hanging: nothing sane remains. */
-        td_log_err("out of memory posting an event for job %lld", (long long)job);
-        abort();
-    }
-    ev->kind = kind;
-    ev->job = job;
-    return ev;
-}
+static void schedule(td_daemon *d);
 
-static void event_free(td_event *ev)
-{
-    free(ev->devices);
-    free(ev);
-}
+/* ---- the job table ---- */
 
-/* The store thread's durable callback. */
-static void on_durable(void *ud, int64_t job, int64_t step)
-{
-    td_event *ev = td_event_new(TD_EV_DURABLE, job);
-    ev->step = step;
-    td_daemon_post(ud, ev);
-}
-
-/* Pins worker i to its own share of the cores, [i*per, (i+1)*per), when the devices divide
- * the cores (so that two cpu: devices never fight over one core). The BLAS calls a worker
- * makes with one thread run on the worker's own thread, so they stay on its cores; a share of
- * several cores is used by OpenBLAS's own pool, which the worker cannot pin. Best effort: a
- * refusal (a cpuset, a container) is logged and training goes on unpinned. */
-static void pin_worker(const td_worker *w, int per, long cores)
-{
-    cpu_set_t set;
-    int rc;
-
-    if ((long)(w->index + 1) * per > cores)
-        return;
-    CPU_ZERO(&set);
-    for (int c = w->index * per; c < (w->index + 1) * per; c++)
-        CPU_SET(c, &set);
-    rc = pthread_setaffinity_np(w->thread, sizeof(set), &set);
-    if (rc != 0)
-        td_log_info("%s: not pinned to cores %d-%d: %s", w->name, w->index * per,
-                    (w->index + 1) * per - 1, strerror(rc));
-}
-
-/* The devices of --devices: fills the workers' kind, number and name; sets d->nworkers to
- * how many there will be. cuda:all asks CUDA how many GPUs the process sees; a GPU named
- * that it does not see stops the start. */
-static int workers_plan(td_daemon *d, td_error_t *err)
-{
-    const td_config *cfg = &d->cfg;
-    int n = 0, devs[TD_MAX_DEVICES];
-
-    d->dev_kind = cfg->dev_kind;
-    if (cfg->dev_kind == TD_DEV_CPU) {
-        n = cfg->ncpu_devices;
-        for (int i = 0; i < n; i++)
-            devs[i] = i;
-    } else {
-#ifdef TD_HAVE_CUDA
-        int seen = 0, rc = td_cuda_device_count(&seen);
-        if (rc != 0)
-            return td_error_set(err, rc,
-                                "--devices cuda: cannot count the GPUs: the CUDA runtime "
-                                "failed (is the NVIDIA driver loaded?)");
-        if (seen == 0)
-            return td_error_set(err, TD_ECUDA,
-                                "--devices %s: no CUDA device is visible to this process (no "
-                                "GPU, no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides them all)",
-                                cfg->cuda_all ? "cuda:all" : "cuda:N");
-        if (cfg->cuda_all) {
-            n = seen < TD_MAX_DEVICES ? seen : TD_MAX_DEVICES;
-            for (int i = 0; i < n; i++)
-                devs[i] = i;
-        } else {
-            n = cfg->ncuda_devices;
-            for (int i = 0; i < n; i++) {
-                devs[i] = cfg->cuda_devices[i];
-                if (devs[i] >= seen)
-                    return td_error_set(err, TD_ECUDA,
-                                        "--devices: there is no cuda:%d; this process sees %d "
-                                        "GPU(s), cuda:0 to cuda:%d",
-                                        devs[i], seen, seen - 1);
-            }
-        }
-#else
-        return td_error_set(err, TD_EINVAL, "this traind was built without CUDA");
-#endif
-    }
-    for (int i = 0; i < n; i++) {
-        td_worker *w = &d->workers[i];
-        w->d = d;
-        w->index = i;
-        w->kind = d->dev_kind;
-        w->device = devs[i];
-        snprintf(w->name, sizeof(w->name), "%s:%d", w->kind == TD_DEV_CUDA ? "cuda" : "cpu",
-                 w->device);
-    }
-    return n;
-}
-
-/* Waits until worker w's thread has made its CUDA context, or failed to. */
-static int worker_wait_init(td_worker *w, td_error_t *err)
-{
-    int rc;
-
-    pthread_mutex_lock(&w->mu);
-    while (!w->init_done)
-        pthread_cond_wait(&w->cv, &w->mu);
-    rc = w->init_err.code;
-    if (rc != 0)
-        td_error_set(err, rc, "cannot initialise %s: %s", w->name, w->init_err.msg);
-    pthread_mutex_unlock(&w->mu);
-    return rc;
-}
-
-static int workers_start(td_daemon *d, td_error_t *err)
-{
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int n = workers_plan(d, err), per;
-
-    if (n < 0)
-        return n;
-    per = d->dev_kind == TD_DEV_CPU ? (int)(cores > 0 ? cores : 1) / n : 0;
-    for (int i = 0; i < n; i++) {
-        td_worker *w = &d->workers[i];
-        int rc;
-        w->threads = per > 0 ? per : 1;
-        pthread_mutex_init(&w->mu, NULL);
-        pthread_cond_init(&w->cv, NULL);
-        rc = pthread_create(&w->thread, NULL, td_worker_main, w);
-        if (rc != 0) {
-            pthread_cond_destroy(&w->cv);
-            pthread_mutex_destroy(&w->mu);
-            return td_error_set(err, -rc, "cannot start worker %s: %s", w->name, strerror(rc));
-        }
-        d->nworkers++;
-        /* A GPU that cannot be initialised stops the start, naming it: a daemon that
-         * silently drives fewer GPUs than configured would queue jobs that never fit. */
-        rc = worker_wait_init(w, err);
-        if (rc != 0)
-            return rc;
-        if (per > 0)
-            pin_worker(w, per, cores);
-    }
-    return 0;
-}
-
-static void workers_stop(td_daemon *d)
-{
-    for (int i = 0; i < d->nworkers; i++) {
-        td_worker *w = &d->workers[i];
-        pthread_mutex_lock(&w->mu);
-        w->stop = 1;
-        pthread_cond_signal(&w->cv);
-        pthread_mutex_unlock(&w->mu);
-        pthread_join(w->thread, NULL);
-        pthread_cond_destroy(&w->cv);
-        pthread_mutex_destroy(&w->mu);
-    }
-    d->nworkers = 0;
-}
-
-/* MemAvailable and MemTotal of /proc/meminfo, in bytes. */
-static int meminfo(size_t *avail, size_t *total, td_error_t *err)
-{
-    FILE *f = fopen("/proc/meminfo", "re");
-    char line[256];
-    unsigned long long kb;
-    int got = 0;
-
-    if (f == NULL)
-        return td_error_set(err, TD_EIO, "cannot open /proc/meminfo: %s", strerror(errno));
-    while (got != 3 && fgets(line, sizeof(line), f) != NULL) {
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-            *avail = (size_t)kb * 1024;
-            got |= 1;
-        } else if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) {
-            *total = (size_t)kb * 1024;
-            got |= 2;
-        }
-    }
-    fclose(f);
-    if (got != 3)
-        return td_error_set(err, TD_EIO, "/proc/meminfo has no MemAvailable or MemTotal");
-    return 0;
-}
-
-int td_daemon_device_memory(td_daemon *d, int index, size_t *free_bytes, size_t *total_bytes,
-                            td_error_t *err)
-{
-    *free_bytes = *total_bytes = 0;
-    if (index < 0 || index >= d->nworkers)
-        return td_error_set(err, TD_EINVAL, "no device %d", index);
-    if (d->workers[index].kind == TD_DEV_CPU)
-        return meminfo(free_bytes, total_bytes, err);
-#ifdef TD_HAVE_CUDA
-    return td_cuda_mem_info(d->workers[index].device, free_bytes, total_bytes, err);
-#else
-    return td_error_set(err, TD_EINVAL, "this traind was built without CUDA");
-#endif
-}
-
-/* ---- the job table and the scheduler (loop thread) ---- */
-
-td_djob *td_daemon_find(td_daemon *d, int64_t id)
+static td_djob *find_job(const td_daemon *d, int64_t id)
 {
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
         if (j->id == id)
@@ -276,6 +81,38 @@ static void job_unlink(td_daemon *d, td_djob *job)
         }
 }
 
+static void free_jobs(td_daemon *d)
+{
+    while (d->jobs != NULL) {
+        td_djob *next = d->jobs->next;
+        free(d->jobs);
+        d->jobs = next;
+    }
+}
+
+static int running_jobs(const td_daemon *d)
+{
+    int n = 0;
+    for (td_djob *j = d->jobs; j != NULL; j = j->next)
+        n += j->run != NULL;
+    return n;
+}
+
+static void job_changed(td_daemon *d, int64_t job, const char *state)
+{
+    if (d->hooks.job_changed != NULL)
+        d->hooks.job_changed(d->hooks.ud, job, state);
+}
+
+/* Appends a line to a job's log in the store (lifecycle events, warnings). */
+static void job_log(td_daemon *d, int64_t job, int level, const char *line)
+{
+    td_error_t err;
+
+    if (td_store_log(d->store, job, level, line, &err) != 0)
+        td_log_warn("job %lld: cannot write its log: %s", (long long)job, err.msg);
+}
+
 /* Records a job's new state, and a line in its log saying so. */
 static void store_state(td_daemon *d, td_djob *job, const char *state, const char *devs,
                         const td_error_t *e)
@@ -293,20 +130,130 @@ static void store_state(td_daemon *d, td_djob *job, const char *state, const cha
         snprintf(line, sizeof(line), "%s on %s", state, devs);
     else
         snprintf(line, sizeof(line), "%s at step %lld", state, (long long)job->step);
-    td_daemon_log(d, job->id, code != 0 && code != TD_ECANCELLED ? TD_LOG_ERR : TD_LOG_NOTICE,
-                  line);
+    job_log(d, job->id, code != 0 && code != TD_ECANCELLED ? TD_LOG_ERR : TD_LOG_NOTICE, line);
 }
 
-void td_daemon_log(td_daemon *d, int64_t job, int level, const char *line)
+static void write_progress(td_daemon *d, td_djob *job)
 {
     td_error_t err;
 
-    if (td_store_log(d->store, job, level, line, &err) != 0)
-        td_log_warn("job %lld: cannot write its log: %s", (long long)job, err.msg);
+    job->progress_written = td_mono_ms();
+    if (td_store_job_set_progress(d->store, job->id, job->step, job->total_steps, &err) != 0)
+        td_log_warn("job %lld: cannot record progress: %s", (long long)job->id, err.msg);
 }
 
+/* Ends a job that never ran, or ran and is over, here on the loop thread: records state
+ * with err, and forgets it. */
+static void job_end(td_daemon *d, td_djob *job, const char *state, const td_error_t *e)
+{
+    int64_t id = job->id;
+
+    store_state(d, job, state, NULL, e);
+    job_unlink(d, job);
+    free(job);
+    job_changed(d, id, state);
+}
+
+/* Where job's checkpoints live: STATE_DIR/checkpoints/JOB. TD_E2BIG when it does not fit. */
+static int checkpoint_dir(const td_daemon *d, int64_t job, char *out, size_t size)
+{
+    if (snprintf(out, size, "%s/checkpoints/%lld", d->cfg.state_dir, (long long)job) >= (int)size)
+        return TD_E2BIG;
+    return 0;
+}
+
+/* ---- devices ---- */
+
+/* The devices of --devices: fills the workers' kind, number and name; returns how many there
+ * will be. cuda:all takes every GPU the process sees; a GPU named that it does not see stops
+ * the start. */
+static int workers_plan(td_daemon *d, td_error_t *err)
+{
+    const td_config *cfg = &d->cfg;
+    int n = 0, seen = 0, devs[TD_MAX_DEVICES], rc;
+
+    if (cfg->dev_kind == TD_DEVICE_CPU) {
+        n = cfg->ncpu_devices;
+        for (int i = 0; i < n; i++)
+            devs[i] = i;
+    } else {
+        rc = td_device_count(cfg->dev_kind, &seen, err);
+        if (rc != 0) {
+            td_error_t why = *err;
+            return td_error_set(err, rc, "--devices %s: %s", td_device_kind_name(cfg->dev_kind),
+                                why.msg);
+        }
+        if (seen == 0)
+            return td_error_set(err, TD_ECUDA,
+                                "--devices %s: no CUDA device is visible to this process (no "
+                                "GPU, no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides them all)",
+                                cfg->cuda_all ? "cuda:all" : "cuda:N");
+        n = cfg->cuda_all ? (seen < TD_MAX_DEVICES ? seen : TD_MAX_DEVICES) : cfg->ncuda_devices;
+        for (int i = 0; i < n; i++) {
+            devs[i] = cfg->cuda_all ? i : cfg->cuda_devices[i];
+            if (devs[i] >= seen)
+                return td_error_set(err, TD_ECUDA,
+                                    "--devices: there is no cuda:%d; this process sees %d "
+                                    "GPU(s), cuda:0 to cuda:%d",
+                                    devs[i], seen, seen - 1);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        td_worker *w = &d->workers[i];
+        w->index = i;
+        w->kind = cfg->dev_kind;
+        w->device = devs[i];
+        snprintf(w->name, sizeof(w->name), "%s:%d", td_device_kind_name(w->kind), w->device);
+    }
+    return n;
+}
+
+/* The least memory a job would have on workers ws[0..n), that device's total and name. */
+static int least_memory(td_worker *const *ws, int n, size_t *free_bytes, size_t *total_bytes,
+                        const char **name, td_error_t *err)
+{
+    int ordinals[TD_MAX_DEVICES], which = 0, rc;
+
+    for (int i = 0; i < n; i++)
+        ordinals[i] = ws[i]->device;
+    rc = td_device_job_memory(ws[0]->kind, ordinals, n, free_bytes, total_bytes, &which, err);
+    *name = ws[which]->name;
+    return rc;
+}
+
+int td_daemon_ndevices(const td_daemon *d)
+{
+    return d->nworkers;
+}
+
+void td_daemon_device(const td_daemon *d, int i, td_device_view *out)
+{
+    const td_worker *w = &d->workers[i];
+    const td_djob *job = w->running != 0 ? find_job(d, w->running) : NULL;
+
+    out->name = w->name;
+    out->kind = w->kind;
+    out->job = job != NULL ? job->id : 0;
+    out->job_name = job != NULL ? job->spec.name : NULL;
+}
+
+int td_daemon_device_memory(const td_daemon *d, int i, size_t *free_bytes, size_t *total_bytes,
+                            td_error_t *err)
+{
+    if (i < 0 || i >= d->nworkers)
+        return td_error_set(err, TD_EINVAL, "no device %d", i);
+    return td_device_memory(d->workers[i].kind, d->workers[i].device, free_bytes, total_bytes, err);
+}
+
+int td_daemon_workers_fresh(const td_daemon *d, int64_t stale_ms, char *why, size_t size)
+{
+    return td_workers_fresh(d->workers, d->nworkers, stale_ms, why, size);
+}
+
+/* ---- the scheduler ---- */
+
 /* Devices held by uid's running jobs. */
-static int devices_held(td_daemon *d, int64_t uid)
+static int devices_held(const td_daemon *d, int64_t uid)
 {
     int n = 0;
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
@@ -315,11 +262,9 @@ static int devices_held(td_daemon *d, int64_t uid)
     return n;
 }
 
-static int devices_held(td_daemon *d, int64_t uid);
-
 /* The next queued job to run: highest priority first, then oldest, skipping jobs whose user
  * already holds max_devices_per_user devices. */
-static td_djob *next_queued(td_daemon *d)
+static td_djob *next_queued(const td_daemon *d)
 {
     int limit = d->cfg.max_devices_per_user;
     td_djob *best = NULL;
@@ -332,46 +277,6 @@ static td_djob *next_queued(td_daemon *d)
     return best;
 }
 
-/* Starts job on n free workers, lowest device numbers first. */
-static void dispatch(td_daemon *d, td_djob *job, td_worker **free_w, int n)
-{
-    size_t len = 0;
-
-    job->device_list[0] = '\0';
-    for (int i = 0; i < n; i++) {
-        free_w[i]->running = job;
-        len += (size_t)snprintf(job->device_list + len, sizeof(job->device_list) - len, "%s%s",
-                                i ? "," : "", free_w[i]->name);
-        if (len >= sizeof(job->device_list))
-            len = sizeof(job->device_list) - 1;
-    }
-    /* Every run keeps its checkpoints where a restart will look for them. */
-    td_daemon_checkpoint_dir(d, job->id, job->spec.train.checkpoint_dir,
-                             sizeof(job->spec.train.checkpoint_dir));
-    atomic_store(&job->cancel, 0);
-    atomic_store(&job->interrupt, 0);
-    snprintf(job->state, sizeof(job->state), TD_JOB_RUNNING);
-    store_state(d, job, TD_JOB_RUNNING, job->device_list, NULL);
-    td_log_notice("job %lld (%s, uid %lld): running on %s", (long long)job->id, job->spec.name,
-                  (long long)job->uid, job->device_list);
-    td_run_start(job->run);
-    td_server_job_changed(d, job->id, TD_JOB_RUNNING);
-}
-
-/* Ends a job that never ran, or ran and is over, here on the loop thread: records state
- * with err, and forgets it. */
-static void job_end(td_daemon *d, td_djob *job, const char *state, const td_error_t *e)
-{
-    int64_t id = job->id;
-
-    store_state(d, job, state, NULL, e);
-    job_unlink(d, job);
-    free(job);
-    td_server_job_changed(d, id, state);
-}
-
-/* Stores the batch the memory guard chose for a batch_size "auto" job in its spec, so that a
- * restart (or a re-exec) resumes it with the same batch. */
 /* Replaces job id's stored spec with blob, and its JSON rendering (status --json, the SQLite
  * file's jobs.spec_json) with blob's. */
 static int store_spec(td_daemon *d, int64_t id, const void *blob, size_t len, td_error_t *err)
@@ -389,6 +294,8 @@ static int store_spec(td_daemon *d, int64_t id, const void *blob, size_t len, td
     return rc;
 }
 
+/* Stores the batch the memory guard chose for a batch_size "auto" job in its spec, so that a
+ * restart (or a re-exec) resumes it with the same batch. */
 static void store_batch(td_daemon *d, td_djob *job, const td_memguard *g)
 {
     td_job_row row = {0};
@@ -413,91 +320,86 @@ static void store_batch(td_daemon *d, td_djob *job, const td_memguard *g)
              "batch_size auto: %d (needs %.0f MiB per device, %.0f MiB free on %s)",
              job->spec.train.batch_size, (double)g->est.total / MIB, (double)g->free_bytes / MIB,
              g->device);
-    td_daemon_log(d, job->id, TD_LOG_NOTICE, line);
+    job_log(d, job->id, TD_LOG_NOTICE, line);
     td_log_notice("job %lld (%s): %s", (long long)job->id, job->spec.name, line);
 }
 
-const td_kernels *td_daemon_kernels(const td_worker *w)
-{
-#ifdef TD_HAVE_CUDA
-    if (w->kind == TD_DEV_CUDA)
-        return td_kernels_cuda();
-#endif
-    (void)w;
-    return td_kernels_cpu();
-}
-
-/* What a job can have of a GPU whose cudaMemGetInfo says free: plus the worker's own context
- * (already allocated, and counted again in the estimate's workspace), less a reserve for what
- * is allocated outside the estimate once the job runs: NCCL's buffers (hundreds of MiB per
- * rank), kernels cuBLAS and the runtime load lazily on first use. */
-#define GPU_RESERVE ((size_t)1 << 30) /* bytes */
-static size_t gpu_usable(size_t free_bytes)
-{
-#ifdef TD_HAVE_CUDA
-    free_bytes += (size_t)TD_CUDA_CUBLAS_WORKSPACE + TD_CUDA_SCRATCH_DEFAULT + TD_CUDA_CTX_FIXED;
-#endif
-    return free_bytes > GPU_RESERVE ? free_bytes - GPU_RESERVE : 0;
-}
-
-int td_daemon_least_memory(td_daemon *d, td_worker *const *ws, int n, size_t *free_bytes,
-                           size_t *total_bytes, const char **name, td_error_t *err)
-{
-    for (int i = 0; i < n; i++) {
-        size_t f = 0, t = 0;
-        int rc = td_daemon_device_memory(d, ws[i]->index, &f, &t, err);
-        if (rc != 0)
-            return rc;
-        if (ws[i]->kind == TD_DEV_CPU)
-            f /= (size_t)n;
-        else
-            f = gpu_usable(f);
-        if (i == 0 || f < *free_bytes) {
-            *free_bytes = f;
-            *total_bytes = t;
-            *name = ws[i]->name;
-        }
-        /* cpu: devices share the machine's memory: one reading answers for all of them */
-        if (ws[i]->kind == TD_DEV_CPU)
-            break;
-    }
-    return 0;
-}
-
-/* The memory guard at dispatch (DESIGN.md: "Before a job starts on a device"): the job's
- * estimate on one device against the least free memory among the n workers it would get
- * (a cpu: device's share is MemAvailable over the job's devices, since they share the
- * machine's memory). A batch_size "auto" job takes the largest batch that fits, and keeps it.
- * Returns 0 to dispatch; otherwise the job has ended failed here with the guard's numbers. */
-static int guard_memory(td_daemon *d, td_djob *job, td_worker **ws, int n)
+/* The memory guard (memguard.h) for spec on workers ws[0..n): the job's estimate on one
+ * device against the least free memory among them. */
+static int guard(td_jobspec *spec, td_worker *const *ws, int n, td_memguard *g, td_error_t *err)
 {
     size_t least = 0, total = 0;
     const char *where = ws[0]->name;
+    int rc = least_memory(ws, n, &least, &total, &where, err);
+
+    if (rc != 0)
+        return rc;
+    spec->train.kernels = td_device_kernels(ws[0]->kind); /* the CUDA workspace counts on a GPU */
+    spec->train.world = n;
+    return td_memguard_check(spec, least, total, where, g, err);
+}
+
+/* The memory guard at dispatch (DESIGN.md: "Before a job starts on a device"). A batch_size
+ * "auto" job takes the largest batch that fits, and keeps it. Returns 0 to dispatch;
+ * otherwise the job has ended failed here with the guard's numbers. */
+static int guard_memory(td_daemon *d, td_djob *job, td_worker **ws, int n)
+{
     td_jobspec spec = job->spec;
     td_memguard g;
     td_error_t err = {0};
-    int rc;
+    int rc = guard(&spec, ws, n, &g, &err);
 
-    rc = td_daemon_least_memory(d, ws, n, &least, &total, &where, &err);
-    if (rc != 0)
-        goto refuse;
-    spec.train.kernels = td_daemon_kernels(ws[0]); /* the CUDA workspace counts on a GPU */
-    spec.train.world = n;
-    rc = td_memguard_check(&spec, least, total, where, &g, &err);
-    if (rc != 0)
-        goto refuse;
+    if (rc != 0) {
+        td_log_warn("job %lld (%s, uid %lld): refused at dispatch: %s", (long long)job->id,
+                    job->spec.name, (long long)job->uid, err.msg);
+        job_end(d, job, TD_JOB_FAILED, &err);
+        return rc;
+    }
     if (job->spec.batch_auto) {
         job->spec.train.batch_size = spec.train.batch_size;
         job->spec.batch_auto = 0;
         store_batch(d, job, &g);
     }
     return 0;
+}
 
-refuse:
-    td_log_warn("job %lld (%s, uid %lld): refused at dispatch: %s", (long long)job->id,
-                job->spec.name, (long long)job->uid, err.msg);
-    job_end(d, job, TD_JOB_FAILED, &err);
-    return rc;
+/* Starts job on n free workers, lowest device numbers first. */
+static int dispatch(td_daemon *d, td_djob *job, td_worker **free_w, int n)
+{
+    const td_jobspec *spec = &job->spec;
+    td_run_args a = {.job = job->id,
+                     .spec = spec,
+                     .workers = free_w,
+                     .world = n,
+                     .mailbox = &d->mailbox,
+                     .mq = d->mq,
+                     .nccl_timeout_s =
+                         spec->nccl_timeout_s > 0 ? spec->nccl_timeout_s : d->cfg.nccl_timeout_s};
+    td_error_t err;
+    size_t len = 0;
+
+    /* Every run keeps its checkpoints where a restart will look for them. */
+    checkpoint_dir(d, job->id, job->spec.train.checkpoint_dir,
+                   sizeof(job->spec.train.checkpoint_dir));
+    if (td_run_new(&job->run, &a, &err) != 0) {
+        td_log_err("job %lld: %s; it stays queued", (long long)job->id, err.msg);
+        return -1;
+    }
+    job->device_list[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        free_w[i]->running = job->id;
+        len += (size_t)snprintf(job->device_list + len, sizeof(job->device_list) - len, "%s%s",
+                                i ? "," : "", free_w[i]->name);
+        if (len >= sizeof(job->device_list))
+            len = sizeof(job->device_list) - 1;
+    }
+    snprintf(job->state, sizeof(job->state), TD_JOB_RUNNING);
+    store_state(d, job, TD_JOB_RUNNING, job->device_list, NULL);
+    td_log_notice("job %lld (%s, uid %lld): running on %s", (long long)job->id, job->spec.name,
+                  (long long)job->uid, job->device_list);
+    td_run_start(job->run);
+    job_changed(d, job->id, TD_JOB_RUNNING);
+    return 0;
 }
 
 /* Gives free devices to queued jobs, in scheduling order; a job waits until enough of its
@@ -513,31 +415,76 @@ static void schedule(td_daemon *d)
         td_worker *free_w[TD_MAX_DEVICES];
         int n = 0;
         for (int i = 0; i < d->nworkers && n < job->spec.devices; i++)
-            if (d->workers[i].running == NULL)
+            if (d->workers[i].running == 0)
                 free_w[n++] = &d->workers[i];
         if (n < job->spec.devices)
             return;
         if (guard_memory(d, job, free_w, n) != 0)
             continue;
-        if (td_run_new(&job->run, d, job, free_w, n) != 0) {
-            td_log_err("job %lld: out of memory starting it; it stays queued", (long long)job->id);
+        if (dispatch(d, job, free_w, n) != 0)
             return;
-        }
-        dispatch(d, job, free_w, n);
     }
 }
 
-static void write_progress(td_daemon *d, td_djob *job)
-{
-    td_error_t err;
+/* ---- stopping ---- */
 
-    job->progress_written = td_mono_ms();
-    if (td_store_job_set_progress(d->store, job->id, job->step, job->total_steps, &err) != 0)
-        td_log_warn("job %lld: cannot record progress: %s", (long long)job->id, err.msg);
+/* Interrupts every running job: each checkpoints at its next step boundary and is requeued.
+ * Nothing is dispatched from now on. */
+static void stop_jobs(td_daemon *d)
+{
+    d->stopping = 1;
+    atomic_store(&d->work_stop, 1);
+    for (td_djob *j = d->jobs; j != NULL; j = j->next)
+        if (j->run != NULL)
+            td_run_interrupt(j->run);
+    td_mailbox_wake(&d->mailbox);
 }
 
-static int running_jobs(td_daemon *d);
-static void stop_jobs(td_daemon *d);
+/* Once nothing runs: the server goes first (hooks.stopped), then what the jobs used. */
+static void finish_shutdown(td_daemon *d)
+{
+    d->stopping = 2;
+    if (d->hooks.stopped != NULL)
+        d->hooks.stopped(d->hooks.ud);
+    td_workers_stop(d->workers, d->nworkers);
+    d->nworkers = 0;
+    td_mq_stop(d->mq);
+    d->mq = NULL;
+    /* Durable notices the store thread posted last have nobody left to tell. */
+    td_mailbox_close(&d->mailbox);
+    free_jobs(d);
+    td_store_close(d->store);
+    d->store = NULL;
+    td_log_notice(d->reexec ? "stopped for the re-exec" : "stopped");
+}
+
+void td_daemon_shutdown(td_daemon *d)
+{
+    if (d->stopping) {
+        if (d->reexec && d->stopping == 1) {
+            td_log_notice("stopping instead of re-executing");
+            d->reexec = 0;
+        }
+        return;
+    }
+    td_log_notice("stopping: %d running job(s) will be requeued", running_jobs(d));
+    stop_jobs(d);
+}
+
+const char *td_daemon_reexec_why(const td_daemon *d)
+{
+    return d->reexec ? d->reexec_why : NULL;
+}
+
+const atomic_int *td_daemon_stop_flag(const td_daemon *d)
+{
+    return &d->work_stop;
+}
+
+td_store *td_daemon_store(const td_daemon *d)
+{
+    return d->store;
+}
 
 /* A job met a sticky CUDA error (DESIGN.md, "Failures"): the process's CUDA state is lost
  * and no job may be served from it again. The job has failed with its own message; every
@@ -558,10 +505,50 @@ static void begin_reexec(td_daemon *d, const td_djob *job, const char *devs, con
     stop_jobs(d);
 }
 
+/* ---- events ---- */
+
+/* The failed devices of run as the msgpack list {device, code, message} the store keeps for
+ * `status --json`, into the store. */
+static void store_failed_devices(td_daemon *d, int64_t job, const td_run *r)
+{
+    uint32_t nfail = 0;
+    const void *body;
+    size_t len = 0;
+    td_error_t err;
+    td_pw w;
+
+    for (int i = 0; i < td_run_world(r); i++)
+        nfail += td_run_failure(r, i) != NULL;
+    if (nfail == 0)
+        return;
+    td_pw_init(&w);
+    td_pw_array(&w, nfail);
+    for (int i = 0; i < td_run_world(r); i++) {
+        const td_error_t *e = td_run_failure(r, i);
+        if (e == NULL)
+            continue;
+        td_pw_map(&w, 3);
+        td_pw_str(&w, "device");
+        td_pw_int(&w, td_run_worker(r, i)->device);
+        td_pw_str(&w, "code");
+        td_pw_int(&w, e->code);
+        td_pw_str(&w, "message");
+        td_pw_str(&w, e->msg);
+    }
+    body = td_pw_body(&w, &len);
+    if (body == NULL)
+        td_log_warn("job %lld: no memory to record its device errors", (long long)job);
+    else if (td_store_job_set_error_devices(d->store, job, body, len, &err) != 0)
+        td_log_warn("job %lld: cannot record its device errors: %s", (long long)job, err.msg);
+    td_pw_free(&w);
+}
+
+/* A run is over: its workers are free again, and the job ends, or goes back to the queue. */
 static void handle_done(td_daemon *d, td_event *ev)
 {
-    td_djob *job = td_daemon_find(d, ev->job);
+    td_djob *job = find_job(d, ev->job);
     char devs[sizeof(job->device_list)];
+    int requeue;
 
     if (job == NULL)
         return;
@@ -569,11 +556,8 @@ static void handle_done(td_daemon *d, td_event *ev)
     job->step = ev->step > job->step ? ev->step : job->step;
     write_progress(d, job);
     for (int i = 0; i < d->nworkers; i++)
-        if (d->workers[i].running == job)
-            d->workers[i].running = NULL;
-    td_run_free(job->run);
-    job->run = NULL;
-    job->device_list[0] = '\0';
+        if (d->workers[i].running == job->id)
+            d->workers[i].running = 0;
     if (ev->sticky && d->reexec) {
         /* Another job already met the sticky error: this one's CUDA error is the lost state
          * showing through, not its own fault. It resumes from its last checkpoint after the
@@ -582,21 +566,21 @@ static void handle_done(td_daemon *d, td_event *ev)
                     (long long)job->id, job->spec.name, ev->err.msg);
         snprintf(ev->state, sizeof(ev->state), TD_JOB_QUEUED);
     }
-    if (strcmp(ev->state, TD_JOB_QUEUED) == 0) {
+    requeue = strcmp(ev->state, TD_JOB_QUEUED) == 0;
+    if (!requeue)
+        store_state(d, job, ev->state, NULL, &ev->err);
+    if (!requeue && strcmp(ev->state, TD_JOB_FAILED) == 0)
+        store_failed_devices(d, job->id, job->run);
+    td_run_free(job->run);
+    job->run = NULL;
+    job->device_list[0] = '\0';
+    if (requeue) {
         /* Interrupted by shutdown: back to the queue, resumed at the next start. */
         snprintf(job->state, sizeof(job->state), TD_JOB_QUEUED);
         store_state(d, job, TD_JOB_QUEUED, "", NULL);
         td_log_notice("job %lld (%s): interrupted at step %lld, requeued", (long long)job->id,
                       job->spec.name, (long long)job->step);
         return;
-    }
-    store_state(d, job, ev->state, NULL, &ev->err);
-    if (ev->devices != NULL) {
-        td_error_t err;
-        if (td_store_job_set_error_devices(d->store, job->id, ev->devices, ev->devices_len, &err) !=
-            0)
-            td_log_warn("job %lld: cannot record its device errors: %s", (long long)job->id,
-                        err.msg);
     }
     if (ev->err.code != 0 && strcmp(ev->state, TD_JOB_CANCELLED) != 0)
         td_log_warn("job %lld (%s, uid %lld): %s at step %lld: %s", (long long)job->id,
@@ -609,12 +593,12 @@ static void handle_done(td_daemon *d, td_event *ev)
         begin_reexec(d, job, devs, &ev->err);
     job_unlink(d, job);
     free(job);
-    td_server_job_changed(d, ev->job, ev->state);
+    job_changed(d, ev->job, ev->state);
 }
 
 static void handle_event(td_daemon *d, td_event *ev)
 {
-    td_djob *job = td_daemon_find(d, ev->job);
+    td_djob *job = find_job(d, ev->job);
 
     switch (ev->kind) {
     case TD_EV_STARTED:
@@ -622,13 +606,12 @@ static void handle_event(td_daemon *d, td_event *ev)
             job->total_steps = ev->total_steps;
             job->step = ev->step;
             write_progress(d, job);
-            td_server_job_changed(d, job->id, job->state);
+            job_changed(d, job->id, job->state);
         }
         break;
     case TD_EV_PROGRESS:
-        if (job != NULL) {
-            atomic_store(&job->progress_pending, 0);
-            job->step = atomic_load(&job->live_step);
+        if (job != NULL && job->run != NULL) {
+            job->step = td_run_progress(job->run);
             if (td_mono_ms() - job->progress_written >= TD_PROGRESS_WRITE_MS)
                 write_progress(d, job);
         }
@@ -636,7 +619,7 @@ static void handle_event(td_daemon *d, td_event *ev)
     case TD_EV_DURABLE:
         if (job != NULL && ev->step > job->durable_step)
             job->durable_step = ev->step;
-        td_server_job_changed(d, ev->job, NULL);
+        job_changed(d, ev->job, NULL);
         break;
     case TD_EV_DONE:
         handle_done(d, ev);
@@ -644,37 +627,16 @@ static void handle_event(td_daemon *d, td_event *ev)
     }
 }
 
-static int running_jobs(td_daemon *d)
+/* The mailbox's callback: every event, then the next dispatch (or the end of a stop). */
+static void on_mail(void *ud)
 {
-    int n = 0;
-    for (td_djob *j = d->jobs; j != NULL; j = j->next)
-        n += j->run != NULL;
-    return n;
-}
-
-static void finish_shutdown(td_daemon *d);
-
-/* Takes every posted event, oldest first; the caller frees them. */
-static td_event *take_events(td_daemon *d)
-{
-    td_event *ev;
-
-    pthread_mutex_lock(&d->ev_mu);
-    ev = d->ev_head;
-    d->ev_head = d->ev_tail = NULL;
-    pthread_mutex_unlock(&d->ev_mu);
-    return ev;
-}
-
-static void on_async(uv_async_t *h)
-{
-    td_daemon *d = h->data;
-    td_event *ev = take_events(d);
+    td_daemon *d = ud;
+    td_event *ev = td_mailbox_take(&d->mailbox);
 
     while (ev != NULL) {
         td_event *next = ev->next;
         handle_event(d, ev);
-        event_free(ev);
+        td_event_free(ev);
         ev = next;
     }
     if (d->stopping) {
@@ -685,7 +647,22 @@ static void on_async(uv_async_t *h)
     schedule(d);
 }
 
-int td_daemon_stored_spec(const td_job_row *row, int files, td_jobspec *spec, td_error_t *err)
+/* The store thread's durable callback (the store thread). */
+static void on_durable(void *ud, int64_t job, int64_t step)
+{
+    td_event *ev = td_event_new(TD_EV_DURABLE, job);
+
+    ev->step = step;
+    td_mailbox_post(ud, ev);
+}
+
+/* ---- start ---- */
+
+/* Parses a job's stored spec (row->spec, msgpack) again, with the checks of submit; files 0
+ * leaves out the checks that its files are readable (export and sample need only the
+ * configuration, and an ended job's dataset may be gone), 1 keeps them (a queued job about to
+ * run). */
+static int stored_spec(const td_job_row *row, int files, td_jobspec *spec, td_error_t *err)
 {
     td_proto_frame *f = NULL;
     int rc;
@@ -709,7 +686,7 @@ static int load_job(td_daemon *d, const td_job_row *row)
 
     if (job == NULL)
         return TD_ENOMEM;
-    rc = td_daemon_stored_spec(row, 1, &job->spec, &err);
+    rc = stored_spec(row, 1, &job->spec, &err);
     if (rc != 0) {
         /* The spec was valid when submitted; a dataset may have gone since. */
         td_log_warn("job %lld: cannot be resumed: %s", (long long)row->id, err.msg);
@@ -743,6 +720,8 @@ static int load_queue(td_daemon *d, td_error_t *err)
         td_job_row_clear(&rows[i]);
     }
     free(rows);
+    if (rc == TD_ENOMEM)
+        td_error_set(err, rc, "out of memory loading the queue");
     return rc;
 }
 
@@ -761,50 +740,70 @@ static void sweep_exports(const td_daemon *d)
     globfree(&g);
 }
 
-int td_daemon_init(td_daemon *d, uv_loop_t *loop, const td_config *cfg, td_error_t *err)
+/* Acquires step by step and, like uv_loop_init, unwinds every step in reverse on failure.
+ * The mailbox comes last: it is the only libuv handle, so a failed start leaves nothing for
+ * the loop to close. */
+int td_daemon_new(td_daemon **out, uv_loop_t *loop, const td_config *cfg, td_error_t *err)
 {
-    int rc;
+    td_daemon *d = calloc(1, sizeof(*d));
+    int n, rc;
 
-    memset(d, 0, sizeof(*d));
+    *out = NULL;
+    if (d == NULL)
+        return td_error_set(err, TD_ENOMEM, "out of memory");
     d->cfg = *cfg;
-    d->reexec_fd = -1;
     d->loop = loop;
-    pthread_mutex_init(&d->ev_mu, NULL);
     rc = td_store_open(&d->store, cfg->db_path, err);
     if (rc != 0)
-        return rc;
+        goto fail_store;
     sweep_exports(d);
     rc = load_queue(d, err);
     if (rc != 0)
         goto fail_queue;
-    rc = td_mq_start(&d->mq, cfg->db_path, 0, on_durable, d, err);
+    rc = td_mq_start(&d->mq, cfg->db_path, 0, on_durable, &d->mailbox, err);
     if (rc != 0)
         goto fail_queue;
-    rc = uv_async_init(loop, &d->async, on_async);
-    if (rc != 0) {
-        td_error_set(err, rc, "uv_async_init: %s", uv_strerror(rc));
-        goto fail_async;
-    }
-    d->async.data = d;
-    rc = workers_start(d, err);
+    n = workers_plan(d, err);
+    rc = n < 0 ? n : td_workers_start(d->workers, n, err);
     if (rc != 0)
         goto fail_workers;
+    d->nworkers = n;
+    rc = td_mailbox_init(&d->mailbox, loop, on_mail, d);
+    if (rc != 0) {
+        td_error_set(err, rc, "uv_async_init: %s", uv_strerror(rc));
+        goto fail_mailbox;
+    }
     /* Jobs loaded from the store run as soon as the loop turns. */
-    uv_async_send(&d->async);
+    td_mailbox_wake(&d->mailbox);
+    *out = d;
     return 0;
 
+fail_mailbox:
+    td_workers_stop(d->workers, d->nworkers);
 fail_workers:
-    workers_stop(d);
-    uv_close((uv_handle_t *)&d->async, NULL);
-fail_async:
     td_mq_stop(d->mq);
 fail_queue:
+    free_jobs(d);
     td_store_close(d->store);
+fail_store:
+    free(d);
     return rc;
 }
 
+void td_daemon_set_hooks(td_daemon *d, const td_daemon_hooks *hooks)
+{
+    d->hooks = *hooks;
+}
+
+void td_daemon_free(td_daemon *d)
+{
+    free(d);
+}
+
+/* ---- requests ---- */
+
 /* Jobs of uid waiting in the queue; uid -2 counts everyone's. */
-static int queued_by(td_daemon *d, int64_t uid)
+static int queued_by(const td_daemon *d, int64_t uid)
 {
     int n = 0;
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
@@ -812,8 +811,11 @@ static int queued_by(td_daemon *d, int64_t uid)
     return n;
 }
 
-int td_daemon_validate(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t gid,
-                       td_jobspec *spec, td_error_t *err)
+/* Checks a submitted job as submit does before queueing it: the job file (jobspec), the
+ * files' access as the user (uid, gid), its device count against this daemon's and the
+ * per-user limit. Fills *spec. TD_EJOB / TD_EPERM with err naming the field. */
+static int validate(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t gid, td_jobspec *spec,
+                    td_error_t *err)
 {
     int rc;
 
@@ -844,7 +846,7 @@ int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t g
     if (job == NULL)
         return td_error_set(err, TD_ENOMEM, "out of memory");
     td_pw_init(&w);
-    rc = td_daemon_validate(d, jobval, uid, gid, &job->spec, err);
+    rc = validate(d, jobval, uid, gid, &job->spec, err);
     if (rc != 0)
         goto out;
     if (d->cfg.max_queued > 0 && queued_by(d, -2) >= d->cfg.max_queued) {
@@ -875,7 +877,7 @@ int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t g
     *id = job->id;
     td_log_notice("job %lld (%s, uid %lld): queued, %d device(s)", (long long)job->id,
                   job->spec.name, (long long)uid, job->spec.devices);
-    td_daemon_log(d, job->id, TD_LOG_NOTICE, "queued");
+    job_log(d, job->id, TD_LOG_NOTICE, "queued");
     job = NULL;
     schedule(d);
 out:
@@ -885,11 +887,24 @@ out:
     return rc;
 }
 
-int td_daemon_checkpoint_dir(const td_daemon *d, int64_t job, char *out, size_t size)
+int td_daemon_dry_run(td_daemon *d, const td_pval *job, int64_t uid, int64_t gid, td_jobspec *spec,
+                      td_memguard *g, int *asked_auto, int *estimated, td_error_t *err)
 {
-    if (snprintf(out, size, "%s/checkpoints/%lld", d->cfg.state_dir, (long long)job) >= (int)size)
-        return TD_E2BIG;
-    return 0;
+    td_worker *ws[TD_MAX_DEVICES];
+    int rc;
+
+    *asked_auto = *estimated = 0;
+    memset(g, 0, sizeof(*g));
+    rc = validate(d, job, uid, gid, spec, err);
+    if (rc != 0)
+        return rc;
+    /* The devices it would get on an idle daemon: the first spec->devices. */
+    for (int i = 0; i < spec->devices; i++)
+        ws[i] = &d->workers[i];
+    *asked_auto = spec->batch_auto;
+    rc = guard(spec, ws, spec->devices, g, err);
+    *estimated = rc == 0 || (rc == TD_ENOMEM && !g->fits && g->est.total > 0);
+    return rc;
 }
 
 int td_daemon_check_owner(int64_t job, int64_t owner, int64_t uid, td_error_t *err)
@@ -909,7 +924,7 @@ int td_daemon_check_owner(int64_t job, int64_t owner, int64_t uid, td_error_t *e
 
 int td_daemon_cancel(td_daemon *d, int64_t id, int64_t uid, char *state_out, td_error_t *err)
 {
-    td_djob *job = td_daemon_find(d, id);
+    td_djob *job = find_job(d, id);
     td_error_t why;
     td_job_row row = {0};
     int rc;
@@ -927,147 +942,109 @@ int td_daemon_cancel(td_daemon *d, int64_t id, int64_t uid, char *state_out, td_
         return rc;
     }
     if (job->run != NULL) {
-        atomic_store(&job->cancel, 1);
+        td_run_cancel(job->run);
         snprintf(state_out, TD_STORE_MAX_STATE, "%s", TD_JOB_RUNNING);
         td_log_notice("job %lld (%s): cancel requested by uid %lld", (long long)id, job->spec.name,
                       (long long)uid);
-        td_daemon_log(d, id, TD_LOG_NOTICE, "cancel requested");
+        job_log(d, id, TD_LOG_NOTICE, "cancel requested");
         return 0;
     }
     td_error_set(&why, TD_ECANCELLED, "cancelled while queued");
-    store_state(d, job, TD_JOB_CANCELLED, NULL, &why);
     td_log_notice("job %lld (%s): cancelled while queued", (long long)id, job->spec.name);
-    job_unlink(d, job);
-    free(job);
+    job_end(d, job, TD_JOB_CANCELLED, &why);
     snprintf(state_out, TD_STORE_MAX_STATE, "%s", TD_JOB_CANCELLED);
-    td_server_job_changed(d, id, TD_JOB_CANCELLED);
     return 0;
 }
 
-static void free_jobs(td_daemon *d)
+int td_daemon_job_live(const td_daemon *d, int64_t id, td_job_live *out)
 {
-    while (d->jobs != NULL) {
-        td_djob *next = d->jobs->next;
-        free(d->jobs);
-        d->jobs = next;
-    }
+    const td_djob *job = find_job(d, id);
+
+    if (job == NULL)
+        return 0;
+    snprintf(out->state, sizeof(out->state), "%s", job->state);
+    out->step = job->step;
+    out->total_steps = job->total_steps;
+    out->durable_step = job->durable_step;
+    out->running = job->run != NULL;
+    snprintf(out->device_list, sizeof(out->device_list), "%s", job->device_list);
+    return 1;
 }
 
-/* Keeps a copy of the listening socket systemd passed, for the process a re-exec starts:
- * the server's close closes descriptor 3 itself. */
-static void keep_inherited_socket(td_daemon *d)
-{
-    uv_os_fd_t fd = -1;
+typedef struct queued_job {
+    int64_t id;
+    int priority;
+} queued_job;
 
-    d->reexec_fd = -1;
-    if (!d->reexec || !d->socket_inherited || !d->server_open)
-        return;
-    if (uv_fileno((uv_handle_t *)&d->server, &fd) == 0)
-        d->reexec_fd = fcntl(fd, F_DUPFD_CLOEXEC, 10);
-    if (d->reexec_fd < 0)
-        td_log_err("cannot keep the socket systemd passed for the re-exec: %s; systemd's "
-                   "socket unit still holds it",
-                   strerror(errno));
+/* Scheduler order: higher priority first, then the older (smaller) id. */
+static int by_schedule(const void *a, const void *b)
+{
+    const queued_job *x = a, *y = b;
+
+    if (x->priority != y->priority)
+        return x->priority > y->priority ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
 }
 
-static void finish_shutdown(td_daemon *d)
+size_t td_daemon_queued(const td_daemon *d, int64_t *ids, size_t max)
 {
-    td_event *ev;
+    size_t n = (size_t)queued_by(d, -2), k = 0;
+    queued_job *q;
 
-    d->stopping = 2;
-    keep_inherited_socket(d);
-    td_server_close(d);
-    workers_stop(d);
-    td_mq_stop(d->mq);
-    d->mq = NULL;
-    /* Durable notices the store thread posted last have nobody left to tell. */
-    ev = take_events(d);
-    while (ev != NULL) {
-        td_event *next = ev->next;
-        event_free(ev);
-        ev = next;
+    if (n == 0 || max == 0)
+        return n;
+    q = malloc(n * sizeof(*q));
+    if (q == NULL) {
+        /* Submission order, unsorted, rather than nothing. */
+        for (td_djob *j = d->jobs; j != NULL && k < max; j = j->next)
+            if (j->run == NULL)
+                ids[k++] = j->id;
+        return n;
     }
-    free_jobs(d);
-    td_store_close(d->store);
-    d->store = NULL;
-    uv_close((uv_handle_t *)&d->async, NULL);
-    /* A re-exec ends the loop without a signal: the signal handles must go too. */
-    if (d->signals_open) {
-        uv_close((uv_handle_t *)&d->sigint, NULL);
-        uv_close((uv_handle_t *)&d->sigterm, NULL);
-        d->signals_open = 0;
-    }
-    td_log_notice(d->reexec ? "stopped for the re-exec" : "stopped");
-}
-
-/* Interrupts every running job: each checkpoints at its next step boundary and is requeued.
- * Nothing is dispatched from now on. */
-static void stop_jobs(td_daemon *d)
-{
-    d->stopping = 1;
-    atomic_store(&d->work_stop, 1);
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
-        if (j->run != NULL)
-            atomic_store(&j->interrupt, 1);
-    uv_async_send(&d->async);
+        if (j->run == NULL)
+            q[k++] = (queued_job){j->id, j->spec.priority};
+    qsort(q, n, sizeof(*q), by_schedule);
+    for (k = 0; k < n && k < max; k++)
+        ids[k] = q[k].id;
+    free(q);
+    return n;
 }
 
-void td_daemon_shutdown(td_daemon *d)
+int td_daemon_job_config(td_daemon *d, int64_t job, int64_t uid, td_train_config *cfg,
+                         td_error_t *err)
 {
-    if (d->stopping) {
-        if (d->reexec && d->stopping == 1) {
-            td_log_notice("stopping instead of re-executing");
-            d->reexec = 0;
-        }
-        return;
-    }
-    td_log_notice("stopping: %d running job(s) will be requeued", running_jobs(d));
-    stop_jobs(d);
-}
+    td_djob *live = find_job(d, job);
+    td_job_row row = {0};
+    td_jobspec *spec = NULL;
+    int rc;
 
-/* Marks every descriptor from 3 up close-on-exec but keep (-1: none). */
-static void cloexec_all_but(int keep)
-{
-    DIR *dir = opendir("/proc/self/fd");
-    struct dirent *e;
-
-    if (dir == NULL) {
-        /* No /proc: the descriptors traind opens itself are close-on-exec already. */
-        td_log_warn("cannot list /proc/self/fd: %s", strerror(errno));
-        return;
+    if (live != NULL) {
+        rc = td_daemon_check_owner(job, live->uid, uid, err);
+        if (rc == 0)
+            *cfg = live->spec.train;
+        goto dir;
     }
-    while ((e = readdir(dir)) != NULL) {
-        int fd = atoi(e->d_name);
-        if (fd > 2 && fd != keep && fd != dirfd(dir))
-            (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+    rc = td_store_job_get(d->store, job, &row, err);
+    if (rc == TD_ENOTFOUND)
+        rc = td_error_set(err, rc, "no job %lld", (long long)job);
+    if (rc == 0)
+        rc = td_daemon_check_owner(job, row.uid, uid, err);
+    if (rc == 0 && (spec = malloc(sizeof(*spec))) == NULL)
+        rc = td_error_set(err, TD_ENOMEM, "out of memory");
+    if (rc == 0 && (rc = stored_spec(&row, 0, spec, err)) != 0) {
+        /* The spec was valid at submit, and its files are not checked again: only a change of
+         * traind's own rules since can refuse it now. */
+        td_error_t why = *err;
+        rc = td_error_set(err, TD_EJOB, "job %lld's spec no longer validates: %s", (long long)job,
+                          why.msg);
     }
-    closedir(dir);
-}
-
-int td_daemon_reexec(td_daemon *d, char *const argv[])
-{
-    int keep = -1;
-
-    if (d->reexec_fd >= 0) {
-        /* sd_listen_fds(3): the passed socket is descriptor 3; LISTEN_PID (this pid, which
-         * exec keeps) and LISTEN_FDS are still set, so the new process takes it again. */
-        if (dup2(d->reexec_fd, 3) == 3) {
-            keep = 3;
-            if (d->reexec_fd != 3)
-                close(d->reexec_fd);
-        } else {
-            td_log_err("cannot put the socket systemd passed back on descriptor 3: %s",
-                       strerror(errno));
-        }
-        d->reexec_fd = -1;
-    }
-    /* CUDA, NCCL and the libraries below them may hold descriptors opened without
-     * close-on-exec (/dev/nvidia*, sockets): none may leak into the new process. */
-    cloexec_all_but(keep);
-    td_log_notice("re-executing traind (same pid %ld) after a sticky CUDA error in %s",
-                  (long)getpid(), d->reexec_why);
-    execv("/proc/self/exe", argv);
-    keep = errno;
-    td_log_err("cannot re-execute /proc/self/exe: %s", strerror(keep));
-    return -keep;
+    if (rc == 0)
+        *cfg = spec->train;
+    free(spec);
+    td_job_row_clear(&row);
+dir:
+    if (rc == 0 && checkpoint_dir(d, job, cfg->checkpoint_dir, sizeof(cfg->checkpoint_dir)) != 0)
+        rc = td_error_set(err, TD_EINVAL, "the state directory's path is too long");
+    return rc;
 }

@@ -11,7 +11,9 @@
  *
  * Exit status: 0 after a clean stop, 64 for a bad command line, 78 for a bad configuration
  * (systemd does not restart it: RestartPreventExitStatus=78), 1 when it cannot start. */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -19,10 +21,12 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "daemon.h"
 #include "notify.h"
+#include "server.h"
 #include "td_clock.h"
 #include "td_log.h"
 
@@ -54,12 +58,7 @@ static void usage(FILE *to)
             "                     GPU; cuda:0,1: those GPUs%s\n"
             "  --log-level LEVEL  err, warning, notice, info or debug (default info)\n"
             "  --version          print the version and exit\n",
-#ifdef TD_HAVE_CUDA
-            ""
-#else
-            " (not in this build: it has no CUDA)"
-#endif
-    );
+            td_device_kind_built(TD_DEVICE_CUDA) ? "" : " (not in this build: it has no CUDA)");
 }
 
 /* mkdir -p for the state directory. */
@@ -181,54 +180,100 @@ static int configure(int argc, char **argv, td_config *cfg)
 
 static td_notify notify;
 
+/* What main() runs: the daemon, the server in front of it, the signals that stop them. Loop
+ * thread. */
+typedef struct traind {
+    uv_loop_t *loop;
+    td_daemon *d;
+    td_server *server;
+    uv_signal_t sigint, sigterm;
+    int signals_open; /* sigint and sigterm are started and not yet closed */
+    int reexec_fd;    /* a copy of the inherited listening socket kept for the new process
+                       * while the server closes its own; -1 when none */
+} traind;
+
 /* The watchdog's health check: every busy worker has started or finished a step within the
  * watchdog interval. An idle worker has nothing to prove. */
 static int workers_fresh(void *ud, int64_t stale_ms, char *why, size_t size)
 {
-    td_daemon *d = ud;
-    long long now = (long long)td_mono_ms();
+    traind *t = ud;
 
-    for (int i = 0; i < d->nworkers; i++) {
-        td_worker *w = &d->workers[i];
-        long long age;
-        if (w->running == NULL)
-            continue;
-        age = now - atomic_load(&w->heartbeat_ms);
-        if (age > stale_ms) {
-            snprintf(why, size, "device %s (job %lld) has not started or ended a step for %lld ms",
-                     w->name, (long long)w->running->id, age);
-            return 0;
-        }
+    return td_daemon_workers_fresh(t->d, stale_ms, why, size);
+}
+
+static void close_signals(traind *t)
+{
+    if (!t->signals_open)
+        return;
+    uv_close((uv_handle_t *)&t->sigint, NULL);
+    uv_close((uv_handle_t *)&t->sigterm, NULL);
+    t->signals_open = 0;
+}
+
+static void on_signal(uv_signal_t *h, int signum);
+
+/* SIGTERM and SIGINT stop the daemon (its jobs are requeued). A libuv code on failure, with
+ * whatever was started closed again. */
+static int start_signals(traind *t)
+{
+    int rc;
+
+    if ((rc = uv_signal_init(t->loop, &t->sigint)) != 0)
+        return rc;
+    if ((rc = uv_signal_init(t->loop, &t->sigterm)) != 0) {
+        uv_close((uv_handle_t *)&t->sigint, NULL);
+        return rc;
     }
-    return 1;
+    t->sigint.data = t->sigterm.data = t;
+    t->signals_open = 1;
+    if ((rc = uv_signal_start(&t->sigint, on_signal, SIGINT)) != 0 ||
+        (rc = uv_signal_start(&t->sigterm, on_signal, SIGTERM)) != 0)
+        close_signals(t);
+    return rc;
 }
 
 static void on_signal(uv_signal_t *h, int signum)
 {
-    td_daemon *d = h->data;
+    traind *t = h->data;
 
     td_log_notice("signal %d received", signum);
     td_notify_send(&notify, "STOPPING=1\nSTATUS=stopping: running jobs go back to the queue");
-    if (d->signals_open) {
-        uv_close((uv_handle_t *)&d->sigint, NULL);
-        uv_close((uv_handle_t *)&d->sigterm, NULL);
-        d->signals_open = 0;
-    }
-    td_daemon_shutdown(d);
+    close_signals(t);
+    td_daemon_shutdown(t->d);
+}
+
+/* The daemon's hooks: its job changes feed the server's streams, and once every job has
+ * stopped the server and the signals go (a re-exec ends the loop without a signal), keeping
+ * an inherited socket for the new process when the stop is a re-exec's. */
+static void on_job_changed(void *ud, int64_t job, const char *state)
+{
+    traind *t = ud;
+
+    if (t->server != NULL)
+        td_server_job_changed(t->server, job, state);
+}
+
+static void on_stopped(void *ud)
+{
+    traind *t = ud;
+
+    if (t->server != NULL)
+        t->reexec_fd = td_server_close(t->server, td_daemon_reexec_why(t->d) != NULL);
+    close_signals(t);
 }
 
 /* Tells systemd the daemon is ready (store open, interrupted jobs requeued, socket
  * listening) and starts feeding its watchdog. */
-static void ready(td_daemon *d)
+static void ready(traind *t)
 {
     char msg[256];
     int rc;
 
     snprintf(msg, sizeof(msg), "READY=1\nSTATUS=listening on %s; %d device(s)%s",
-             d->cfg.socket_path, d->nworkers,
+             td_server_path(t->server), td_daemon_ndevices(t->d),
              getenv("TRAIND_REEXEC") != NULL ? "; re-executed" : "");
     td_notify_send(&notify, msg);
-    rc = td_notify_watchdog_start(&notify, d->loop, workers_fresh, d);
+    rc = td_notify_watchdog_start(&notify, t->loop, workers_fresh, t);
     if (rc != 0)
         td_log_err("cannot start the watchdog timer: %s", uv_strerror(rc));
 }
@@ -239,38 +284,94 @@ static void device_names(const td_daemon *d, char *out, size_t size)
     size_t len = 0;
 
     out[0] = '\0';
-    for (int i = 0; i < d->nworkers && len < size; i++)
-        len += (size_t)snprintf(out + len, size - len, "%s%s", i ? ", " : "", d->workers[i].name);
+    for (int i = 0; i < td_daemon_ndevices(d) && len < size; i++) {
+        td_device_view v;
+        td_daemon_device(d, i, &v);
+        len += (size_t)snprintf(out + len, size - len, "%s%s", i ? ", " : "", v.name);
+    }
+}
+
+/* Marks every descriptor from 3 up close-on-exec but keep (-1: none). */
+static void cloexec_all_but(int keep)
+{
+    DIR *dir = opendir("/proc/self/fd");
+    struct dirent *e;
+
+    if (dir == NULL) {
+        /* No /proc: the descriptors traind opens itself are close-on-exec already. */
+        td_log_warn("cannot list /proc/self/fd: %s", strerror(errno));
+        return;
+    }
+    while ((e = readdir(dir)) != NULL) {
+        int fd = atoi(e->d_name);
+        if (fd > 2 && fd != keep && fd != dirfd(dir))
+            (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+    closedir(dir);
+}
+
+/* Replaces the process with a fresh traind, the same pid, executing /proc/self/exe with argv
+ * (main's original). Every descriptor but 0-2 is closed on exec, except the listening socket
+ * systemd passed (LISTEN_FDS), which is put back on descriptor 3 for the new process to take
+ * again. Returns only on failure. */
+static void exec_self(traind *t, char *const argv[], const char *why)
+{
+    int keep = -1, e;
+
+    if (t->reexec_fd >= 0) {
+        /* sd_listen_fds(3): the passed socket is descriptor 3; LISTEN_PID (this pid, which
+         * exec keeps) and LISTEN_FDS are still set, so the new process takes it again. */
+        if (dup2(t->reexec_fd, 3) == 3) {
+            keep = 3;
+            if (t->reexec_fd != 3)
+                close(t->reexec_fd);
+        } else {
+            td_log_err("cannot put the socket systemd passed back on descriptor 3: %s",
+                       strerror(errno));
+        }
+        t->reexec_fd = -1;
+    }
+    /* CUDA, NCCL and the libraries below them may hold descriptors opened without
+     * close-on-exec (/dev/nvidia*, sockets): none may leak into the new process. */
+    cloexec_all_but(keep);
+    td_log_notice("re-executing traind (same pid %ld) after a sticky CUDA error in %s",
+                  (long)getpid(), why);
+    execv("/proc/self/exe", argv);
+    e = errno;
+    td_log_err("cannot re-execute /proc/self/exe: %s", strerror(e));
 }
 
 /* The end of a loop that a sticky CUDA error stopped: tells systemd, then becomes a fresh
  * traind. Returns only when the exec failed (exit 1: systemd restarts it, and the store
  * resumes the queue all the same). */
-static int reexec(td_daemon *d, char **argv)
+static int reexec(traind *t, char **argv)
 {
-    char msg[700];
+    char why[512], msg[700];
 
+    snprintf(why, sizeof(why), "%s", td_daemon_reexec_why(t->d));
     snprintf(msg, sizeof(msg),
              "RELOADING=1\nMONOTONIC_USEC=%lld\nSTATUS=re-executing after a sticky CUDA error in "
              "%.500s",
-             (long long)(td_mono_ms() * 1e3), d->reexec_why);
+             (long long)(td_mono_ms() * 1e3), why);
     td_notify_send(&notify, msg);
     td_notify_close(&notify);
-    uv_run(d->loop, UV_RUN_DEFAULT); /* the watchdog timer's close callback */
-    uv_loop_close(d->loop);
+    uv_run(t->loop, UV_RUN_DEFAULT); /* the watchdog timer's close callback */
+    uv_loop_close(t->loop);
+    td_server_free(t->server);
+    td_daemon_free(t->d);
     /* The new process reads it only to say, in its status, that it is one. */
     setenv("TRAIND_REEXEC", "1", 1);
-    td_daemon_reexec(d, argv);
+    exec_self(t, argv, why);
     return 1;
 }
 
 int main(int argc, char **argv)
 {
-    static td_daemon d;
+    static traind t = {.reexec_fd = -1};
     static char *args[256];
     td_config cfg;
     td_error_t err = {0};
-    uv_loop_t *loop = uv_default_loop();
+    td_daemon_hooks hooks = {.ud = &t, .job_changed = on_job_changed, .stopped = on_stopped};
     char names[TD_MAX_DEVICES * 12];
     int rc;
 
@@ -284,6 +385,7 @@ int main(int argc, char **argv)
     rc = configure(argc, argv, &cfg);
     if (rc != 0)
         return rc;
+    t.loop = uv_default_loop();
     signal(SIGPIPE, SIG_IGN);
     /* A file-size limit then fails the write (EFBIG, reported as a full disk, with the older
      * checkpoints kept) instead of killing the daemon and every job with it. */
@@ -295,35 +397,40 @@ int main(int argc, char **argv)
         rc = EX_CONFIG;
         goto out;
     }
-    if (td_daemon_init(&d, loop, &cfg, &err) != 0) {
+    if (td_daemon_new(&t.d, t.loop, &cfg, &err) != 0) {
         td_log_err("cannot start: %s", err.msg);
         rc = 1;
         goto out;
     }
-    if (td_server_listen(&d, &err) != 0) {
+    td_daemon_set_hooks(t.d, &hooks);
+    if (td_server_new(&t.server, t.loop, &cfg, t.d, &err) != 0) {
         td_log_err("%s", err.msg);
-        td_daemon_shutdown(&d);
-        uv_run(loop, UV_RUN_DEFAULT);
+        td_daemon_shutdown(t.d);
+        uv_run(t.loop, UV_RUN_DEFAULT);
         rc = 1;
         goto out;
     }
-    uv_signal_init(loop, &d.sigint);
-    uv_signal_init(loop, &d.sigterm);
-    d.sigint.data = d.sigterm.data = &d;
-    uv_signal_start(&d.sigint, on_signal, SIGINT);
-    uv_signal_start(&d.sigterm, on_signal, SIGTERM);
-    d.signals_open = 1;
-    device_names(&d, names, sizeof(names));
+    rc = start_signals(&t);
+    if (rc != 0) {
+        td_log_err("cannot watch for SIGTERM and SIGINT: %s", uv_strerror(rc));
+        td_daemon_shutdown(t.d);
+        uv_run(t.loop, UV_RUN_DEFAULT);
+        rc = 1;
+        goto out;
+    }
+    device_names(t.d, names, sizeof(names));
     td_log_notice("traind %s listening on %s; state in %s; %d device(s): %s", TD_VERSION,
-                  d.cfg.socket_path, cfg.db_path, d.nworkers, names);
-    ready(&d);
-    uv_run(loop, UV_RUN_DEFAULT);
-    if (d.reexec)
-        return reexec(&d, args);
-    rc = d.exit_code;
+                  td_server_path(t.server), cfg.db_path, td_daemon_ndevices(t.d), names);
+    ready(&t);
+    uv_run(t.loop, UV_RUN_DEFAULT);
+    if (td_daemon_reexec_why(t.d) != NULL)
+        return reexec(&t, args);
+    rc = 0;
 out:
     td_notify_close(&notify);
-    uv_run(loop, UV_RUN_DEFAULT); /* the watchdog timer's close callback */
-    uv_loop_close(loop);
+    uv_run(t.loop, UV_RUN_DEFAULT); /* the watchdog timer's close callback */
+    uv_loop_close(t.loop);
+    td_server_free(t.server);
+    td_daemon_free(t.d);
     return rc;
 }

@@ -1,39 +1,41 @@
-/* A job running on its devices (see run.h), and the device worker threads. Everything here
- * runs on worker threads, except td_run_new/start/free, which the loop thread calls. The
- * replicas meet in a td_hostreduce (the step barriers; on cpu: devices the all-reduce too);
- * on cuda: devices the gradients are averaged by NCCL, one communicator per run with one
- * rank per worker. The run's mutex guards the outcomes. No lock is held across a call that
- * may panic, and the all-reduce panics only after dropping its lock, so a jump leaks
- * nothing.
+/* Device workers and runs (run.h). Everything here runs on worker threads, except
+ * td_workers_start/stop/fresh and td_run_new/start/cancel/interrupt/progress/free, which the
+ * loop thread calls. The replicas meet in the run's all-reduce group (train/device.h): its
+ * barriers carry the step decisions, its all-reduce averages the gradients (the host reduce
+ * on cpu devices, NCCL on cuda devices). The run's mutex guards the outcomes. No lock is held
+ * across a call that may panic, and the all-reduce panics only after dropping its lock, so a
+ * jump leaks nothing.
  *
- * A replica that fails releases its peers at once: it breaks the host barriers
- * (td_hostreduce_abort) and raises the run's nccl_stop, which every rank's NCCL watchdog
- * polls, so a peer waiting in a collective aborts its communicator and stops with
+ * A replica that fails releases its peers at once: it aborts the group, which breaks the
+ * barriers and stops every rank's NCCL watchdog, so a peer waiting in a collective stops with
  * TD_EABORTED instead of waiting for the timeout. */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <unistd.h>
 
-#include "hostreduce.h"
 #include "run.h"
 #include "td_clock.h"
 #include "td_log.h"
 #include "td_panic.h"
-#ifdef TD_HAVE_CUDA
-#include "td_cuda.h"
-#endif
+
+/* debug.fail names devices in a 64-bit mask (jobspec.h's fail_devices). */
+_Static_assert(TD_MAX_DEVICES <= 64, "a job's debug.fail mask must cover every device");
 
 enum { GO = 0, STOP_CANCEL = 1, STOP_INTERRUPT = 2 };
 
 struct td_run {
-    td_daemon *d;
-    td_djob *job; /* the loop's; workers read only its spec and atomic flags */
-    int world;
+    td_run_args a; /* a.workers points at workers below */
     td_worker *workers[TD_MAX_DEVICES];
-    td_hostreduce hr;   /* the barriers and the all-reduce */
-    pthread_mutex_t mu; /* guards the outcomes below */
-    int decision;       /* what the last step barrier agreed: GO or STOP_*; under hr's lock */
+    td_group *group;
+    atomic_int cancel;           /* set by the loop: stop at the next step boundary */
+    atomic_int interrupt;        /* set by the loop at shutdown: stop and go back to the queue */
+    atomic_llong live_step;      /* set by rank 0's worker after each step */
+    atomic_int progress_pending; /* a PROGRESS event is posted and not yet taken */
+    pthread_mutex_t mu;          /* guards the outcomes below */
+    int decision;                /* what the last step barrier agreed: GO or STOP_*; under the
+                                  * group's lock */
     /* outcomes, by rank */
     td_error_t errs[TD_MAX_DEVICES];
     int failed[TD_MAX_DEVICES];
@@ -43,37 +45,136 @@ struct td_run {
     int64_t steps;
     td_error_t store_err; /* rank 0's metric write errors */
     td_error_t note;      /* e.g. a checkpoint that could not be written */
-    int nccl_stop;        /* set (atomically) when a replica fails: the NCCL watchdogs abort */
-#ifdef TD_HAVE_CUDA
-    td_nccl_id nccl_id;  /* a data-parallel cuda run's communicator, made by td_run_new */
-    td_error_t nccl_err; /* why no id could be made; rank 0 fails with it */
-#endif
 };
 
-int td_run_new(td_run **out, td_daemon *d, td_djob *job, td_worker **workers, int n)
+/* ---- workers (loop thread) ---- */
+
+static void *worker_main(void *arg);
+
+/* Pins worker w to its own share of the cores, [index*per, (index+1)*per), when the devices
+ * divide the cores. The BLAS calls a worker makes with one thread run on the worker's own
+ * thread, so they stay on its cores; a share of several cores is used by OpenBLAS's own pool,
+ * which the worker cannot pin. Best effort: a refusal (a cpuset, a container) is logged and
+ * training goes on unpinned. */
+static void pin_worker(const td_worker *w, int per, long cores)
+{
+    cpu_set_t set;
+    int rc;
+
+    if ((long)(w->index + 1) * per > cores)
+        return;
+    CPU_ZERO(&set);
+    for (int c = w->index * per; c < (w->index + 1) * per; c++)
+        CPU_SET(c, &set);
+    rc = pthread_setaffinity_np(w->thread, sizeof(set), &set);
+    if (rc != 0)
+        td_log_info("%s: not pinned to cores %d-%d: %s", w->name, w->index * per,
+                    (w->index + 1) * per - 1, strerror(rc));
+}
+
+/* Waits until worker w's thread has opened its device, or failed to. */
+static int worker_wait_init(td_worker *w, td_error_t *err)
+{
+    int rc;
+
+    pthread_mutex_lock(&w->mu);
+    while (!w->init_done)
+        pthread_cond_wait(&w->cv, &w->mu);
+    rc = w->init_err.code;
+    if (rc != 0)
+        td_error_set(err, rc, "cannot initialise %s: %s", w->name, w->init_err.msg);
+    pthread_mutex_unlock(&w->mu);
+    return rc;
+}
+
+int td_workers_start(td_worker *ws, int n, td_error_t *err)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int per = n > 0 && ws[0].kind == TD_DEVICE_CPU ? (int)(cores > 0 ? cores : 1) / n : 0;
+
+    for (int i = 0; i < n; i++) {
+        td_worker *w = &ws[i];
+        int rc;
+        w->threads = per > 0 ? per : 1;
+        pthread_mutex_init(&w->mu, NULL);
+        pthread_cond_init(&w->cv, NULL);
+        rc = pthread_create(&w->thread, NULL, worker_main, w);
+        if (rc != 0) {
+            pthread_cond_destroy(&w->cv);
+            pthread_mutex_destroy(&w->mu);
+            td_workers_stop(ws, i);
+            return td_error_set(err, -rc, "cannot start worker %s: %s", w->name, strerror(rc));
+        }
+        rc = worker_wait_init(w, err);
+        if (rc != 0) {
+            td_workers_stop(ws, i + 1);
+            return rc;
+        }
+        if (per > 0)
+            pin_worker(w, per, cores);
+    }
+    return 0;
+}
+
+void td_workers_stop(td_worker *ws, int n)
+{
+    for (int i = 0; i < n; i++) {
+        td_worker *w = &ws[i];
+        pthread_mutex_lock(&w->mu);
+        w->stop = 1;
+        pthread_cond_signal(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->thread, NULL);
+        pthread_cond_destroy(&w->cv);
+        pthread_mutex_destroy(&w->mu);
+    }
+}
+
+int td_workers_fresh(const td_worker *ws, int n, int64_t stale_ms, char *why, size_t size)
+{
+    long long now = (long long)td_mono_ms();
+
+    for (int i = 0; i < n; i++) {
+        const td_worker *w = &ws[i];
+        long long age;
+        if (w->running == 0)
+            continue;
+        age = now - atomic_load(&w->heartbeat_ms);
+        if (age > stale_ms) {
+            snprintf(why, size, "device %s (job %lld) has not started or ended a step for %lld ms",
+                     w->name, (long long)w->running, age);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* ---- runs (loop thread) ---- */
+
+int td_run_new(td_run **out, const td_run_args *a, td_error_t *err)
 {
     td_run *r = calloc(1, sizeof(*r));
+    int rc;
 
+    *out = NULL;
     if (r == NULL)
-        return TD_ENOMEM;
-    r->d = d;
-    r->job = job;
-    r->world = n;
-    memcpy(r->workers, workers, (size_t)n * sizeof(*workers));
+        return td_error_set(err, TD_ENOMEM, "out of memory starting job %lld", (long long)a->job);
+    rc = td_group_new(&r->group, a->workers[0]->kind, a->world, a->nccl_timeout_s, err);
+    if (rc != 0) {
+        free(r);
+        return rc;
+    }
+    r->a = *a;
+    memcpy(r->workers, a->workers, (size_t)a->world * sizeof(*a->workers));
+    r->a.workers = r->workers;
     pthread_mutex_init(&r->mu, NULL);
-    td_hostreduce_init(&r->hr, n);
-#ifdef TD_HAVE_CUDA
-    /* One communicator per run: its id is made once, here, and every rank joins with it. */
-    if (n > 1 && workers[0]->kind == TD_DEV_CUDA)
-        td_nccl_unique_id(&r->nccl_id, &r->nccl_err);
-#endif
     *out = r;
     return 0;
 }
 
 void td_run_start(td_run *r)
 {
-    for (int i = 0; i < r->world; i++) {
+    for (int i = 0; i < r->a.world; i++) {
         td_worker *w = r->workers[i];
         pthread_mutex_lock(&w->mu);
         w->assigned = r;
@@ -83,23 +184,56 @@ void td_run_start(td_run *r)
     }
 }
 
+void td_run_cancel(td_run *r)
+{
+    atomic_store(&r->cancel, 1);
+}
+
+void td_run_interrupt(td_run *r)
+{
+    atomic_store(&r->interrupt, 1);
+}
+
+int64_t td_run_progress(td_run *r)
+{
+    atomic_store(&r->progress_pending, 0);
+    return atomic_load(&r->live_step);
+}
+
+const td_error_t *td_run_failure(const td_run *r, int rank)
+{
+    return r->failed[rank] ? &r->errs[rank] : NULL;
+}
+
+const td_worker *td_run_worker(const td_run *r, int rank)
+{
+    return r->workers[rank];
+}
+
+int td_run_world(const td_run *r)
+{
+    return r->a.world;
+}
+
 void td_run_free(td_run *r)
 {
     if (r == NULL)
         return;
-    td_hostreduce_destroy(&r->hr);
+    td_group_free(r->group);
     pthread_mutex_destroy(&r->mu);
     free(r);
 }
+
+/* ---- replicas (worker threads) ---- */
 
 /* Called by the last replica at a step boundary: one decision for all. */
 static void decide_stop(void *ud)
 {
     td_run *r = ud;
 
-    if (atomic_load(&r->job->cancel))
+    if (atomic_load(&r->cancel))
         r->decision = STOP_CANCEL;
-    else if (atomic_load(&r->job->interrupt))
+    else if (atomic_load(&r->interrupt))
         r->decision = STOP_INTERRUPT;
     else
         r->decision = GO;
@@ -112,8 +246,7 @@ static void run_fail(td_run *r, int rank, const td_error_t *e)
     r->errs[rank] = *e;
     r->failed[rank] = 1;
     pthread_mutex_unlock(&r->mu);
-    __atomic_store_n(&r->nccl_stop, 1, __ATOMIC_RELEASE);
-    td_hostreduce_abort(&r->hr);
+    td_group_abort(r->group);
 }
 
 typedef struct replica {
@@ -121,30 +254,16 @@ typedef struct replica {
     td_worker *w;
     int rank;
     td_mq_sink *sink; /* rank 0 only */
-#ifdef TD_HAVE_CUDA
-    td_nccl *nccl; /* cuda, world > 1: this rank of the run's communicator */
-#endif
+    int joined;       /* a member of the run's group */
 } replica;
 
-/* The all-reduce hook: the host average of hostreduce.c, under the step's panic boundary. */
+/* The all-reduce hook, under the step's panic boundary. */
 static void hook_allreduce(void *ud, float *buf, size_t n)
 {
     replica *p = ud;
 
-    if (td_hostreduce_average(&p->r->hr, p->rank, buf, n) != 0)
-        td_panic(TD_EABORTED, "stopped: another device of the job failed");
+    td_group_allreduce(p->r->group, p->rank, buf, n);
 }
-
-#ifdef TD_HAVE_CUDA
-/* The all-reduce hook of cuda devices: buf is device memory; NCCL averages it in place. A
- * peer's failure surfaces here as TD_EABORTED (the watchdog saw nccl_stop). */
-static void hook_nccl(void *ud, float *buf, size_t n)
-{
-    replica *p = ud;
-
-    td_nccl_allreduce_avg(p->nccl, buf, n);
-}
-#endif
 
 /* Metric samples: only rank 0 records (the trainer emits only there). A store error is kept
  * for the end, so the job cannot end "succeeded" with rows missing. */
@@ -158,120 +277,107 @@ static void hook_metric(void *ud, const char *key, int64_t step, double value)
         p->r->store_err = e;
 }
 
-/* Publishes the job's step; posts an event only when the loop has taken the last one, so
- * a fast job costs the loop one wake-up per turn, not one per step. */
-static void post_progress(td_daemon *d, td_djob *job, int64_t step)
+/* Publishes the job's step; posts an event only when the loop has taken the last one. */
+static void post_progress(td_run *r, int64_t step)
 {
-    atomic_store(&job->live_step, step);
-    if (atomic_exchange(&job->progress_pending, 1) == 0)
-        td_daemon_post(d, td_event_new(TD_EV_PROGRESS, job->id));
+    atomic_store(&r->live_step, step);
+    if (atomic_exchange(&r->progress_pending, 1) == 0)
+        td_mailbox_post(r->a.mailbox, td_event_new(TD_EV_PROGRESS, r->a.job));
+}
+
+/* Whether debug.fail names device. */
+static int fails_here(const td_jobspec *spec, int device)
+{
+    return spec->fail_kind != TD_FAIL_NONE && device >= 0 && device < TD_MAX_DEVICES &&
+           (spec->fail_devices >> device) & 1;
 }
 
 /* The configuration of this replica: its slice, its threads, its injected fault. */
 static void replica_config(const replica *p, td_train_config *cfg)
 {
-    const td_jobspec *spec = &p->r->job->spec;
+    const td_jobspec *spec = p->r->a.spec;
 
     *cfg = spec->train;
     cfg->rank = p->rank;
-    cfg->world = p->r->world;
+    cfg->world = p->r->a.world;
     cfg->threads = p->w->threads;
-    if (spec->fail_kind != TD_FAIL_NONE && p->w->device < 64 &&
-        (spec->fail_devices >> p->w->device) & 1) {
+    cfg->kernels = td_device_kernels(p->w->kind);
+    if (fails_here(spec, p->w->device)) {
         cfg->debug_fail_kind = spec->fail_kind;
         cfg->debug_fail_step = spec->fail_step;
     }
     /* The job's precision, resolved: bf16 for a gpt on a GPU, fp32 otherwise. */
     if (cfg->precision == TD_PRECISION_DEFAULT)
-        cfg->precision = cfg->model == TD_MODEL_GPT && p->w->kind == TD_DEV_CUDA
+        cfg->precision = cfg->model == TD_MODEL_GPT && p->w->kind == TD_DEVICE_CUDA
                              ? TD_PRECISION_BF16
                              : TD_PRECISION_FP32;
 }
 
-#ifdef TD_HAVE_CUDA
-/* The context switches a job sets, under a panic boundary of their own (they panic on a
- * cuBLAS error). A function of its own so that no caller's local lives across the setjmp. */
-static int set_precision(td_cuda_ctx *ctx, int bf16, int tf32, td_error_t *err)
-{
-    td_boundary b;
-
-    if (TD_TRY(&b)) {
-        td_cuda_ctx_set_bf16(ctx, bf16);
-        td_cuda_ctx_set_tf32(ctx, tf32);
-        td_boundary_leave(&b);
-        return 0;
-    }
-    *err = b.err;
-    return err->code;
-}
-
-/* Readies this replica's GPU for the job: the cuda table, the precision, mfu's peak, and for
- * a data-parallel job its rank of the run's communicator (the init is collective: every rank
- * joins at about the same time, before anything else can fail). TD_EABORTED when a peer
+/* Readies this replica's device for the job (precision, mfu's peak) and joins the run's
+ * group (for a data-parallel job on GPUs, its rank of the communicator: collective, so every
+ * rank joins at about the same time, before anything else can fail). TD_EABORTED when a peer
  * failed first. */
-static int cuda_prepare(replica *p, td_train_config *cfg, td_train_hooks *hooks, td_error_t *e)
+static int replica_prepare(replica *p, td_train_config *cfg, td_train_hooks *hooks, td_error_t *e)
 {
-    td_run *r = p->r;
-    td_worker *w = p->w;
-    int bf16 = cfg->precision == TD_PRECISION_BF16, rc;
-    double timeout =
-        r->job->spec.nccl_timeout_s > 0 ? r->job->spec.nccl_timeout_s : r->d->cfg.nccl_timeout_s;
-    td_error_t why;
+    int rc = td_device_prepare(p->w->dev, cfg->precision == TD_PRECISION_BF16, cfg->tf32,
+                               &cfg->peak_flops, e);
 
-    cfg->kernels = td_daemon_kernels(w);
-    rc = set_precision(w->ctx, bf16, cfg->tf32, e);
     if (rc != 0)
         return rc;
-    cfg->peak_flops = 0;
-    if (td_cuda_peak_flops(w->device, bf16, cfg->tf32, &cfg->peak_flops, &why) != 0) {
-        cfg->peak_flops = 0; /* unknown: the trainer records no mfu */
-        if (p->rank == 0)
-            td_log_debug("job %lld: %s: no mfu: %s", (long long)r->job->id, w->name, why.msg);
-    }
-    if (r->world == 1)
+    if (p->r->a.world == 1)
         return 0;
-    if (r->nccl_err.code != 0) {
-        if (p->rank != 0)
-            return td_error_set(e, TD_EABORTED, "stopped: another device of the job failed");
-        *e = r->nccl_err;
-        return e->code;
-    }
-    rc = td_nccl_init_stoppable(&p->nccl, &r->nccl_id, r->world, p->rank, w->ctx, timeout,
-                                &r->nccl_stop, e);
+    rc = td_group_join(p->r->group, p->rank, p->w->dev, e);
     if (rc != 0)
         return rc;
-    hooks->allreduce = hook_nccl;
+    p->joined = 1;
+    hooks->allreduce = hook_allreduce;
     return 0;
 }
 
 /* gpu_mem_used_mb: the most memory used (total - free) on any of the job's GPUs, in MiB.
- * Rank 0 records it after each step, as it does metrics_blocked_ms. -1 when CUDA cannot
- * tell (the step's own errors are reported by the step). */
+ * Rank 0 records it after each step, as it does metrics_blocked_ms. -1 when the device
+ * cannot tell (the step's own errors are reported by the step). */
 static double gpu_mem_used_mb(const td_run *r)
 {
     double most = -1;
 
-    for (int i = 0; i < r->world; i++) {
+    for (int i = 0; i < r->a.world; i++) {
         size_t f, t;
         td_error_t e;
-        if (td_cuda_mem_info(r->workers[i]->device, &f, &t, &e) != 0)
+        if (td_device_memory(r->workers[i]->kind, r->workers[i]->device, &f, &t, &e) != 0)
             return -1;
         if ((double)(t - f) / (1024.0 * 1024.0) > most)
             most = (double)(t - f) / (1024.0 * 1024.0);
     }
     return most;
 }
-#endif
 
 /* Writes a checkpoint on rank 0 before a cancelled or interrupted run stops. */
 static void stop_checkpoint(replica *p, td_trainer *t)
 {
     td_error_t e = {0};
 
-    if (p->rank != 0 || p->r->job->spec.train.checkpoint_dir[0] == '\0')
+    if (p->rank != 0 || p->r->a.spec->train.checkpoint_dir[0] == '\0')
         return;
     if (td_trainer_checkpoint(t, &e) != 0)
         td_error_set(&p->r->note, e.code, "the checkpoint could not be written: %s", e.msg);
+}
+
+/* Rank 0's records after a step: the time the metric queue blocked it, GPU memory. */
+static void record_step(replica *p, td_trainer *t, double *blocked)
+{
+    int64_t step = td_trainer_steps_done(t);
+
+    if (td_mq_sink_blocked_ms(p->sink) != *blocked) {
+        *blocked = td_mq_sink_blocked_ms(p->sink);
+        hook_metric(p, "metrics_blocked_ms", step, *blocked);
+    }
+    if (p->w->kind == TD_DEVICE_CUDA) {
+        double used = gpu_mem_used_mb(p->r);
+        if (used >= 0)
+            hook_metric(p, "gpu_mem_used_mb", step, used);
+    }
+    post_progress(p->r, step);
 }
 
 /* Trains this replica until the run succeeds, stops or fails. */
@@ -289,28 +395,20 @@ static void replica_train(replica *p)
     /* Loading a dataset is work too: the watchdog must not take it for a hang. */
     atomic_store(&w->heartbeat_ms, (long long)td_mono_ms());
     replica_config(p, &cfg);
-    if (r->world > 1)
-        hooks.allreduce = hook_allreduce;
-#ifdef TD_HAVE_CUDA
-    if (w->kind == TD_DEV_CUDA && cuda_prepare(p, &cfg, &hooks, &e) != 0) {
+    if (replica_prepare(p, &cfg, &hooks, &e) != 0 || td_trainer_new(&t, &cfg, &hooks, &e) != 0) {
         if (e.code != TD_EABORTED)
             run_fail(r, p->rank, &e);
         return;
     }
-#endif
-    if (td_trainer_new(&t, &cfg, &hooks, &e) != 0) {
-        run_fail(r, p->rank, &e);
-        return;
-    }
     atomic_store(&w->heartbeat_ms, (long long)td_mono_ms());
     if (p->rank == 0) {
-        td_event *ev = td_event_new(TD_EV_STARTED, r->job->id);
+        td_event *ev = td_event_new(TD_EV_STARTED, r->a.job);
         ev->total_steps = td_trainer_total_steps(t);
         ev->step = td_trainer_steps_done(t);
-        td_daemon_post(r->d, ev);
+        td_mailbox_post(r->a.mailbox, ev);
     }
     while (!finished) {
-        if (td_hostreduce_barrier(&r->hr, decide_stop, r) != 0)
+        if (td_group_barrier(r->group, decide_stop, r) != 0)
             break;
         if (r->decision != GO) {
             stop_checkpoint(p, t);
@@ -326,20 +424,8 @@ static void replica_train(replica *p)
                 run_fail(r, p->rank, &e);
             break;
         }
-        if (p->rank != 0)
-            continue;
-        if (td_mq_sink_blocked_ms(p->sink) != blocked) {
-            blocked = td_mq_sink_blocked_ms(p->sink);
-            hook_metric(p, "metrics_blocked_ms", td_trainer_steps_done(t), blocked);
-        }
-#ifdef TD_HAVE_CUDA
-        if (w->kind == TD_DEV_CUDA) {
-            double used = gpu_mem_used_mb(r);
-            if (used >= 0)
-                hook_metric(p, "gpu_mem_used_mb", td_trainer_steps_done(t), used);
-        }
-#endif
-        post_progress(r->d, r->job, td_trainer_steps_done(t));
+        if (p->rank == 0)
+            record_step(p, t, &blocked);
     }
     if (p->rank == 0) {
         r->steps = td_trainer_steps_done(t);
@@ -357,86 +443,59 @@ static void failure_line(char *out, size_t size, const td_worker *w, const td_er
         snprintf(out, size, "training worker on device %d failed: %s", w->device, e->msg);
 }
 
-/* Builds the job's error from every failed replica, in device order, and the msgpack list
- * {device, code, message} the store keeps for `status --json`. */
-static void collect_failures(td_run *r, td_event *done)
+/* The job's error from every failed replica, in device order. */
+static void failure_message(const td_run *r, td_error_t *out)
 {
     int nfail = 0, first = -1;
-    size_t len = 0;
+    size_t len;
     char line[1200];
-    td_pw w;
 
-    for (int i = 0; i < r->world; i++)
+    for (int i = 0; i < r->a.world; i++)
         if (r->failed[i]) {
             nfail++;
             first = first < 0 ? i : first;
         }
     if (nfail == 1) {
         failure_line(line, sizeof(line), r->workers[first], &r->errs[first]);
-        td_error_set(&done->err, r->errs[first].code, "%s", line);
-    } else {
-        len = (size_t)snprintf(done->err.msg, sizeof(done->err.msg),
-                               "%d training workers failed:", nfail);
-        done->err.code = TD_EWORKERS;
-        for (int i = 0; i < r->world && len < sizeof(done->err.msg); i++)
-            if (r->failed[i]) {
-                failure_line(line, sizeof(line), r->workers[i], &r->errs[i]);
-                len += (size_t)snprintf(done->err.msg + len, sizeof(done->err.msg) - len, "\n  %s",
-                                        line);
-            }
+        td_error_set(out, r->errs[first].code, "%s", line);
+        return;
     }
-    td_pw_init(&w);
-    td_pw_array(&w, (uint32_t)nfail);
-    for (int i = 0; i < r->world; i++)
+    len = (size_t)snprintf(out->msg, sizeof(out->msg), "%d training workers failed:", nfail);
+    out->code = TD_EWORKERS;
+    for (int i = 0; i < r->a.world && len < sizeof(out->msg); i++)
         if (r->failed[i]) {
-            td_pw_map(&w, 3);
-            td_pw_str(&w, "device");
-            td_pw_int(&w, r->workers[i]->device);
-            td_pw_str(&w, "code");
-            td_pw_int(&w, r->errs[i].code);
-            td_pw_str(&w, "message");
-            td_pw_str(&w, r->errs[i].msg);
+            failure_line(line, sizeof(line), r->workers[i], &r->errs[i]);
+            len += (size_t)snprintf(out->msg + len, sizeof(out->msg) - len, "\n  %s", line);
         }
-    const void *body = td_pw_body(&w, &len);
-    if (body != NULL && (done->devices = malloc(len)) != NULL) {
-        memcpy(done->devices, body, len);
-        done->devices_len = len;
-    }
-    td_pw_free(&w);
 }
 
 /* Whether rank's failure leaves the process's CUDA state lost (DESIGN.md, "Failures"): a
  * CUDA error once the process is poisoned, or the sticky fault debug.fail injected there. */
 static int failed_sticky(const td_run *r, int rank)
 {
-    const td_jobspec *spec = &r->job->spec;
-    int dev = r->workers[rank]->device;
+    const td_jobspec *spec = r->a.spec;
 
     if (r->errs[rank].code != TD_ECUDA)
         return 0;
-    if (spec->fail_kind == TD_FAIL_STICKY && dev < 64 && (spec->fail_devices >> dev) & 1)
+    if (spec->fail_kind == TD_FAIL_STICKY && fails_here(spec, r->workers[rank]->device))
         return 1;
-#ifdef TD_HAVE_CUDA
-    if (td_cuda_poisoned())
-        return 1;
-#endif
-    return 0;
+    return td_device_poisoned();
 }
 
 /* The run's single DONE event, built by the last replica to finish. */
 static td_event *run_outcome(td_run *r)
 {
-    td_event *done = td_event_new(TD_EV_DONE, r->job->id);
+    td_event *done = td_event_new(TD_EV_DONE, r->a.job);
     int any_failed = 0;
 
     done->step = r->steps;
-    for (int i = 0; i < r->world; i++) {
+    for (int i = 0; i < r->a.world; i++) {
         any_failed |= r->failed[i];
         done->sticky |= r->failed[i] && failed_sticky(r, i);
     }
     if (any_failed) {
         snprintf(done->state, sizeof(done->state), TD_JOB_FAILED);
-        collect_failures(r, done);
+        failure_message(r, &done->err);
     } else if (r->stopped == STOP_CANCEL) {
         snprintf(done->state, sizeof(done->state), TD_JOB_CANCELLED);
         td_error_set(&done->err, TD_ECANCELLED, "cancelled at step %lld%s%s", (long long)r->steps,
@@ -462,20 +521,14 @@ static void replica_run(td_worker *w, td_run *r, int rank)
     td_error_t e;
     int last;
 
-    if (rank == 0 && td_mq_sink_open(r->d->mq, r->job->id, &p.sink) != 0) {
+    if (rank == 0 && td_mq_sink_open(r->a.mq, r->a.job, &p.sink) != 0) {
         td_error_set(&e, TD_ENOMEM, "out of memory opening the metric sink");
         run_fail(r, rank, &e);
     } else {
         replica_train(&p);
     }
-#ifdef TD_HAVE_CUDA
-    /* ncclCommFinalize completes only once every rank finalizes: meet first, so that a rank
-     * done early does not wait out the timeout while rank 0 evaluates and writes the last
-     * checkpoint (after a failure the barrier is aborted and returns at once). */
-    if (p.nccl != NULL)
-        (void)td_hostreduce_barrier(&r->hr, NULL, NULL);
-    td_nccl_free(p.nccl);
-#endif
+    if (p.joined)
+        td_group_leave(r->group, rank);
     if (p.sink != NULL) {
         /* The job ends only once every row it produced is durable. */
         if (td_mq_flush(p.sink, &e) != 0 && r->store_err.code == 0)
@@ -483,22 +536,19 @@ static void replica_run(td_worker *w, td_run *r, int rank)
         td_mq_sink_close(p.sink);
     }
     pthread_mutex_lock(&r->mu);
-    last = ++r->finished == r->world;
+    last = ++r->finished == r->a.world;
     pthread_mutex_unlock(&r->mu);
     if (last)
-        td_daemon_post(r->d, run_outcome(r));
+        td_mailbox_post(r->a.mailbox, run_outcome(r));
 }
 
-/* A cuda worker's context, made on its GPU by the worker's own thread and bound to it for
- * the thread's life; the thread that starts the workers waits for the answer (init_done). */
+/* Opens the worker's device on its own thread, which keeps it for its life; the thread that
+ * starts the workers waits for the answer (init_done). */
 static int worker_init(td_worker *w)
 {
     td_error_t e = {0};
 
-#ifdef TD_HAVE_CUDA
-    if (w->kind == TD_DEV_CUDA)
-        td_cuda_ctx_new(&w->ctx, w->device, NULL, &e);
-#endif
+    td_device_open(&w->dev, w->kind, w->device, &e);
     pthread_mutex_lock(&w->mu);
     w->init_err = e;
     w->init_done = 1;
@@ -507,15 +557,7 @@ static int worker_init(td_worker *w)
     return e.code;
 }
 
-static void worker_fini(td_worker *w)
-{
-#ifdef TD_HAVE_CUDA
-    td_cuda_ctx_free(w->ctx);
-#endif
-    w->ctx = NULL;
-}
-
-void *td_worker_main(void *arg)
+static void *worker_main(void *arg)
 {
     td_worker *w = arg;
 
@@ -535,6 +577,7 @@ void *td_worker_main(void *arg)
             break;
         replica_run(w, r, rank);
     }
-    worker_fini(w);
+    td_device_close(w->dev);
+    w->dev = NULL;
     return NULL;
 }

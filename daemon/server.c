@@ -1,5 +1,5 @@
-/* The control socket: accepts connections, cuts frames, answers requests, and feeds metric
- * streams (watch, metrics) from the store. Loop thread only.
+/* The control socket (server.h): accepts connections, cuts frames, answers requests, and
+ * feeds metric streams (watch, metrics) from the store. Loop thread only.
  *
  * A stream never holds rows in memory beyond one page: it reads a page from the store when
  * its connection's output is below TD_CONN_HIGH_WATER, and otherwise waits for the client to
@@ -11,6 +11,7 @@
  * export and sample run their slow half on libuv's threadpool (work.c); meanwhile their
  * connection reads no further request, so that its replies keep the order of its requests. */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,10 +21,24 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "daemon.h"
 #include "memguard.h"
+#include "server.h"
 #include "td_log.h"
 #include "work.h"
+
+typedef struct td_conn td_conn;
+
+struct td_server {
+    uv_pipe_t listener; /* first: the handle's data is the server */
+    uv_loop_t *loop;
+    td_config cfg; /* socket_path is the one clients use (systemd's, when it passed one) */
+    td_daemon *d;
+    td_store *store; /* the daemon's: the loop thread's connection */
+    td_conn *conns;
+    int nconns;
+    int listening; /* listener is initialised and not yet closed */
+    int inherited; /* listener came from systemd (LISTEN_FDS): its path is not ours */
+};
 
 typedef struct td_stream {
     td_conn *c;
@@ -37,7 +52,7 @@ typedef struct td_stream {
 
 struct td_conn {
     uv_pipe_t pipe; /* first: the handle's memory is the connection's */
-    td_daemon *d;
+    td_server *s;
     td_proto_reader *reader;
     td_pw w;
     size_t pending; /* bytes handed to uv_write and not yet written */
@@ -175,13 +190,13 @@ static int collect_last(void *ud, const td_metric_summary *row)
 }
 
 /* Writes the JOB map of PROTOCOL.md for row, with live figures for a job in memory. */
-static void write_job(td_daemon *d, td_pw *w, td_job_row *row, int with_spec)
+static void write_job(td_server *s, td_pw *w, td_job_row *row, int with_spec)
 {
-    td_djob *live = td_daemon_find(d, row->id);
+    td_job_live jl, *live = td_daemon_job_live(s->d, row->id, &jl) ? &jl : NULL;
     last_vals lv = {0};
     td_error_t err;
 
-    if (td_store_metrics_summary(d->store, row->id, collect_last, &lv, &err) != 0)
+    if (td_store_metrics_summary(s->store, row->id, collect_last, &lv, &err) != 0)
         td_log_warn("job %lld: cannot read metric summary: %s", (long long)row->id, err.msg);
     td_pw_map(w, with_spec ? 13 : 12);
     td_pw_str(w, "id");
@@ -197,7 +212,7 @@ static void write_job(td_daemon *d, td_pw *w, td_job_row *row, int with_spec)
     td_pw_str(w, "devices");
     td_pw_int(w, row->devices);
     td_pw_str(w, "device_list");
-    td_pw_str(w, live != NULL && live->run != NULL ? live->device_list : row->device_list);
+    td_pw_str(w, live != NULL && live->running ? live->device_list : row->device_list);
     td_pw_str(w, "created");
     td_pw_double(w, row->created);
     td_pw_str(w, "started");
@@ -293,18 +308,17 @@ static void stream_free(td_stream *st)
 static void stream_end(td_stream *st)
 {
     td_conn *c = st->c;
-    td_daemon *d = c->d;
+    td_server *s = c->s;
     td_job_row row = {0};
     td_error_t err;
-
-    int with_job = st->watch && td_store_job_get(d->store, st->job, &row, &err) == 0;
+    int with_job = st->watch && td_store_job_get(s->store, st->job, &row, &err) == 0;
 
     reply_begin(c, "end", st->req_id, with_job ? 2 : 1);
     td_pw_str(&c->w, "job_id");
     td_pw_int(&c->w, st->job);
     if (with_job) {
         td_pw_str(&c->w, "job");
-        write_job(d, &c->w, &row, 0);
+        write_job(s, &c->w, &row, 0);
     }
     td_job_row_clear(&row);
     conn_send(c);
@@ -315,9 +329,9 @@ static void stream_end(td_stream *st)
 static void stream_pump(td_stream *st)
 {
     td_conn *c = st->c;
-    td_daemon *d = c->d;
-    td_djob *live = td_daemon_find(d, st->job);
-    int ended = live == NULL;
+    td_server *s = c->s;
+    td_job_live live;
+    int ended = !td_daemon_job_live(s->d, st->job, &live);
 
     while (!c->closing && c->pending < TD_CONN_HIGH_WATER) {
         td_metric_cursor before = st->cur;
@@ -326,8 +340,8 @@ static void stream_pump(td_stream *st)
 
         page.n = 0;
         page.held = 0;
-        page.bound = st->watch && !ended ? live->durable_step : INT64_MAX;
-        if (td_store_metrics_page(d->store, st->job, &st->cur, (const char *const *)st->keys,
+        page.bound = st->watch && !ended ? live.durable_step : INT64_MAX;
+        if (td_store_metrics_page(s->store, st->job, &st->cur, (const char *const *)st->keys,
                                   st->nkeys, TD_STREAM_PAGE, collect_row, &page, &ndone,
                                   &err) != 0) {
             send_error(c, st->req_id, err.code, err.msg);
@@ -366,7 +380,7 @@ static void stream_pump(td_stream *st)
     }
 }
 
-static void send_state(td_stream *st, const td_djob *job)
+static void send_state(td_stream *st, const td_job_live *job)
 {
     td_conn *c = st->c;
 
@@ -382,17 +396,18 @@ static void send_state(td_stream *st, const td_djob *job)
     conn_send(c);
 }
 
-void td_server_job_changed(td_daemon *d, int64_t job, const char *state)
+void td_server_job_changed(td_server *s, int64_t job, const char *state)
 {
-    td_djob *live = td_daemon_find(d, job);
+    td_job_live live;
+    int held = td_daemon_job_live(s->d, job, &live);
 
-    for (td_conn *c = d->conns; c != NULL; c = c->next) {
+    for (td_conn *c = s->conns; c != NULL; c = c->next) {
         td_stream *st = c->streams;
         while (st != NULL && !c->closing) {
             td_stream *next = st->next;
             if (st->job == job) {
-                if (st->watch && state != NULL && live != NULL)
-                    send_state(st, live);
+                if (st->watch && state != NULL && held)
+                    send_state(st, &live);
                 stream_pump(st);
             }
             st = next;
@@ -494,33 +509,17 @@ static void send_estimate(td_conn *c, int64_t id, const td_jobspec *spec, int as
 static void req_dry_run(td_conn *c, const td_pval *job, int64_t id)
 {
     td_jobspec *spec = malloc(sizeof(*spec)); /* ~70 KiB of paths: not on the stack */
-    const char *device = "?";
-    size_t free_bytes = 0, total_bytes = 0;
     td_error_t err = {0};
-    td_memguard g = {0};
-    int asked_auto = 0, guarded = 0, rc;
+    td_memguard g;
+    int asked_auto = 0, estimated = 0, rc;
 
     if (spec == NULL) {
         send_error(c, id, TD_ENOMEM, "out of memory");
         return;
     }
-    rc = td_daemon_validate(c->d, job, c->uid, c->gid, spec, &err);
-    if (rc == 0) {
-        td_worker *ws[TD_MAX_DEVICES];
-        for (int i = 0; i < spec->devices; i++)
-            ws[i] = &c->d->workers[i];
-        spec->train.world = spec->devices;
-        spec->train.kernels = td_daemon_kernels(ws[0]);
-        rc = td_daemon_least_memory(c->d, ws, spec->devices, &free_bytes, &total_bytes, &device,
-                                    &err);
-    }
-    if (rc == 0) {
-        asked_auto = spec->batch_auto;
-        guarded = 1;
-        rc = td_memguard_check(spec, free_bytes, total_bytes, device, &g, &err);
-    }
+    rc = td_daemon_dry_run(c->s->d, job, c->uid, c->gid, spec, &g, &asked_auto, &estimated, &err);
     /* Not fitting is an answer, not an error: the estimate goes back with the refusal. */
-    if (rc == 0 || (guarded && rc == TD_ENOMEM && !g.fits && g.est.total > 0)) {
+    if (estimated) {
         send_estimate(c, id, spec, asked_auto, &g, rc == 0 ? NULL : err.msg);
     } else {
         td_log_info("client pid %lld uid %lld: dry run refused: %s", (long long)c->pid,
@@ -546,7 +545,7 @@ static void req_submit(td_conn *c, const td_pval *root, int64_t id)
         return;
     }
 
-    if (td_daemon_submit(c->d, td_pv_get(root, "job"), c->uid, c->gid, &job, &err) != 0) {
+    if (td_daemon_submit(c->s->d, td_pv_get(root, "job"), c->uid, c->gid, &job, &err) != 0) {
         td_log_info("client pid %lld uid %lld: job refused: %s", (long long)c->pid,
                     (long long)c->uid, err.msg);
         send_error(c, id, err.code, err.msg);
@@ -566,13 +565,13 @@ static void req_status(td_conn *c, const td_pval *root, int64_t id)
 
     if (get_job_id(c, root, id, &job) != 0)
         return;
-    if (td_store_job_get(c->d->store, job, &row, &err) != 0) {
+    if (td_store_job_get(c->s->store, job, &row, &err) != 0) {
         send_error(c, id, err.code, err.msg);
         return;
     }
     reply_begin(c, "job", id, 1);
     td_pw_str(&c->w, "job");
-    write_job(c->d, &c->w, &row, 1);
+    write_job(c->s, &c->w, &row, 1);
     td_job_row_clear(&row);
     conn_send(c);
 }
@@ -583,7 +582,7 @@ static void req_list(td_conn *c, int64_t id)
     size_t n = 0;
     td_error_t err;
 
-    if (td_store_job_list(c->d->store, 0, &rows, &n, &err) != 0) {
+    if (td_store_job_list(c->s->store, 0, &rows, &n, &err) != 0) {
         send_error(c, id, err.code, err.msg);
         return;
     }
@@ -591,7 +590,7 @@ static void req_list(td_conn *c, int64_t id)
     td_pw_str(&c->w, "jobs");
     td_pw_array(&c->w, (uint32_t)n);
     for (size_t i = 0; i < n; i++) {
-        write_job(c->d, &c->w, &rows[i], 0);
+        write_job(c->s, &c->w, &rows[i], 0);
         td_job_row_clear(&rows[i]);
     }
     free(rows);
@@ -606,7 +605,7 @@ static void req_cancel(td_conn *c, const td_pval *root, int64_t id)
 
     if (get_job_id(c, root, id, &job) != 0)
         return;
-    if (td_daemon_cancel(c->d, job, c->uid, state, &err) != 0) {
+    if (td_daemon_cancel(c->s->d, job, c->uid, state, &err) != 0) {
         send_error(c, id, err.code, err.msg);
         return;
     }
@@ -618,35 +617,21 @@ static void req_cancel(td_conn *c, const td_pval *root, int64_t id)
     conn_send(c);
 }
 
-static void req_info(td_conn *c, int64_t id)
+/* Each device with its job and, where it can be read, its memory. */
+static void write_devices(td_conn *c)
 {
-    td_daemon *d = c->d;
-    struct stat st;
-    uint32_t nq = 0;
-
-    for (td_djob *j = d->jobs; j != NULL; j = j->next)
-        nq += j->run == NULL;
-    reply_begin(c, "info", id, 6);
-    td_pw_str(&c->w, "version");
-    td_pw_str(&c->w, TD_VERSION);
-    td_pw_str(&c->w, "protocol");
-    td_pw_int(&c->w, TD_PROTO_VERSION);
-    td_pw_str(&c->w, "store");
-    td_pw_map(&c->w, 2);
-    td_pw_str(&c->w, "path");
-    td_pw_str(&c->w, d->cfg.db_path);
-    td_pw_str(&c->w, "size_bytes");
-    td_pw_int(&c->w, stat(d->cfg.db_path, &st) == 0 ? (int64_t)st.st_size : 0);
-    td_pw_str(&c->w, "devices");
-    td_pw_array(&c->w, (uint32_t)d->nworkers);
+    td_daemon *d = c->s->d;
+    int n = td_daemon_ndevices(d), mem = 0;
     size_t free_b = 0, total_b = 0;
-    int mem = 0;
-    for (int i = 0; i < d->nworkers; i++) {
-        const td_djob *job = d->workers[i].running;
+
+    td_pw_array(&c->w, (uint32_t)n);
+    for (int i = 0; i < n; i++) {
+        td_device_view v;
         td_error_t e;
-        /* A device whose memory cannot be read is listed without it; cpu: devices share the
+        td_daemon_device(d, i, &v);
+        /* A device whose memory cannot be read is listed without it; cpu devices share the
          * machine's memory, read once for all of them. */
-        if (i == 0 || d->workers[i].kind != TD_DEV_CPU)
+        if (i == 0 || v.kind != TD_DEVICE_CPU)
             mem = td_daemon_device_memory(d, i, &free_b, &total_b, &e) == 0;
         td_pw_map(&c->w, mem ? 5 : 3);
         if (mem) {
@@ -656,21 +641,24 @@ static void req_info(td_conn *c, int64_t id)
             td_pw_int(&c->w, (int64_t)total_b);
         }
         td_pw_str(&c->w, "name");
-        td_pw_str(&c->w, d->workers[i].name);
+        td_pw_str(&c->w, v.name);
         td_pw_str(&c->w, "job_id");
-        if (job != NULL)
-            td_pw_int(&c->w, job->id);
+        if (v.job != 0)
+            td_pw_int(&c->w, v.job);
         else
             td_pw_nil(&c->w);
         td_pw_str(&c->w, "job_name");
-        td_pw_str(&c->w, job != NULL ? job->spec.name : NULL);
+        td_pw_str(&c->w, v.job_name);
     }
-    /* Who is connected, and how much each has not yet read: a stalled watcher shows here. */
-    td_pw_str(&c->w, "clients");
-    td_pw_array(&c->w, (uint32_t)d->nconns);
-    for (td_conn *o = d->conns; o != NULL; o = o->next) {
+}
+
+/* Who is connected, and how much each has not yet read: a stalled watcher shows here. */
+static void write_clients(td_conn *c)
+{
+    td_pw_array(&c->w, (uint32_t)c->s->nconns);
+    for (td_conn *o = c->s->conns; o != NULL; o = o->next) {
         uint32_t nstreams = 0;
-        for (td_stream *s = o->streams; s != NULL; s = s->next)
+        for (td_stream *st = o->streams; st != NULL; st = st->next)
             nstreams++;
         td_pw_map(&c->w, 4);
         td_pw_str(&c->w, "pid");
@@ -682,23 +670,48 @@ static void req_info(td_conn *c, int64_t id)
         td_pw_str(&c->w, "streams");
         td_pw_int(&c->w, nstreams);
     }
-    /* In the order the scheduler takes them: priority, then submission. */
-    td_pw_str(&c->w, "queued");
-    td_pw_array(&c->w, nq);
-    for (int64_t prio = INT32_MAX;;) {
-        int64_t next = INT64_MIN;
-        for (td_djob *j = d->jobs; j != NULL; j = j->next) {
-            if (j->run != NULL)
-                continue;
-            if (j->spec.priority == prio)
-                td_pw_int(&c->w, j->id);
-            else if (j->spec.priority < prio && j->spec.priority > next)
-                next = j->spec.priority;
-        }
-        if (next == INT64_MIN)
-            break;
-        prio = next;
+}
+
+/* The queued jobs' ids, in the order the scheduler takes them: priority, then submission. */
+static void write_queued(td_conn *c, int64_t id)
+{
+    size_t n = td_daemon_queued(c->s->d, NULL, 0);
+    int64_t *ids = n > 0 ? malloc(n * sizeof(*ids)) : NULL;
+
+    if (n > 0 && ids == NULL) {
+        td_pw_array(&c->w, 0);
+        td_log_warn("client pid %lld: info (request %lld) lists no queued job: out of memory",
+                    (long long)c->pid, (long long)id);
+        return;
     }
+    n = td_daemon_queued(c->s->d, ids, n);
+    td_pw_array(&c->w, (uint32_t)n);
+    for (size_t i = 0; i < n; i++)
+        td_pw_int(&c->w, ids[i]);
+    free(ids);
+}
+
+static void req_info(td_conn *c, int64_t id)
+{
+    struct stat st;
+
+    reply_begin(c, "info", id, 6);
+    td_pw_str(&c->w, "version");
+    td_pw_str(&c->w, TD_VERSION);
+    td_pw_str(&c->w, "protocol");
+    td_pw_int(&c->w, TD_PROTO_VERSION);
+    td_pw_str(&c->w, "store");
+    td_pw_map(&c->w, 2);
+    td_pw_str(&c->w, "path");
+    td_pw_str(&c->w, c->s->cfg.db_path);
+    td_pw_str(&c->w, "size_bytes");
+    td_pw_int(&c->w, stat(c->s->cfg.db_path, &st) == 0 ? (int64_t)st.st_size : 0);
+    td_pw_str(&c->w, "devices");
+    write_devices(c);
+    td_pw_str(&c->w, "clients");
+    write_clients(c);
+    td_pw_str(&c->w, "queued");
+    write_queued(c, id);
     conn_send(c);
 }
 
@@ -727,7 +740,7 @@ static int skip_log_line(void *ud, const td_job_log_row *row)
 
 static void req_logs(td_conn *c, const td_pval *root, int64_t id)
 {
-    td_store *s = c->d->store;
+    td_store *store = c->s->store;
     td_job_row row = {0};
     td_error_t err;
     log_lines l = {.w = &c->w};
@@ -736,26 +749,33 @@ static void req_logs(td_conn *c, const td_pval *root, int64_t id)
 
     if (get_job_id(c, root, id, &job) != 0)
         return;
-    if (td_store_job_get(s, job, &row, &err) != 0) {
+    if (td_store_job_get(store, job, &row, &err) != 0) {
         send_error(c, id, err.code, err.msg);
         return;
     }
     td_job_row_clear(&row);
     /* Count first, so that the array header can be written before the lines, and skip the
      * oldest lines past the limit. */
-    if (td_store_log_read(s, job, 0, SIZE_MAX, skip_log_line, &l, &count, &err) != 0) {
+    if (td_store_log_read(store, job, 0, SIZE_MAX, skip_log_line, &l, &count, &err) != 0 ||
+        (l.last_id = 0,
+         count > TD_LOG_LINES_MAX && td_store_log_read(store, job, 0, count - TD_LOG_LINES_MAX,
+                                                       skip_log_line, &l, &ndone, &err) != 0)) {
         send_error(c, id, err.code, err.msg);
         return;
     }
-    l.last_id = 0;
-    if (count > TD_LOG_LINES_MAX)
-        td_store_log_read(s, job, 0, count - TD_LOG_LINES_MAX, skip_log_line, &l, &ndone, &err);
     reply_begin(c, "logs", id, 2);
     td_pw_str(&c->w, "job_id");
     td_pw_int(&c->w, job);
     td_pw_str(&c->w, "lines");
     td_pw_array(&c->w, (uint32_t)(count < TD_LOG_LINES_MAX ? count : TD_LOG_LINES_MAX));
-    td_store_log_read(s, job, l.last_id, TD_LOG_LINES_MAX, write_log_line, &l, &ndone, &err);
+    if (td_store_log_read(store, job, l.last_id, TD_LOG_LINES_MAX, write_log_line, &l, &ndone,
+                          &err) != 0) {
+        /* Half a reply is already in c->w: the frame cannot be finished honestly. */
+        td_log_warn("client pid %lld: logs of job %lld: %s", (long long)c->pid, (long long)job,
+                    err.msg);
+        send_error(c, id, err.code, err.msg);
+        return;
+    }
     conn_send(c);
 }
 
@@ -763,6 +783,7 @@ static void req_logs(td_conn *c, const td_pval *root, int64_t id)
 static void req_stream(td_conn *c, const td_pval *root, int64_t id, int watch)
 {
     const td_pval *keys = td_pv_get(root, "keys");
+    td_job_live live;
     td_stream *st;
     td_job_row row = {0};
     td_error_t err;
@@ -779,7 +800,7 @@ static void req_stream(td_conn *c, const td_pval *root, int64_t id, int watch)
         send_error(c, id, TD_EPROTO, "keys: must be a list of metric names");
         return;
     }
-    if (td_store_job_get(c->d->store, job, &row, &err) != 0) {
+    if (td_store_job_get(c->s->store, job, &row, &err) != 0) {
         send_error(c, id, err.code, err.msg);
         return;
     }
@@ -810,8 +831,8 @@ static void req_stream(td_conn *c, const td_pval *root, int64_t id, int watch)
     td_metric_cursor_init(&st->cur, since);
     st->next = c->streams;
     c->streams = st;
-    if (watch && td_daemon_find(c->d, job) != NULL)
-        send_state(st, td_daemon_find(c->d, job));
+    if (watch && td_daemon_job_live(c->s->d, job, &live))
+        send_state(st, &live);
     stream_pump(st);
 }
 
@@ -963,7 +984,7 @@ static void work_start(td_conn *c, td_work *w, int64_t id)
 
     w->ud = c;
     w->req_id = id;
-    rc = td_work_start(w, c->d->loop, on_work_done);
+    rc = td_work_start(w, c->s->loop, on_work_done);
     if (rc != 0) {
         send_error(c, id, rc, uv_strerror(rc));
         td_work_free(w);
@@ -984,7 +1005,7 @@ static void req_export(td_conn *c, const td_pval *root, int64_t id)
 
     if (get_job_id(c, root, id, &job) != 0)
         return;
-    if (td_work_new(&w, c->d, TD_WORK_EXPORT, job, c->uid, &err) != 0) {
+    if (td_work_new(&w, c->s->d, c->s->cfg.state_dir, TD_WORK_EXPORT, job, c->uid, &err) != 0) {
         send_error(c, id, err.code, err.msg);
         return;
     }
@@ -1040,7 +1061,7 @@ static void req_sample(td_conn *c, const td_pval *root, int64_t id)
 
     if (get_job_id(c, root, id, &job) != 0)
         return;
-    if (td_work_new(&w, c->d, TD_WORK_SAMPLE, job, c->uid, &err) != 0) {
+    if (td_work_new(&w, c->s->d, c->s->cfg.state_dir, TD_WORK_SAMPLE, job, c->uid, &err) != 0) {
         send_error(c, id, err.code, err.msg);
         return;
     }
@@ -1111,14 +1132,14 @@ static void conn_free(td_conn *c)
 static void on_conn_closed(uv_handle_t *h)
 {
     td_conn *c = (td_conn *)h;
-    td_daemon *d = c->d;
+    td_server *s = c->s;
 
-    for (td_conn **p = &d->conns; *p != NULL; p = &(*p)->next)
+    for (td_conn **p = &s->conns; *p != NULL; p = &(*p)->next)
         if (*p == c) {
             *p = c->next;
             break;
         }
-    d->nconns--;
+    s->nconns--;
     c->closed = 1;
     if (c->refs == 0)
         conn_free(c);
@@ -1210,9 +1231,10 @@ static void peer_creds(td_conn *c)
     }
 }
 
-static void on_connection(uv_stream_t *server, int status)
+static void on_connection(uv_stream_t *listener, int status)
 {
-    td_daemon *d = server->data;
+    td_server *s = listener->data;
+    int max = s->cfg.max_conns > 0 ? s->cfg.max_conns : TD_MAX_CONNS, rc;
     td_conn *c;
 
     if (status < 0) {
@@ -1220,29 +1242,33 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     }
     c = calloc(1, sizeof(*c));
-    if (c == NULL || uv_pipe_init(d->loop, &c->pipe, 0) != 0) {
+    if (c == NULL || uv_pipe_init(s->loop, &c->pipe, 0) != 0) {
         free(c);
         return;
     }
-    c->d = d;
+    c->s = s;
     td_pw_init(&c->w);
-    c->next = d->conns;
-    d->conns = c;
-    d->nconns++;
-    if (uv_accept(server, (uv_stream_t *)&c->pipe) != 0 ||
+    c->next = s->conns;
+    s->conns = c;
+    s->nconns++;
+    if (uv_accept(listener, (uv_stream_t *)&c->pipe) != 0 ||
         td_proto_reader_new(&c->reader, 0) != 0) {
         conn_close(c);
         return;
     }
     peer_creds(c);
-    if (d->nconns > (d->cfg.max_conns > 0 ? d->cfg.max_conns : TD_MAX_CONNS)) {
+    if (s->nconns > max) {
         td_log_warn("client pid %lld: refused, %d connections open", (long long)c->pid,
-                    d->nconns - 1);
+                    s->nconns - 1);
         send_error(c, -1, TD_E2BIG, "too many connections");
         conn_close(c);
         return;
     }
-    uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+    rc = uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+    if (rc != 0) {
+        td_log_warn("client pid %lld: cannot read: %s", (long long)c->pid, uv_strerror(rc));
+        conn_close(c);
+    }
 }
 
 #define TD_LISTEN_BACKLOG   128  /* connections the kernel holds for traind before accept */
@@ -1277,7 +1303,7 @@ static int clear_stale_socket(const char *path, td_error_t *err)
  * when nothing was passed; fails when what was passed is not a listening Unix stream socket.
  * The variables are left set: they name this pid, so no child takes them for its own, and a
  * re-exec of traind itself (the same pid) finds the same socket again. */
-static int inherited_socket(td_daemon *d, int *fd, td_error_t *err)
+static int inherited_socket(td_server *s, int *fd, td_error_t *err)
 {
     const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
     struct sockaddr_un sa;
@@ -1308,10 +1334,10 @@ static int inherited_socket(td_daemon *d, int *fd, td_error_t *err)
     /* The path systemd bound is the one clients use: report that one, not the configured. */
     if (salen > offsetof(struct sockaddr_un, sun_path) && sa.sun_path[0] != '\0') {
         sa.sun_path[sizeof(sa.sun_path) - 1] = '\0';
-        if (strcmp(sa.sun_path, d->cfg.socket_path) != 0)
+        if (strcmp(sa.sun_path, s->cfg.socket_path) != 0)
             td_log_notice("socket activation: listening on %s, which systemd passed, not on %s",
-                          sa.sun_path, d->cfg.socket_path);
-        snprintf(d->cfg.socket_path, sizeof(d->cfg.socket_path), "%s", sa.sun_path);
+                          sa.sun_path, s->cfg.socket_path);
+        snprintf(s->cfg.socket_path, sizeof(s->cfg.socket_path), "%s", sa.sun_path);
     }
     *fd = TD_LISTEN_FDS_START;
     return 0;
@@ -1325,9 +1351,9 @@ bad:
  * explicitly: neither the umask nor the daemon's own group decides who may connect. Until
  * uv_listen() the socket refuses connections, so nobody gets in while the mode is still the
  * umask's. On failure the path is removed again. */
-static int bind_socket(td_daemon *d, td_error_t *err)
+static int bind_socket(td_server *s, td_error_t *err)
 {
-    const char *path = d->cfg.socket_path;
+    const char *path = s->cfg.socket_path;
     size_t max = sizeof(((struct sockaddr_un *)NULL)->sun_path) - 1;
     int rc;
 
@@ -1338,11 +1364,11 @@ static int bind_socket(td_daemon *d, td_error_t *err)
     rc = clear_stale_socket(path, err);
     if (rc != 0)
         return rc;
-    rc = uv_pipe_bind(&d->server, path);
+    rc = uv_pipe_bind(&s->listener, path);
     if (rc != 0)
         return td_error_set(err, rc, "cannot bind %s: %s", path, uv_strerror(rc));
-    if (d->cfg.socket_group[0] != '\0' && chown(path, (uid_t)-1, (gid_t)d->cfg.socket_gid) != 0)
-        rc = td_error_set(err, -errno, "cannot give %s to group %s: %s", path, d->cfg.socket_group,
+    if (s->cfg.socket_group[0] != '\0' && chown(path, (uid_t)-1, (gid_t)s->cfg.socket_gid) != 0)
+        rc = td_error_set(err, -errno, "cannot give %s to group %s: %s", path, s->cfg.socket_group,
                           strerror(errno));
     else if (chmod(path, TD_SOCKET_MODE) != 0)
         rc = td_error_set(err, -errno, "cannot set the mode of %s: %s", path, strerror(errno));
@@ -1352,52 +1378,90 @@ static int bind_socket(td_daemon *d, td_error_t *err)
 }
 
 /* Listens on the socket systemd passed, or else on one bound here. */
-int td_server_listen(td_daemon *d, td_error_t *err)
+static int listen_socket(td_server *s, td_error_t *err)
 {
     int fd, rc;
 
-    rc = inherited_socket(d, &fd, err);
+    rc = inherited_socket(s, &fd, err);
     if (rc != 0)
         return rc;
-    rc = uv_pipe_init(d->loop, &d->server, 0);
+    rc = uv_pipe_init(s->loop, &s->listener, 0);
     if (rc != 0)
         return td_error_set(err, rc, "uv_pipe_init: %s", uv_strerror(rc));
-    d->server_open = 1;
-    d->server.data = d;
+    s->listening = 1;
+    s->listener.data = s;
     if (fd >= 0) {
-        rc = uv_pipe_open(&d->server, fd);
+        rc = uv_pipe_open(&s->listener, fd);
         if (rc != 0)
             td_error_set(err, rc, "cannot use the socket systemd passed: %s", uv_strerror(rc));
-        d->socket_inherited = rc == 0;
+        s->inherited = rc == 0;
     } else {
-        rc = bind_socket(d, err);
+        rc = bind_socket(s, err);
     }
     if (rc == 0) {
-        rc = uv_listen((uv_stream_t *)&d->server, TD_LISTEN_BACKLOG, on_connection);
+        rc = uv_listen((uv_stream_t *)&s->listener, TD_LISTEN_BACKLOG, on_connection);
         if (rc != 0) {
-            td_error_set(err, rc, "cannot listen on %s: %s", d->cfg.socket_path, uv_strerror(rc));
-            if (!d->socket_inherited)
-                unlink(d->cfg.socket_path);
+            td_error_set(err, rc, "cannot listen on %s: %s", s->cfg.socket_path, uv_strerror(rc));
+            if (!s->inherited)
+                unlink(s->cfg.socket_path);
         }
     }
     if (rc != 0) {
-        uv_close((uv_handle_t *)&d->server, NULL);
-        d->server_open = 0;
+        uv_close((uv_handle_t *)&s->listener, NULL);
+        s->listening = 0;
     }
     return rc;
 }
 
-/* Closes every connection and the listening socket. The path of a socket traind bound is
- * removed; that of an inherited one is systemd's, which keeps listening on it and starts
- * traind again at the next connection. */
-void td_server_close(td_daemon *d)
+int td_server_new(td_server **out, uv_loop_t *loop, const td_config *cfg, td_daemon *d,
+                  td_error_t *err)
 {
-    for (td_conn *c = d->conns; c != NULL; c = c->next)
+    td_server *s = calloc(1, sizeof(*s));
+    int rc;
+
+    *out = NULL;
+    if (s == NULL)
+        return td_error_set(err, TD_ENOMEM, "out of memory");
+    s->loop = loop;
+    s->cfg = *cfg;
+    s->d = d;
+    s->store = td_daemon_store(d);
+    rc = listen_socket(s, err);
+    /* Even on failure: a listener that failed after uv_pipe_init is closing, and its memory,
+     * s, must outlive the close, which the caller's loop runs before td_server_free. */
+    *out = s;
+    return rc;
+}
+
+const char *td_server_path(const td_server *s)
+{
+    return s->cfg.socket_path;
+}
+
+int td_server_close(td_server *s, int keep_listener)
+{
+    uv_os_fd_t fd = -1;
+    int kept = -1;
+
+    for (td_conn *c = s->conns; c != NULL; c = c->next)
         conn_close(c);
-    if (d->server_open) {
-        uv_close((uv_handle_t *)&d->server, NULL);
-        d->server_open = 0;
-        if (!d->socket_inherited)
-            unlink(d->cfg.socket_path);
+    if (!s->listening)
+        return -1;
+    if (keep_listener && s->inherited && uv_fileno((uv_handle_t *)&s->listener, &fd) == 0) {
+        kept = fcntl(fd, F_DUPFD_CLOEXEC, 10);
+        if (kept < 0)
+            td_log_err("cannot keep the socket systemd passed for the re-exec: %s; systemd's "
+                       "socket unit still holds it",
+                       strerror(errno));
     }
+    uv_close((uv_handle_t *)&s->listener, NULL);
+    s->listening = 0;
+    if (!s->inherited)
+        unlink(s->cfg.socket_path);
+    return kept;
+}
+
+void td_server_free(td_server *s)
+{
+    free(s);
 }

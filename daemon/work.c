@@ -28,51 +28,8 @@ static int prefix_job(td_error_t *err, int64_t job)
     return td_error_set(err, was.code, "job %lld: %s", (long long)job, was.msg);
 }
 
-/* The job's training config, for uid: the in-memory one of a queued or running job, else its
- * stored spec parsed again. */
-static int job_config(td_daemon *d, int64_t job, int64_t uid, td_train_config *cfg, td_error_t *err)
-{
-    td_djob *live = td_daemon_find(d, job);
-    td_job_row row = {0};
-    td_jobspec *spec = NULL;
-    int rc;
-
-    if (live != NULL) {
-        rc = td_daemon_check_owner(job, live->uid, uid, err);
-        if (rc == 0)
-            *cfg = live->spec.train;
-        return rc;
-    }
-    rc = td_store_job_get(d->store, job, &row, err);
-    if (rc == TD_ENOTFOUND)
-        return td_error_set(err, rc, "no job %lld", (long long)job);
-    if (rc == 0)
-        rc = td_daemon_check_owner(job, row.uid, uid, err);
-    if (rc != 0)
-        goto out;
-    spec = malloc(sizeof(*spec));
-    if (spec == NULL) {
-        rc = td_error_set(err, TD_ENOMEM, "out of memory");
-        goto out;
-    }
-    rc = td_daemon_stored_spec(&row, 0, spec, err);
-    if (rc != 0) {
-        /* The spec was valid at submit, and its files are not checked again: only a change of
-         * traind's own rules since can refuse it now. */
-        td_error_t why = *err;
-        rc = td_error_set(err, TD_EJOB, "job %lld's spec no longer validates: %s", (long long)job,
-                          why.msg);
-        goto out;
-    }
-    *cfg = spec->train;
-out:
-    free(spec);
-    td_job_row_clear(&row);
-    return rc;
-}
-
-int td_work_new(td_work **out, td_daemon *d, td_work_kind kind, int64_t job, int64_t uid,
-                td_error_t *err)
+int td_work_new(td_work **out, td_daemon *d, const char *state_dir, td_work_kind kind, int64_t job,
+                int64_t uid, td_error_t *err)
 {
     td_work *w = calloc(1, sizeof(*w));
     td_train_config *cfg;
@@ -83,22 +40,19 @@ int td_work_new(td_work **out, td_daemon *d, td_work_kind kind, int64_t job, int
         return td_error_set(err, TD_ENOMEM, "out of memory");
     w->kind = kind;
     w->job = job;
-    w->stop = &d->work_stop;
+    w->stop = td_daemon_stop_flag(d);
     w->fd = -1;
     cfg = &w->cfg;
-    rc = job_config(d, job, uid, cfg, err);
+    /* Export and sample read the checkpoints every run writes. A model can recite the text it
+     * was trained on, so only the job's owner (or root) may (td_daemon_job_config checks). */
+    rc = td_daemon_job_config(d, job, uid, cfg, err);
     if (rc == 0 && cfg->model != TD_MODEL_GPT)
         rc = td_error_set(err, TD_EINVAL, "job %lld is an %s job; only gpt jobs %s", (long long)job,
                           cfg->model == TD_MODEL_MLP ? "mlp" : "unknown",
                           kind == TD_WORK_EXPORT ? "export to llm.c files" : "can be sampled");
-    /* Export and sample read the checkpoints every run writes. A model can recite the text it
-     * was trained on, so only the job's owner (or root) may (job_config checks). */
-    if (rc == 0 &&
-        td_daemon_checkpoint_dir(d, job, cfg->checkpoint_dir, sizeof(cfg->checkpoint_dir)) != 0)
-        rc = td_error_set(err, TD_EINVAL, "the state directory's path is too long");
     if (rc == 0 && kind == TD_WORK_EXPORT &&
-        snprintf(w->path, sizeof(w->path), "%s/export-%lld-%u.bin", d->cfg.state_dir,
-                 (long long)job, ++export_serial) >= (int)sizeof(w->path))
+        snprintf(w->path, sizeof(w->path), "%s/export-%lld-%u.bin", state_dir, (long long)job,
+                 ++export_serial) >= (int)sizeof(w->path))
         rc = td_error_set(err, TD_EINVAL, "the state directory's path is too long");
     if (rc != 0) {
         free(w);

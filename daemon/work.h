@@ -53,16 +53,16 @@ struct td_work {
     td_work_cb cb;
 };
 
-/* Makes a work item for job on behalf of uid: its config, rebuilt from the job in memory
- * (queued or running) or else from the spec the store keeps, with checkpoint_dir where
- * dispatch() puts it (STATE_DIR/checkpoints/ID). Loop thread. Errors: TD_ENOTFOUND for no such
+/* Makes a work item for job on behalf of uid: its config (td_daemon_job_config: the job in
+ * memory, or else the spec the store keeps, with checkpoint_dir where every run keeps them);
+ * an export's temp file goes in state_dir. Loop thread. Errors: TD_ENOTFOUND for no such
  * job; TD_EPERM when uid is neither the job's owner nor root ("permission denied: job 3
  * belongs to alice": a model can recite its training text); TD_EINVAL for a job that is not a
  * gpt ("job 3 is an mlp job; only gpt jobs export to llm.c files"); TD_EJOB for a stored spec
  * that no longer validates (a dataset that is gone); TD_ENOMEM. Caller frees with
  * td_work_free(). */
-int td_work_new(td_work **out, td_daemon *d, td_work_kind kind, int64_t job, int64_t uid,
-                td_error_t *err);
+int td_work_new(td_work **out, td_daemon *d, const char *state_dir, td_work_kind kind, int64_t job,
+                int64_t uid, td_error_t *err);
 
 /* Queues w on loop's threadpool; cb gets it back on the loop thread. Borrows w until cb.
  * Returns 0, or a libuv code, and then cb is never called. */

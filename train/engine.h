@@ -403,9 +403,6 @@ uint32_t td_rng_below(td_rng *r, uint32_t n); /* in [0, n), unbiased; n > 0 */
  * the job's length), stored in every checkpoint. */
 uint64_t td__train_config_hash(const td_train_config *cfg);
 
-/* A gpt job's dimensions: the job's, or init_from's where the job's (when given) agree. */
-int td__train_gpt_dims(const td_train_config *cfg, td_gpt_dims *d, td_error_t *err);
-
 /* Builds m in p (zeroed by the caller; release with td_params_free) from cfg and loads the
  * job's latest checkpoint into it; *step is the checkpoint's. TD_ENOTFOUND when there is none,
  * TD_ESTATE when it belongs to another configuration. */

@@ -2,53 +2,19 @@
  * gradients, optimizer moments, the activation arena with attention's scores, the CUDA
  * backend's workspace), for the memory guard that refuses a job that cannot fit and for
  * batch_size "auto". The model is declared into a td_params that is never allocated, and
- * the arena is sized by the model's own count (td_gpt_arena_bytes, td_mlp_arena_bytes), the
- * functions the trainer sizes its arena with; the few lines of trainer.c's build_mlp and
- * build_gpt around them are mirrored below, and tests/test_memest.c holds the two together.
- * Reads no file but init_from's header. Any thread. */
+ * the arena is sized by sizes.h's functions, the ones the trainer sizes its own arena with;
+ * tests/test_memest.c also holds the two together. Reads no file but init_from's header.
+ * Any thread. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "engine.h"
-
-#ifdef TD_HAVE_CUDA
-#include "td_cuda.h"
-#endif
-
-/* trainer.c's EVAL_BATCH: the most samples an mlp evaluates per forward. */
-#define MLP_EVAL_BATCH 1000
-
-/* The CUDA backend's context: cuBLAS's workspace, the default scratch and the fixed buffers
- * (kernels/cuda/td_cuda.h, which a build without CUDA does not have; checked against it in
- * a build with). */
-#define CUDA_WORKSPACE ((size_t)(32u << 20) + (size_t)(64u << 20) + (1024 * 8 + 65536 * 4))
-#ifdef TD_HAVE_CUDA
-_Static_assert(CUDA_WORKSPACE ==
-                   (size_t)TD_CUDA_CUBLAS_WORKSPACE + TD_CUDA_SCRATCH_DEFAULT + TD_CUDA_CTX_FIXED,
-               "memest.c's CUDA workspace must be td_cuda.h's");
-#endif
+#include "sizes.h"
 
 /* Estimates past this are refused rather than risk a wrapped size_t. */
 #define MAX_BYTES ((double)(1ull << 62))
-
-/* trainer.c's batch_bytes: one mlp batch's input (pixels as floats) and targets. */
-static size_t batch_bytes(int N, int pixels)
-{
-    return td_tensor_bytes((size_t)N * (size_t)pixels, 0) + td_arena_round((size_t)N * sizeof(int));
-}
-
-/* trainer.c's token_bytes: one gpt batch's tokens and targets. */
-static size_t token_bytes(int rows, int T)
-{
-    return 2 * td_arena_round((size_t)rows * (size_t)T * sizeof(int));
-}
-
-/* trainer.c's max_local_rows: the largest slice of a batch any replica takes. */
-static int max_local_rows(const td_train_config *cfg)
-{
-    return (cfg->batch_size + cfg->world - 1) / cfg->world;
-}
 
 /* What td_params_alloc acquires for p: data, grad with its slack, and the moments. */
 static void buffers(td_mem_estimate *out, const td_params *p, int n_moments)
@@ -63,7 +29,7 @@ static int estimate_mlp(const td_train_config *cfg, td_mem_estimate *out, td_err
 {
     td_mlp *m = calloc(1, sizeof(*m));
     td_params *p = calloc(1, sizeof(*p));
-    int BL = max_local_rows(cfg), P = cfg->layers[0], rc = 0;
+    int BL = td__train_max_rows(cfg), rc = 0;
     size_t step, eval = 0;
 
     if (m == NULL || p == NULL) {
@@ -76,9 +42,9 @@ static int estimate_mlp(const td_train_config *cfg, td_mem_estimate *out, td_err
         goto out;
     }
     buffers(out, p, td_optim_moments(cfg));
-    step = batch_bytes(BL, P) + td_mlp_arena_bytes(m, BL, 1);
+    step = td__train_mlp_arena_bytes(m, BL, 1);
     if (cfg->rank == 0 && (cfg->test.images[0] != '\0' || cfg->valid_fraction > 0.0f))
-        eval = batch_bytes(MLP_EVAL_BATCH, P) + td_mlp_arena_bytes(m, MLP_EVAL_BATCH, 0);
+        eval = td__train_mlp_arena_bytes(m, TD_MLP_EVAL_BATCH, 0);
     out->activations = step > eval ? step : eval;
     out->attention = 0;
 out:
@@ -101,7 +67,7 @@ static int estimate_gpt(const td_train_config *cfg, td_mem_estimate *out, td_err
 {
     td_gpt *m = calloc(1, sizeof(*m));
     td_params *p = calloc(1, sizeof(*p));
-    int BL = max_local_rows(cfg), T, rc;
+    int BL = td__train_max_rows(cfg), T, rc;
     td_gpt_dims d;
     size_t step, eval = 0;
 
@@ -121,9 +87,9 @@ static int estimate_gpt(const td_train_config *cfg, td_mem_estimate *out, td_err
         goto out;
     }
     buffers(out, p, td_optim_moments(cfg));
-    step = token_bytes(BL, T) + td_gpt_arena_bytes(m, BL, T, 1);
+    step = td__train_gpt_arena_bytes(m, BL, T, 1);
     if (cfg->rank == 0 && (cfg->n_valid_files > 0 || cfg->valid_fraction > 0.0f))
-        eval = token_bytes(cfg->batch_size, T) + td_gpt_arena_bytes(m, cfg->batch_size, T, 0);
+        eval = td__train_gpt_arena_bytes(m, cfg->batch_size, T, 0);
     out->activations = step > eval ? step : eval;
     out->attention =
         (size_t)d.L * td_arena_round((size_t)BL * (size_t)d.NH * (size_t)T * T * sizeof(float));
@@ -152,8 +118,8 @@ int td_train_memory_estimate(const td_train_config *cfg, td_mem_estimate *out, t
         memset(out, 0, sizeof(*out));
         return rc;
     }
-    out->batch = max_local_rows(cfg);
-    out->workspace = cfg->kernels != NULL && !cfg->kernels->host ? CUDA_WORKSPACE : 0;
+    out->batch = td__train_max_rows(cfg);
+    out->workspace = cfg->kernels != NULL && !cfg->kernels->host ? TD_DEVICE_CUDA_CONTEXT_BYTES : 0;
     out->total = out->params + out->grads + out->optim + out->activations + out->workspace;
     return 0;
 }
@@ -216,29 +182,4 @@ int td_train_largest_batch(const td_train_config *cfg, size_t bytes, int *batch,
     }
     *batch = lo;
     return 0;
-}
-
-/* llm.c's count (gpt2_estimate_mfu): per token 6 FLOPs per parameter (forward 2, backward 4;
- * its parameter count includes the padded vocabulary rows) plus attention's 6*L*C*T; an mlp 6
- * per parameter per sample. Over the global batch. */
-double td_train_flops_per_step(const td_train_config *cfg)
-{
-    td_error_t e;
-
-    if (cfg->model == TD_MODEL_GPT) {
-        td_gpt_dims d;
-        double N, T;
-        if (td__train_gpt_dims(cfg, &d, &e) != 0)
-            return 0.0;
-        T = cfg->seq_len > 0 ? cfg->seq_len : d.maxT;
-        N = (double)td_gpt_num_params(&d) + (double)(d.Vp - d.V) * d.C;
-        return (6.0 * N + 6.0 * d.L * d.C * T) * T * cfg->batch_size;
-    }
-    if (cfg->model == TD_MODEL_MLP) {
-        double N = 0.0;
-        for (int l = 0; l + 1 < cfg->n_layers; l++)
-            N += (double)cfg->layers[l] * cfg->layers[l + 1] + cfg->layers[l + 1];
-        return 6.0 * N * cfg->batch_size;
-    }
-    return 0.0;
 }

@@ -26,13 +26,11 @@
 #include "ckpt.h"
 #include "data.h"
 #include "engine.h"
+#include "sizes.h"
 #include "td_clock.h"
 #include "td_panic.h"
 
-#define EVAL_BATCH \
-    1000 /* samples per forward when evaluating an mlp (no tape, so bigger is cheap) */
-#define CLIP_EPS   1e-6 /* torch.nn.utils.clip_grad_norm_'s: coef = max_norm / (norm + 1e-6) */
-#define TEXT_VOCAB 256  /* tokens of text data: bytes */
+#define CLIP_EPS 1e-6 /* torch.nn.utils.clip_grad_norm_'s: coef = max_norm / (norm + 1e-6) */
 
 struct td_trainer {
     td_train_config cfg;
@@ -218,46 +216,6 @@ uint64_t td__train_config_hash(const td_train_config *c)
     return h;
 }
 
-/* The model's dimensions: from the job, or from init_from's header, where any dimension the
- * job also gives must agree (seq_len may be shorter than the file's positions). */
-int td__train_gpt_dims(const td_train_config *cfg, td_gpt_dims *d, td_error_t *err)
-{
-    const char *f = cfg->init_from;
-    td_gpt_dims fd;
-    int rc;
-
-    if (f[0] == '\0') {
-        d->maxT = cfg->seq_len;
-        d->V = cfg->vocab_size;
-        d->Vp = td_gpt_padded_vocab(cfg->vocab_size);
-        d->L = cfg->n_layer;
-        d->NH = cfg->n_head;
-        d->C = cfg->n_embd;
-        return td_gpt_check_dims(d, err);
-    }
-    rc = td_llmc_peek(f, &fd, err);
-    if (rc != 0)
-        return rc;
-    if (cfg->n_layer != 0 && cfg->n_layer != fd.L)
-        return td_error_set(err, TD_ESHAPE, "model.n_layer: %d in the job but %d in %s",
-                            cfg->n_layer, fd.L, f);
-    if (cfg->n_head != 0 && cfg->n_head != fd.NH)
-        return td_error_set(err, TD_ESHAPE, "model.n_head: %d in the job but %d in %s", cfg->n_head,
-                            fd.NH, f);
-    if (cfg->n_embd != 0 && cfg->n_embd != fd.C)
-        return td_error_set(err, TD_ESHAPE, "model.n_embd: %d in the job but %d in %s", cfg->n_embd,
-                            fd.C, f);
-    if (cfg->vocab_size != 0 && cfg->vocab_size != fd.V)
-        return td_error_set(err, TD_ESHAPE, "model.vocab_size: %d in the job but %d in %s",
-                            cfg->vocab_size, fd.V, f);
-    if (cfg->seq_len > fd.maxT)
-        return td_error_set(err, TD_ESHAPE,
-                            "model.seq_len: %d in the job but %s holds %d positions", cfg->seq_len,
-                            f, fd.maxT);
-    *d = fd;
-    return 0;
-}
-
 /* The checkpoint's float sections: the parameters and the optimizer's moments, each a whole
  * flat buffer (padding included). Returns how many. */
 int td__train_ckpt_sections(td_params *p, td_ckpt_section *s)
@@ -300,32 +258,6 @@ static int check_shapes(const td_trainer *t, td_error_t *err)
     return 0;
 }
 
-/* Arena bytes of one mlp batch's input (pixels as floats, targets as ints). */
-static size_t batch_bytes(int N, int pixels)
-{
-    return td_tensor_bytes((size_t)N * (size_t)pixels, 0) + td_arena_round((size_t)N * sizeof(int));
-}
-
-/* Arena bytes of one gpt batch's tokens and targets. */
-static size_t token_bytes(int rows, int T)
-{
-    return 2 * td_arena_round((size_t)rows * (size_t)T * sizeof(int));
-}
-
-/* The most rows this replica computes of a global batch of N. */
-static int local_rows(const td_train_config *cfg, int N)
-{
-    int r0 = (int)((int64_t)cfg->rank * N / cfg->world);
-    int r1 = (int)((int64_t)(cfg->rank + 1) * N / cfg->world);
-    return r1 - r0;
-}
-
-/* The largest slice of a full batch any replica takes: the step's arena is sized for it. */
-static int max_local_rows(const td_train_config *cfg)
-{
-    return (cfg->batch_size + cfg->world - 1) / cfg->world;
-}
-
 /* The host buffer batches are built in on a device backend (bytes: the largest batch's
  * inputs, laid out as in the arena); none on a host backend. */
 static int alloc_stage(td_trainer *t, size_t bytes, td_error_t *err)
@@ -343,7 +275,7 @@ static int alloc_stage(td_trainer *t, size_t bytes, td_error_t *err)
 static int build_mlp(td_trainer *t, td_error_t *err)
 {
     const td_train_config *cfg = &t->cfg;
-    int P = cfg->layers[0], rc, BL = max_local_rows(cfg);
+    int P = cfg->layers[0], rc, BL = td__train_max_rows(cfg);
     size_t step_bytes, eval_bytes = 0;
 
     rc = td_idx_load(&t->train, &cfg->train, err);
@@ -367,15 +299,16 @@ static int build_mlp(td_trainer *t, td_error_t *err)
                             t->params.n);
     td_mlp_init(&t->mlp, cfg->seed);
 
-    step_bytes = batch_bytes(BL, P) + td_mlp_arena_bytes(&t->mlp, BL, 1);
+    step_bytes = td__train_mlp_arena_bytes(&t->mlp, BL, 1);
     if (cfg->rank == 0 && (t->test.n > 0 || t->n_valid > 0)) {
         int most = t->test.n > t->n_valid ? t->test.n : t->n_valid;
-        t->eval_batch = most < EVAL_BATCH ? most : EVAL_BATCH;
-        eval_bytes = batch_bytes(t->eval_batch, P) + td_mlp_arena_bytes(&t->mlp, t->eval_batch, 0);
+        t->eval_batch = most < TD_MLP_EVAL_BATCH ? most : TD_MLP_EVAL_BATCH;
+        eval_bytes = td__train_mlp_arena_bytes(&t->mlp, t->eval_batch, 0);
     }
     rc = td_arena_init_on(&t->arena, step_bytes > eval_bytes ? step_bytes : eval_bytes, t->k, err);
     if (rc == 0)
-        rc = alloc_stage(t, batch_bytes(BL > t->eval_batch ? BL : t->eval_batch, P), err);
+        rc = alloc_stage(t, td__train_mlp_input_bytes(BL > t->eval_batch ? BL : t->eval_batch, P),
+                         err);
     if (rc != 0)
         return rc;
     if (td_tape_init(&t->tape, td_mlp_tape_len(&t->mlp)) != 0)
@@ -421,17 +354,17 @@ static int open_data(td_trainer *t, td_error_t *err)
 static int build_gpt(td_trainer *t, td_error_t *err)
 {
     const td_train_config *cfg = &t->cfg;
-    int BL = max_local_rows(cfg), rc;
+    int BL = td__train_max_rows(cfg), rc;
     td_gpt_dims d;
     size_t step_bytes, eval_bytes = 0;
 
     rc = td__train_gpt_dims(cfg, &d, err);
     if (rc != 0)
         return rc;
-    if (cfg->data == TD_DATA_TEXT && d.V < TEXT_VOCAB)
+    if (cfg->data == TD_DATA_TEXT && d.V < TD_TEXT_VOCAB)
         return td_error_set(err, TD_ESHAPE,
                             "model.vocab_size: %d, but text data is bytes: a vocabulary of %d", d.V,
-                            TEXT_VOCAB);
+                            TD_TEXT_VOCAB);
     t->T = cfg->seq_len > 0 ? cfg->seq_len : d.maxT;
     rc = td_gpt_declare(&t->gpt, &t->params, &d, err);
     if (rc != 0)
@@ -453,13 +386,13 @@ static int build_gpt(td_trainer *t, td_error_t *err)
     if (cfg->eval_batches > 0 && cfg->eval_batches < t->n_eval)
         t->n_eval = cfg->eval_batches;
 
-    step_bytes = token_bytes(BL, t->T) + td_gpt_arena_bytes(&t->gpt, BL, t->T, 1);
+    step_bytes = td__train_gpt_arena_bytes(&t->gpt, BL, t->T, 1);
     if (cfg->rank == 0 && t->n_eval > 0)
-        eval_bytes = token_bytes(cfg->batch_size, t->T) +
-                     td_gpt_arena_bytes(&t->gpt, cfg->batch_size, t->T, 0);
+        eval_bytes = td__train_gpt_arena_bytes(&t->gpt, cfg->batch_size, t->T, 0);
     rc = td_arena_init_on(&t->arena, step_bytes > eval_bytes ? step_bytes : eval_bytes, t->k, err);
     if (rc == 0)
-        rc = alloc_stage(t, token_bytes(t->n_eval > 0 ? cfg->batch_size : BL, t->T), err);
+        rc = alloc_stage(t, td__train_gpt_input_bytes(t->n_eval > 0 ? cfg->batch_size : BL, t->T),
+                         err);
     if (rc != 0)
         return rc;
     if (td_tape_init(&t->tape, td_gpt_tape_len(&t->gpt)) != 0)
@@ -886,7 +819,7 @@ static pass mlp_forward(td_trainer *t, td_ctx *c, int64_t step)
     int first = (int)(batch * cfg->batch_size);
     int N = t->n_train - first < cfg->batch_size ? t->n_train - first : cfg->batch_size;
     int r0 = (int)((int64_t)cfg->rank * N / cfg->world);
-    pass p = {.rows = local_rows(cfg, N), .global_rows = N, .samples = N};
+    pass p = {.rows = td__train_local_rows(cfg, N), .global_rows = N, .samples = N};
     td_tensor *x;
     int *y;
 
@@ -905,7 +838,7 @@ static pass gpt_forward(td_trainer *t, td_ctx *c)
     const td_train_config *cfg = &t->cfg;
     int B = cfg->batch_size, T = t->T;
     int r0 = (int)((int64_t)cfg->rank * B / cfg->world);
-    pass p = {.rows = local_rows(cfg, B), .global_rows = B, .samples = (double)B * T};
+    pass p = {.rows = td__train_local_rows(cfg, B), .global_rows = B, .samples = (double)B * T};
     td_error_t e = {0};
     int *tok = td_arena_alloc(c->arena, (size_t)p.rows * T * sizeof(int));
     int *tgt = td_arena_alloc(c->arena, (size_t)p.rows * T * sizeof(int));
@@ -1069,9 +1002,9 @@ td_params *td_trainer_params(td_trainer *t)
 
 size_t td_trainer_step_bytes(const td_trainer *t)
 {
-    int BL = max_local_rows(&t->cfg);
+    int BL = td__train_max_rows(&t->cfg);
 
     if (t->cfg.model == TD_MODEL_GPT)
-        return token_bytes(BL, t->T) + td_gpt_arena_bytes(&t->gpt, BL, t->T, 1);
-    return batch_bytes(BL, t->cfg.layers[0]) + td_mlp_arena_bytes(&t->mlp, BL, 1);
+        return td__train_gpt_arena_bytes(&t->gpt, BL, t->T, 1);
+    return td__train_mlp_arena_bytes(&t->mlp, BL, 1);
 }

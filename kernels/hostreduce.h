@@ -1,7 +1,10 @@
 /* The host all-reduce of a data-parallel job on CPU devices: a barrier that a failed replica
  * can break, and the in-place average of the replicas' gradient buffers between two of them.
- * One td_hostreduce per job run, shared by its replica threads (daemon/run.c), and by
- * bench_gpt, which measures exactly this code. */
+ * It is the CPU twin of NCCL's all-reduce (cuda/nccl.c), beside it in the collectives. One
+ * td_hostreduce per run, shared by its replica threads through train/'s all-reduce group
+ * (train/device.h), and used by bench_gpt, which measures exactly this code. Every function
+ * is called from replica threads; the group's mutex guards the barrier and the published
+ * buffer addresses, and is never held while averaging. */
 #ifndef TD_HOSTREDUCE_H
 #define TD_HOSTREDUCE_H
 
@@ -9,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TD_HOSTREDUCE_MAX 64 /* replicas in one group */
+#define TD_HOSTREDUCE_MAX 64 /* replicas in one group: train/device.h's TD_MAX_DEVICES */
 
 typedef struct td_hostreduce {
     pthread_mutex_t mu;

@@ -1,0 +1,74 @@
+/* The mailbox from the daemon's other threads to its loop (DESIGN.md, "Threads"): device
+ * workers post that a job started, stepped or ended, the metric store thread that rows are
+ * durable. Posting takes a mutex and wakes the loop through one uv_async_t; the loop takes
+ * every posted event at once, oldest first (libuv coalesces the wake-ups, so the taker always
+ * drains the whole list).
+ *
+ * Threads: td_mailbox_post, td_mailbox_wake and td_event_new from any thread; the rest on the
+ * loop thread. Public because it embeds a libuv handle (STYLE.md habit 2). */
+#ifndef TD_MAILBOX_H
+#define TD_MAILBOX_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "store.h"
+#include "td_errno.h"
+
+/* What workers and the store thread tell the loop. */
+typedef enum {
+    TD_EV_STARTED,  /* job began training: step and total_steps known */
+    TD_EV_PROGRESS, /* job finished a step: td_run_progress() has the step */
+    TD_EV_DURABLE,  /* the store holds job's rows up to step */
+    TD_EV_DONE,     /* job's run ended (state, err, sticky); its metrics are flushed */
+} td_event_kind;
+
+typedef struct td_event {
+    td_event_kind kind;
+    int64_t job;
+    int64_t step, total_steps;
+    char state[TD_STORE_MAX_STATE];
+    td_error_t err;
+    int sticky; /* DONE of a failed job: a replica met a sticky CUDA error (or had one
+                 * injected): the process's CUDA state is lost, the daemon re-executes */
+    struct td_event *next;
+} td_event;
+
+/* Called on the loop thread after one or more posts (or wakes); it takes the events. */
+typedef void (*td_mailbox_cb)(void *ud);
+
+typedef struct td_mailbox {
+    uv_async_t async;
+    pthread_mutex_t mu; /* guards head and tail */
+    td_event *head, *tail;
+    td_mailbox_cb cb;
+    void *ud;
+    int open;
+} td_mailbox;
+
+/* Starts mb on loop; cb(ud) runs on the loop thread after posts. A libuv code on failure
+ * (nothing to close then). */
+int td_mailbox_init(td_mailbox *mb, uv_loop_t *loop, td_mailbox_cb cb, void *ud);
+
+/* Appends ev and wakes the loop. Any thread; takes ev. */
+void td_mailbox_post(td_mailbox *mb, td_event *ev);
+
+/* Wakes the loop without an event: cb runs at its next turn. Any thread. */
+void td_mailbox_wake(td_mailbox *mb);
+
+/* Every posted event, oldest first, as a list through next; NULL when none. The caller frees
+ * each with td_event_free(). */
+td_event *td_mailbox_take(td_mailbox *mb);
+
+/* Closes the handle and frees the events still posted (nobody is left to handle them: the
+ * store thread's last durable notices at shutdown). mb's memory must live until the loop has
+ * run the close. Accepts a mailbox that was never opened. */
+void td_mailbox_close(td_mailbox *mb);
+
+/* A zeroed event. Any thread. Aborts when out of memory: losing an event would leave a job
+ * or a watcher hanging, and nothing sane remains at that point. */
+td_event *td_event_new(td_event_kind kind, int64_t job);
+void td_event_free(td_event *ev); /* accepts NULL */
+
+#endif

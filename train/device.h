@@ -1,0 +1,136 @@
+/* Devices, as everything above the engine sees them (DESIGN.md, "Devices"): which devices
+ * this process has, a device opened by the thread that computes on it, the memory a job would
+ * have there, the all-reduce group of a data-parallel run (the host reduce on CPUs, NCCL on
+ * GPUs), and whether the process's CUDA state is lost. The daemon reaches GPUs only through
+ * this interface: it includes no CUDA header and never tests TD_HAVE_CUDA. A build without
+ * CUDA has the same interface; for cuda devices it answers TD_EINVAL, "this traind was built
+ * without CUDA".
+ *
+ * Threads: td_device_open/close, td_device_prepare and a rank's td_group_join, allreduce and
+ * leave run on the thread that computes on the device (a worker); the rest on any thread. */
+#ifndef TD_DEVICE_H
+#define TD_DEVICE_H
+
+#include <stddef.h>
+
+#include "td_errno.h"
+
+#define TD_MAX_DEVICES 64 /* devices one process drives, and replicas in one run */
+
+struct td_kernels;
+
+typedef enum { TD_DEVICE_CPU = 0, TD_DEVICE_CUDA = 1 } td_device_kind;
+
+/* "cpu" or "cuda". */
+const char *td_device_kind_name(td_device_kind kind);
+
+/* 1 when this build can drive devices of kind (cpu always; cuda in builds with CUDA). */
+int td_device_kind_built(td_device_kind kind);
+
+/* How many devices of kind this process sees, into *n: cpu, the online cores; cuda, the GPUs
+ * CUDA_VISIBLE_DEVICES leaves (0 on a machine without any). TD_ECUDA when the CUDA runtime
+ * cannot answer; TD_EINVAL in a build without CUDA. */
+int td_device_count(td_device_kind kind, int *n, td_error_t *err);
+
+/* The backend table jobs on kind compute with (kernels.h): td_kernels_cpu() or
+ * td_kernels_cuda(). In a build without CUDA, the CPU's for every kind (nothing asks for
+ * cuda there: td_device_count refused it first). Static, never NULL. */
+const struct td_kernels *td_device_kernels(td_device_kind kind);
+
+/* ---- an open device (a worker thread's) --------------------------------------------------- */
+
+typedef struct td_device td_device;
+
+/* Opens device ordinal of kind for the calling thread, which must make every later call on
+ * it: cuda, a context on the GPU (stream, cuBLAS handle, workspace, scratch) bound to the
+ * thread; cpu, nothing to acquire. TD_ECUDA with CUDA's message, TD_ENOMEM, TD_EINVAL.
+ * Caller closes with td_device_close() on the same thread. */
+int td_device_open(td_device **out, td_device_kind kind, int ordinal, td_error_t *err);
+
+/* Releases the device's context. Accepts NULL. Never fails (a poisoned context's errors are
+ * ignored). */
+void td_device_close(td_device *d);
+
+td_device_kind td_device_kind_of(const td_device *d);
+
+/* Readies d for a job: on a GPU, bf16 mixed precision on (bf16 1) or off, TF32 allowed or
+ * not, and *peak_flops the device's dense peak at that precision (0 when the device is not
+ * in the datasheet table: then no mfu is recorded); on a CPU nothing, and *peak_flops 0.
+ * TD_ECUDA with cuBLAS's message. */
+int td_device_prepare(td_device *d, int bf16, int tf32, double *peak_flops, td_error_t *err);
+
+/* ---- memory ------------------------------------------------------------------------------- */
+
+/* What a worker's open cuda device holds besides a job's buffers: cuBLAS's workspace, the
+ * context's default scratch and its fixed buffers (kernels/cuda/td_cuda.h's
+ * TD_CUDA_CUBLAS_WORKSPACE + TD_CUDA_SCRATCH_DEFAULT + TD_CUDA_CTX_FIXED, checked against
+ * them in builds with CUDA). The memory estimate counts it as a job's workspace on a device
+ * backend, in every build, so that tests of the device path without a GPU count it too. */
+#define TD_DEVICE_CUDA_CONTEXT_BYTES \
+    ((size_t)(32u << 20) + (size_t)(64u << 20) + (1024 * 8 + 65536 * 4)) /* bytes */
+
+/* Free and total bytes of device ordinal of kind: cpu, MemAvailable and MemTotal of
+ * /proc/meminfo (the machine's, shared by every cpu device); cuda, cudaMemGetInfo's (what
+ * other processes and this one's contexts hold is not free). TD_EIO, TD_ECUDA. */
+int td_device_memory(td_device_kind kind, int ordinal, size_t *free_bytes, size_t *total_bytes,
+                     td_error_t *err);
+
+/* The memory one replica of a job on devices ordinals[0..n) of kind can count on, for the
+ * memory guard: the least of the devices' usable memory into *free_bytes, that device's
+ * total into *total_bytes and its index in ordinals into *which. A cpu device's share is
+ * MemAvailable over n, since the job's devices share the machine's memory (read once). A
+ * GPU's is cudaMemGetInfo's free, plus its worker's own context (already allocated, and
+ * counted again by the estimate's workspace), less TD_DEVICE_GPU_RESERVE for what is
+ * allocated outside the estimate once the job runs: NCCL's buffers, the kernels cuBLAS and
+ * the runtime load on first use. Errors as td_device_memory. */
+#define TD_DEVICE_GPU_RESERVE ((size_t)1 << 30) /* bytes */
+int td_device_job_memory(td_device_kind kind, const int *ordinals, int n, size_t *free_bytes,
+                         size_t *total_bytes, int *which, td_error_t *err);
+
+/* 1 once a CUDA call in this process met a sticky error (an illegal address and its kin): the
+ * process's CUDA state is lost, and CUDA's guidance is to relaunch it. 0 in a build without
+ * CUDA. */
+int td_device_poisoned(void);
+
+/* ---- the all-reduce group of one run ------------------------------------------------------ */
+
+/* A data-parallel run's replicas, one rank per device: the step barriers through which they
+ * agree, a failed rank's release of the others, and the average of their gradients. On cpu
+ * devices the host reduce (kernels/hostreduce.h) averages; on cuda devices NCCL does, one
+ * non-blocking communicator per run whose watchdog gives up after the run's timeout or as
+ * soon as any rank calls td_group_abort. */
+typedef struct td_group td_group;
+
+/* A group of world ranks on devices of kind. For a cuda group of more than one rank it makes
+ * the communicator's unique id here; a failure to do so is kept and given to rank 0's
+ * td_group_join. TD_ENOMEM. Caller frees with td_group_free() once every rank has left. */
+int td_group_new(td_group **out, td_device_kind kind, int world, double timeout_s, td_error_t *err);
+void td_group_free(td_group *g); /* accepts NULL */
+
+/* Joins rank on its own thread, with its open device d: for a cuda group of more than one
+ * rank, its rank of the communicator (collective: every rank joins at about the same time).
+ * TD_EABORTED when a peer failed first; TD_ECUDA with NCCL's message or the timeout's. */
+int td_group_join(td_group *g, int rank, td_device *d, td_error_t *err);
+
+/* Waits until every rank has arrived. The last to arrive calls decide(ud) (when not NULL)
+ * under the group's lock, so that every rank sees one decision. Returns 0, or -1 once the
+ * group is aborted. */
+int td_group_barrier(td_group *g, void (*decide)(void *ud), void *ud);
+
+/* Releases every rank waiting at a barrier or in a collective (their NCCL watchdogs see it
+ * and abort): later barriers return -1 and collectives fail with TD_EABORTED. Any rank, any
+ * time. */
+void td_group_abort(td_group *g);
+
+/* buf (n floats, in the memory of rank's device) := the mean of every rank's buf, in place.
+ * Every rank calls it at the same point with the same n. Must run under a panic boundary:
+ * panics TD_EABORTED ("stopped: another device of the job failed") once the group is
+ * aborted, TD_ECUDA with NCCL's message or the watchdog's. */
+void td_group_allreduce(td_group *g, int rank, float *buf, size_t n);
+
+/* Leaves the group: for a cuda rank, first meets its peers (a rank done early does not wait
+ * out the timeout in NCCL's finalize while rank 0 evaluates and checkpoints), then finalizes
+ * and frees its communicator. Every rank that joined calls it, also after a failure. */
+void td_group_leave(td_group *g, int rank);
+
+#endif
