@@ -50,6 +50,7 @@ struct td_daemon {
 };
 
 static void schedule(td_daemon *d);
+static void begin_reexec(td_daemon *d, const char *why);
 
 /* ---- the job table ---- */
 
@@ -349,6 +350,15 @@ static int guard_memory(td_daemon *d, td_djob *job, td_worker **ws, int n)
     td_error_t err = {0};
     int rc = guard(&spec, ws, n, &g, &err);
 
+    if (rc != 0 && td_device_poisoned()) {
+        /* Reading the GPUs' memory met the lost CUDA state first: not this job's fault. It
+         * stays queued and runs after the re-exec. */
+        char why[512];
+        snprintf(why, sizeof(why), "the memory guard of job %lld (%.100s): %.300s",
+                 (long long)job->id, job->spec.name, err.msg);
+        begin_reexec(d, why);
+        return rc;
+    }
     if (rc != 0) {
         td_log_warn("job %lld (%s, uid %lld): refused at dispatch: %s", (long long)job->id,
                     job->spec.name, (long long)job->uid, err.msg);
@@ -409,9 +419,8 @@ static void schedule(td_daemon *d)
 {
     td_djob *job;
 
-    if (d->stopping)
-        return;
-    while ((job = next_queued(d)) != NULL) {
+    /* A refusal can start a stop (a re-exec): then nothing more is dispatched. */
+    while (!d->stopping && (job = next_queued(d)) != NULL) {
         td_worker *free_w[TD_MAX_DEVICES];
         int n = 0;
         for (int i = 0; i < d->nworkers && n < job->spec.devices; i++)
@@ -486,18 +495,17 @@ td_store *td_daemon_store(const td_daemon *d)
     return d->store;
 }
 
-/* A job met a sticky CUDA error (DESIGN.md, "Failures"): the process's CUDA state is lost
- * and no job may be served from it again. The job has failed with its own message; every
- * other running job is interrupted (it checkpoints and goes back to the queue), nothing new
- * is dispatched, and once nothing runs the loop ends and main() re-executes traind, whose
- * start resumes the queue. */
-static void begin_reexec(td_daemon *d, const td_djob *job, const char *devs, const td_error_t *e)
+/* A sticky CUDA error (DESIGN.md, "Failures"): the process's CUDA state is lost and no job
+ * may be served from it again. The job that met it has failed with its own message (or, when
+ * the memory guard met it, stays queued); every running job is interrupted (it checkpoints
+ * and goes back to the queue), nothing new is dispatched, and once nothing runs the loop ends
+ * and main() re-executes traind, whose start resumes the queue. why says where it was met. */
+static void begin_reexec(td_daemon *d, const char *why)
 {
     if (d->stopping)
         return;
     d->reexec = 1;
-    snprintf(d->reexec_why, sizeof(d->reexec_why), "job %lld (%.100s) on %.64s: %.300s",
-             (long long)job->id, job->spec.name, devs, e->msg);
+    snprintf(d->reexec_why, sizeof(d->reexec_why), "%s", why);
     td_log_err("sticky CUDA error in %s", d->reexec_why);
     td_log_err("the process's CUDA state is lost: no more jobs start here; %d running job(s) "
                "will checkpoint and be requeued, then traind re-executes itself",
@@ -589,8 +597,12 @@ static void handle_done(td_daemon *d, td_event *ev)
     else
         td_log_notice("job %lld (%s, uid %lld): %s at step %lld", (long long)job->id,
                       job->spec.name, (long long)job->uid, ev->state, (long long)job->step);
-    if (ev->sticky)
-        begin_reexec(d, job, devs, &ev->err);
+    if (ev->sticky) {
+        char why[512];
+        snprintf(why, sizeof(why), "job %lld (%.100s) on %.64s: %.300s", (long long)job->id,
+                 job->spec.name, devs, ev->err.msg);
+        begin_reexec(d, why);
+    }
     job_unlink(d, job);
     free(job);
     job_changed(d, ev->job, ev->state);

@@ -326,7 +326,9 @@ static int replica_prepare(replica *p, td_train_config *cfg, td_train_hooks *hoo
         return rc;
     if (p->r->a.world == 1)
         return 0;
-    rc = td_group_join(p->r->group, p->rank, p->w->dev, e);
+    /* A rank waiting on its peers is alive: NCCL's polls keep the heartbeat fresh (the
+     * worker's atomic long long, stored to with the same atomic builtins). */
+    rc = td_group_join(p->r->group, p->rank, p->w->dev, (long long *)&p->w->heartbeat_ms, e);
     if (rc != 0)
         return rc;
     p->joined = 1;

@@ -70,11 +70,7 @@ int td_device_count(td_device_kind kind, int *n, td_error_t *err)
         return 0;
     }
 #ifdef TD_HAVE_CUDA
-    if (td_cuda_device_count(n) != 0)
-        return td_error_set(err, TD_ECUDA,
-                            "cannot count the GPUs: the CUDA runtime failed (is the NVIDIA "
-                            "driver loaded?)");
-    return 0;
+    return td_cuda_devices(n, err);
 #else
     return td_error_set(err, TD_EINVAL, NO_CUDA);
 #endif
@@ -214,11 +210,17 @@ int td_device_memory(td_device_kind kind, int ordinal, size_t *free_bytes, size_
 #endif
 }
 
-/* What a job can have of a GPU whose cudaMemGetInfo says free (device.h). */
-static size_t gpu_usable(size_t free_bytes)
+size_t td_device_gpu_reserve(int world)
 {
+    return TD_DEVICE_GPU_RESERVE + (size_t)(world > 1 ? world - 1 : 0) * TD_DEVICE_NCCL_PER_PEER;
+}
+
+size_t td_device_gpu_usable(size_t free_bytes, int world)
+{
+    size_t reserve = td_device_gpu_reserve(world);
+
     free_bytes += TD_DEVICE_CUDA_CONTEXT_BYTES;
-    return free_bytes > TD_DEVICE_GPU_RESERVE ? free_bytes - TD_DEVICE_GPU_RESERVE : 0;
+    return free_bytes > reserve ? free_bytes - reserve : 0;
 }
 
 int td_device_job_memory(td_device_kind kind, const int *ordinals, int n, size_t *free_bytes,
@@ -231,7 +233,7 @@ int td_device_job_memory(td_device_kind kind, const int *ordinals, int n, size_t
         int rc = td_device_memory(kind, ordinals[i], &f, &t, err);
         if (rc != 0)
             return rc;
-        f = kind == TD_DEVICE_CPU ? f / (size_t)n : gpu_usable(f);
+        f = kind == TD_DEVICE_CPU ? f / (size_t)n : td_device_gpu_usable(f, n);
         if (i == 0 || f < *free_bytes) {
             *free_bytes = f;
             *total_bytes = t;
@@ -286,7 +288,7 @@ void td_group_free(td_group *g)
     free(g);
 }
 
-int td_group_join(td_group *g, int rank, td_device *d, td_error_t *err)
+int td_group_join(td_group *g, int rank, td_device *d, long long *heartbeat, td_error_t *err)
 {
 #ifdef TD_HAVE_CUDA
     if (g->kind != TD_DEVICE_CUDA || g->world == 1)
@@ -298,11 +300,12 @@ int td_group_join(td_group *g, int rank, td_device *d, td_error_t *err)
         return err->code;
     }
     return td_nccl_init_stoppable(&g->nccl[rank], &g->id, g->world, rank, d->ctx, g->timeout_s,
-                                  &g->stop, err);
+                                  &g->stop, heartbeat, err);
 #else
     (void)g;
     (void)rank;
     (void)d;
+    (void)heartbeat;
     (void)err;
     return 0;
 #endif

@@ -79,13 +79,21 @@ int td_device_memory(td_device_kind kind, int ordinal, size_t *free_bytes, size_
  * memory guard: the least of the devices' usable memory into *free_bytes, that device's
  * total into *total_bytes and its index in ordinals into *which. A cpu device's share is
  * MemAvailable over n, since the job's devices share the machine's memory (read once). A
- * GPU's is cudaMemGetInfo's free, plus its worker's own context (already allocated, and
- * counted again by the estimate's workspace), less TD_DEVICE_GPU_RESERVE for what is
- * allocated outside the estimate once the job runs: NCCL's buffers, the kernels cuBLAS and
- * the runtime load on first use. Errors as td_device_memory. */
-#define TD_DEVICE_GPU_RESERVE ((size_t)1 << 30) /* bytes */
+ * GPU's is td_device_gpu_usable's. Errors as td_device_memory. */
 int td_device_job_memory(td_device_kind kind, const int *ordinals, int n, size_t *free_bytes,
                          size_t *total_bytes, int *which, td_error_t *err);
+
+/* What a job can count on of a GPU whose cudaMemGetInfo says free_bytes, in a job of world
+ * GPUs: free_bytes, plus its worker's own context (already allocated, and counted again by
+ * the estimate's workspace), less td_device_gpu_reserve(world) for what is allocated outside
+ * the estimate once the job runs: the kernels cuBLAS and the runtime load on first use, and
+ * NCCL's buffers, which grow with the peers a rank talks to (NCCL_BUFFSIZE, 4 MiB by default,
+ * per channel, for up to 32 channels each way per peer on NVLink; NVLS's multicast buffers on
+ * top on NVSwitch systems). */
+#define TD_DEVICE_GPU_RESERVE   ((size_t)1 << 30)   /* bytes, whatever the job */
+#define TD_DEVICE_NCCL_PER_PEER ((size_t)256 << 20) /* bytes more per GPU beyond the first */
+size_t td_device_gpu_reserve(int world);
+size_t td_device_gpu_usable(size_t free_bytes, int world);
 
 /* 1 once a CUDA call in this process met a sticky error (an illegal address and its kin): the
  * process's CUDA state is lost, and CUDA's guidance is to relaunch it. 0 in a build without
@@ -109,8 +117,11 @@ void td_group_free(td_group *g); /* accepts NULL */
 
 /* Joins rank on its own thread, with its open device d: for a cuda group of more than one
  * rank, its rank of the communicator (collective: every rank joins at about the same time).
+ * heartbeat (the worker's, or NULL; borrowed until td_group_leave) is set to td_mono_ms()
+ * atomically on every poll while the rank waits in NCCL, so that the daemon's watchdog sees
+ * a rank waiting for its peers as alive and leaves the wait to the group's timeout.
  * TD_EABORTED when a peer failed first; TD_ECUDA with NCCL's message or the timeout's. */
-int td_group_join(td_group *g, int rank, td_device *d, td_error_t *err);
+int td_group_join(td_group *g, int rank, td_device *d, long long *heartbeat, td_error_t *err);
 
 /* Waits until every rank has arrived. The last to arrive calls decide(ud) (when not NULL)
  * under the group's lock, so that every rank sees one decision. Returns 0, or -1 once the

@@ -63,6 +63,23 @@ static void clear_last_error(void)
     (void)cudaGetLastError();
 }
 
+cudaError_t td__cuda_stream_error(cudaStream_t s)
+{
+    cudaError_t e = s != NULL ? cudaStreamQuery(s) : cudaSuccess;
+
+    if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError(); /* still running is not an error, but sets the slot */
+        e = cudaSuccess;
+    }
+    if (e == cudaSuccess)
+        e = cudaPeekAtLastError();
+    if (e != cudaSuccess) {
+        td__cuda_note(e);
+        clear_last_error();
+    }
+    return e;
+}
+
 const char *td__cuda_file(const char *file)
 {
     while (strncmp(file, "../", 3) == 0)
@@ -83,17 +100,14 @@ static void cuda_message(char *buf, size_t size, cudaError_t e, const char *file
 static void cublas_message(char *buf, size_t size, cublasStatus_t s, const char *file, int line,
                            const char *what)
 {
-    cudaError_t e = cudaPeekAtLastError();
+    /* The pending error can be empty while the fault is still only on the stream: ask it. */
+    cudaError_t e = td__cuda_stream_error(current != NULL ? current->stream : NULL);
     int n = snprintf(buf, size, "%s:%d: %s: %s (%s)", td__cuda_file(file), line,
                      cublasGetStatusName(s), cublasGetStatusString(s), what);
 
-    if (e != cudaSuccess) {
-        if (n > 0 && (size_t)n < size)
-            snprintf(buf + n, size - (size_t)n, "; CUDA: %s: %s", cudaGetErrorName(e),
-                     cudaGetErrorString(e));
-        td__cuda_note(e);
-        clear_last_error();
-    }
+    if (e != cudaSuccess && n > 0 && (size_t)n < size)
+        snprintf(buf + n, size - (size_t)n, "; CUDA: %s: %s", cudaGetErrorName(e),
+                 cudaGetErrorString(e));
 }
 
 void td__cuda_fail(cudaError_t e, const char *file, int line, const char *expr)
@@ -233,8 +247,11 @@ fail:
 
 void td_cuda_ctx_free(td_cuda_ctx *c)
 {
+    int prev = -1;
+
     if (c == NULL)
         return;
+    (void)cudaGetDevice(&prev);
     (void)cudaSetDevice(c->device); /* its buffers and stream are that device's */
     if (c->stream != NULL)
         (void)cudaStreamSynchronize(c->stream);
@@ -247,6 +264,10 @@ void td_cuda_ctx_free(td_cuda_ctx *c)
     if (c->stream != NULL)
         (void)cudaStreamDestroy(c->stream);
     (void)cudaGetLastError(); /* nothing to report to: a poisoned process fails here too */
+    /* The thread goes back to the device it was on, not to the freed context's. */
+    if (prev >= 0 && prev != c->device)
+        (void)cudaSetDevice(prev);
+    (void)cudaGetLastError();
     if (current == c)
         current = NULL;
     free(c);
@@ -409,10 +430,19 @@ int td_cuda_alloc(void **p, size_t bytes, td_error_t *err)
     return alloc_on(p, bytes, device, err);
 }
 
+/* Errors are not returned, so they must not linger either: left in the thread's last-error
+ * slot, a failed free would be blamed on the next kernel launched. A sticky one is recorded. */
 void td_cuda_free(void *p)
 {
-    if (p != NULL)
-        (void)cudaFree(p);
+    cudaError_t e;
+
+    if (p == NULL)
+        return;
+    e = cudaFree(p);
+    if (e != cudaSuccess) {
+        td__cuda_note(e);
+        clear_last_error();
+    }
 }
 
 void td_cuda_upload(void *dst, const void *src, size_t bytes)

@@ -51,6 +51,13 @@ int td__cublas_error_set(td_error_t *err, cublasStatus_t s, const char *file, in
 /* Records a sticky error seen outside the macros (nccl.c's cudaEventQuery). */
 void td__cuda_note(cudaError_t e);
 
+/* The error stream s has met, if any (cudaStreamQuery, then the thread's pending error),
+ * recorded (a sticky one poisons the process) and cleared from the thread's last-error slot;
+ * cudaSuccess when none. For failures another library reports first (cuBLAS's
+ * EXECUTION_FAILED, NCCL's ncclUnhandledCudaError) whose cause is a CUDA error on the
+ * stream. s NULL: only the pending error. */
+cudaError_t td__cuda_stream_error(cudaStream_t s);
+
 /* file without its leading "../" (meson compiles from the build folder). */
 const char *td__cuda_file(const char *file);
 

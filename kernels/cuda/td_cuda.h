@@ -146,6 +146,14 @@ int td_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes, td_err
 
 /* ---- errors -------------------------------------------------------------------------------- */
 
+/* How many CUDA devices this process sees, into *n. No device, or no NVIDIA driver at all,
+ * is a CPU box: *n = 0 and 0 returned. A driver older than the CUDA runtime needs is
+ * TD_ECUDA naming both versions ("the NVIDIA driver supports CUDA 12.2, older than this
+ * traind's CUDA runtime 13.0: update the driver"); any other runtime error TD_ECUDA with its
+ * name and message. (probe.cu; kernels.h's td_cuda_device_count is this without the
+ * message.) */
+int td_cuda_devices(int *n, td_error_t *err);
+
 /* 1 when cuda_error (a cudaError_t) leaves the process's CUDA state unusable, so that CUDA's
  * own guidance is to terminate and relaunch: cudaErrorIllegalAddress, LaunchTimeout, Assert,
  * HardwareStackError, IllegalInstruction, MisalignedAddress, InvalidAddressSpace, InvalidPc,
@@ -192,20 +200,27 @@ int td_nccl_init(td_nccl **out, const td_nccl_id *id, int nranks, int rank, td_c
  * in the init, in each collective and in the finalize. So a job's ranks stop at once when one
  * of them fails outside a collective, rather than at the timeout. The owning thread aborts
  * its own communicator (never another thread's, which may be polling it). stop is borrowed
- * until td_nccl_free. */
+ * until td_nccl_free. heartbeat (when not NULL, borrowed likewise) is set to td_mono_ms() on
+ * every poll of every wait, atomically: a rank waiting on its peers is alive, and the daemon's
+ * watchdog leaves the wait to this timeout. */
 int td_nccl_init_stoppable(td_nccl **out, const td_nccl_id *id, int nranks, int rank,
-                           td_cuda_ctx *ctx, double timeout_s, const int *stop, td_error_t *err);
+                           td_cuda_ctx *ctx, double timeout_s, const int *stop,
+                           long long *heartbeat, td_error_t *err);
 
 /* buf (n floats, device memory of this rank's context) := the mean of every rank's buf,
- * in place (ncclAllReduce with ncclAvg), then td_nccl_wait. Panics (TD_ECUDA) with NCCL's
+ * in place (ncclAllReduce with ncclAvg). The work queued on the stream before it (the
+ * backward that made buf) is waited for first, within a timeout of its own, so that compute
+ * does not count against the collective; then the collective has one deadline, timeout_s from
+ * when it is enqueued, for NCCL's state and the stream both. Panics (TD_ECUDA) with NCCL's
  * message or the watchdog's. */
 void td_nccl_allreduce_avg(td_nccl *c, float *buf, size_t n);
 
 /* The watchdog: polls until everything queued on the rank's stream so far has completed,
  * checking ncclCommGetAsyncError on each poll. On an asynchronous NCCL error, or when
- * timeout_s seconds pass first, aborts the communicator (ncclCommAbort, which also stops
- * its kernels) and returns TD_ECUDA: "NCCL all-reduce did not complete within 30 s" or
- * NCCL's message. An aborted communicator stays aborted: every later call fails. */
+ * timeout_s seconds (one deadline for the whole wait) pass first, aborts the communicator
+ * (ncclCommAbort, which also stops its kernels) and returns TD_ECUDA: "NCCL all-reduce did
+ * not complete within 30 s" or NCCL's message. An aborted communicator stays aborted: every
+ * later call fails. */
 int td_nccl_wait(td_nccl *c, td_error_t *err);
 
 /* 1 once the communicator was aborted. */

@@ -109,6 +109,14 @@ rc=$?
 stage "bench_gpu ($(($(date +%s) - T0)) s)" $rc
 grep -E "^(device 0|cuBLAS|GPT-2|the trainer|bf16 |tf32 |fp32 )" "$OUT/bench_gpu.log" |
     tee -a "$SUMMARY"
+# A bench that ran fast but learned nothing is a failure: every precision's loss must fall
+# from its first timed step to its last (columns 8 and 9 of bench_gpu.csv).
+awk -F, 'NR > 1 && $8 != "" { n++; if (!($9 < $8)) { print "loss did not fall: " $0; bad = 1 } }
+    END { if (n == 0) { print "bench_gpu.csv has no rows"; bad = 1 } exit bad }' \
+    "$OUT/bench_gpu.csv" >"$OUT/bench_loss.txt" 2>&1
+rc=$?
+cat "$OUT/bench_loss.txt"
+stage "bench_gpu: the loss falls in every precision" $rc
 fi
 
 # 5. the daemon on the GPUs, end to end: traind --devices cuda:all; a dry run; a gpt job on up
@@ -148,6 +156,11 @@ JOB
     timeout "$(limit 120)" $TC watch "$ID" --keys train_loss,mfu,gpu_mem_used_mb || rc=1
     $TC status "$ID" || rc=1
     $TC metrics "$ID" --summary || rc=1
+    # the job learned: its last train_loss is below its first
+    $TC metrics "$ID" --keys train_loss --csv >"$D/loss.csv" || rc=1
+    awk -F, '$2 == "train_loss" { if (n++ == 0) first = $4; last = $4 }
+        END { printf "train_loss: first %s, last %s\n", first, last; exit !(n > 1 && last < first) }' \
+        "$D/loss.csv" || { echo "the job's train_loss did not fall"; rc=1; }
     if [ "${DEVICES#cuda}" != "$DEVICES" ]; then
         $TC metrics "$ID" --keys mfu --csv | grep -q '^[0-9]' || { echo "no mfu rows"; rc=1; }
         $TC metrics "$ID" --keys gpu_mem_used_mb --csv | grep -q '^[0-9]' ||
@@ -173,7 +186,7 @@ JOB
 }
 daemon_check >"$OUT/daemon.log" 2>&1
 stage "daemon on $DEVICES ($(($(date +%s) - T0)) s)" $?
-grep -E "mfu|gpu_mem_used_mb|tokens_per_s|does not fit" "$OUT/daemon.log" | head -8 |
+grep -E "mfu|gpu_mem_used_mb|tokens_per_s|does not fit|train_loss: first" "$OUT/daemon.log" | head -9 |
     tee -a "$SUMMARY"
 
 echo "total: $(($(date +%s) - START)) s" | tee -a "$SUMMARY"
