@@ -212,6 +212,24 @@ int tc_completion(const tc_opts *o);
 int tc_export(const tc_opts *o);
 int tc_sample(const tc_opts *o);
 
+/* ---- sensor.c, synth.c: the local sensor-data tools (no daemon) ---- */
+
+/* trainctl sensor: argv holds the arguments after "sensor" (the subcommand first). */
+int tc_sensor(int argc, char **argv);
+/* Its flags, space-separated, for the completion script. */
+const char *tc_sensor_flag_names(void);
+
+/* What `sensor synth` writes: days in all into dir, a fraction valid of them in the valid
+ * shard, captions of at most caption_len bytes, from seed. */
+typedef struct tc_synth_opts {
+    const char *dir;
+    int64_t days;
+    uint64_t seed;
+    double valid;
+    int caption_len;
+} tc_synth_opts;
+int tc_sensor_synth(const tc_synth_opts *o);
+
 /* ---- trainctl.c: the command table, as completion.c reads it ---- */
 
 /* One verb: its name, its flags as one space-separated string ("--keys --json -o"), what its

@@ -1,7 +1,8 @@
 /* trainctl: the command-line client of traind. This file holds main(): the global options,
  * the table of verbs with the flags each accepts and its help text, and the parsing of a
  * verb's arguments into a tc_opts. The verbs themselves live in verbs.c, watch.c, plot.c,
- * interop.c and completion.c; the last reads the table through tc_verb_at(). */
+ * interop.c, sensor.c (which parses its own arguments) and completion.c; the last reads the
+ * table through tc_verb_at(). */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -59,6 +60,10 @@ typedef struct verb {
     const char *usage;
     const char *brief; /* one line for trainctl --help */
     const char *help;  /* what it does and what each of its flags means */
+    /* A verb with subcommands of its own (sensor) parses its arguments itself: run_args gets
+     * those after the verb's name, and flag_names lists its flags for the completion script. */
+    int (*run_args)(int argc, char **argv);
+    const char *(*flag_names)(void);
 } verb;
 
 /* The help lines every read verb shares. */
@@ -260,6 +265,13 @@ static const verb verbs[] = {
                 "                   terminal\n"
                 "  -h, --help       show this help\n",
     },
+    {
+        .name = "sensor",
+        .usage = "trainctl sensor synth|import ...",
+        .brief = "make sensor shards here, without traind: synthetic days, or a CSV file",
+        .run_args = tc_sensor,
+        .flag_names = tc_sensor_flag_names,
+    },
 };
 
 #define NVERBS (sizeof(verbs) / sizeof(verbs[0]))
@@ -283,9 +295,9 @@ static void print_main_help(FILE *f)
           "Exit status: 0 success; 1 the job failed or was cancelled (watch), traind\n"
           "refused the request, the job would not fit (submit --dry-run), or plot found\n"
           "nothing to draw; 64 usage error; 65 invalid job file; 66 job file missing or\n"
-          "unreadable; 69 traind unreachable (or too old for submit --dry-run); 73 plot\n"
-          "or export cannot write its file; 76 protocol error; 77 permission denied; 78\n"
-          "the socket path is unusable; 130 interrupted (watch, export).\n",
+          "unreadable; 69 traind unreachable (or too old for submit --dry-run); 73 plot,\n"
+          "export or sensor cannot write its file; 76 protocol error; 77 permission\n"
+          "denied; 78 the socket path is unusable; 130 interrupted (watch, export).\n",
           f);
 }
 
@@ -635,6 +647,10 @@ int tc_verb_at(size_t i, tc_verb_desc *out)
         k = snprintf(out->flags + n, sizeof(out->flags) - n, "%s ", flags[f].name);
         n = k > 0 && n + (size_t)k < sizeof(out->flags) ? n + (size_t)k : n;
     }
+    if (verbs[i].flag_names != NULL) {
+        k = snprintf(out->flags + n, sizeof(out->flags) - n, "%s ", verbs[i].flag_names());
+        n = k > 0 && n + (size_t)k < sizeof(out->flags) ? n + (size_t)k : n;
+    }
     snprintf(out->flags + n, sizeof(out->flags) - n, "--help");
     return 0;
 }
@@ -651,6 +667,10 @@ int main(int argc, char **argv)
     if (at == 0)
         goto out;
     v = find_verb(argv[at]);
+    if (v->run_args != NULL) {
+        rc = v->run_args(argc - at - 1, argv + at + 1);
+        goto out;
+    }
     o.sets = calloc((size_t)argc, sizeof(*o.sets));
     o.jobs = calloc((size_t)argc, sizeof(*o.jobs));
     if (o.sets == NULL || o.jobs == NULL) {
