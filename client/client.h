@@ -27,6 +27,8 @@ enum {
     TC_DATAERR = 65,     /* EX_DATAERR: the job file is not a valid job */
     TC_NOINPUT = 66,     /* EX_NOINPUT: the job file is missing or unreadable */
     TC_UNAVAILABLE = 69, /* EX_UNAVAILABLE: traind cannot be reached or went away */
+    TC_TEMPFAIL = 75,    /* EX_TEMPFAIL: traind said EBUSY (its store is locked by another
+                          * process): the same request may succeed if tried again */
     TC_CANTCREAT = 73,   /* EX_CANTCREAT: plot or export cannot write its output file */
     TC_PROTOCOL = 76,    /* EX_PROTOCOL: traind said something this client cannot read */
     TC_NOPERM = 77,      /* EX_NOPERM: traind said EPERM, or the socket refused us */
@@ -37,6 +39,8 @@ enum {
 #define TC_DEFAULT_SOCKET    "/run/traind/traind.sock"
 #define TC_REPLY_TIMEOUT_MS  60000 /* ms a request waits for a byte of its reply */
 #define TC_SAMPLE_MAX_TOKENS 4096  /* tokens one sample may ask for (PROTOCOL.md) */
+#define TC_RETRIEVE_MAX_TOP  100   /* windows one retrieve may ask for (PROTOCOL.md) */
+#define TC_LS_NAME_GLOB_MAX  255   /* bytes of list's name pattern (PROTOCOL.md, "list") */
 
 typedef struct tc_row tc_row;
 
@@ -59,7 +63,30 @@ typedef struct tc_opts {
     int64_t seed;       /* sample: --seed, or -1 */
     int json, csv, summary;
     int dry_run; /* submit: --dry-run */
+    /* ls's filters (PROTOCOL.md, "list"); each absent unless given. */
+    unsigned states;       /* --state: TC_STATE_ bits; 0: any state */
+    int64_t uid;           /* --user as a uid, or -1 */
+    const char *name_glob; /* --name GLOB, or NULL */
+    double created_since;  /* --since as a unix time, or -1 */
+    int64_t limit;         /* --limit: the newest N, or -1 for all */
+    /* plot */
+    int panels; /* --panels: one panel per key */
+    int log_y;  /* --log: a logarithmic y axis */
+    /* dashboard */
+    const char *listen; /* --listen HOST:PORT, or NULL for 127.0.0.1:8080 */
+    /* prune */
+    double older_than; /* --older-than in seconds, or -1 */
+    /* classify, retrieve, export (tools.c, interop.c) */
+    const char *data;          /* --data SHARD */
+    const char *labels;        /* classify: --labels as given ("rest,run=running day"), or NULL */
+    const char *query;         /* retrieve: --query */
+    int64_t top;               /* retrieve: --top, or -1 (traind's default, 5) */
+    const char *export_format; /* export: --format llmc|safetensors, or NULL (from -o's name) */
 } tc_opts;
+
+/* Job states as --state bits, in the protocol's order; tc_state_names[i] is bit 1 << i. */
+enum { TC_NSTATES = 5 };
+extern const char *const tc_state_names[TC_NSTATES];
 
 /* Nonzero while watch.c has a progress line without its newline on stdout; tc_err() ends
  * that line first so a diagnostic never lands in the middle of it. */
@@ -77,6 +104,11 @@ typedef struct tc_conn tc_conn;
 
 /* Connects to the socket at path and exchanges hello. Caller closes with tc_conn_close(). */
 int tc_conn_open(tc_conn **out, const char *path);
+
+/* A blocking Unix stream socket connected to path (close-on-exec); -1 with errno set on
+ * failure (ENAMETOOLONG for a path too long for sun_path). tc_conn_open's and the
+ * dashboard's connections both start here. */
+int tc_connect_unix(const char *path);
 void tc_conn_close(tc_conn *c);
 
 /* Starts the next request: a map of npairs pairs (type and id included, which this writes).
@@ -101,11 +133,21 @@ int tc_conn_has(const tc_conn *c, const char *feature);
 int tc_conn_job_request(tc_conn *c, const char *type, int64_t job, const char *reply,
                         td_proto_frame **out);
 
+/* What a metrics reply's end frame said of the keys asked for (PROTOCOL.md, "metrics"): the
+ * names the job has no rows of, and the names it has, each as "a, b" (escaped, cut with
+ * "..." when long). nmissing 0 when every key named has rows (or traind does not say). */
+typedef struct tc_key_report {
+    size_t nmissing;
+    char missing[1024];
+    char available[2048];
+} tc_key_report;
+
 /* Sends a metrics request for job (restricted to keys, "a,b", when not NULL) and calls
- * row(ud, row) for every row of the reply up to its end frame. A nonzero return from row
- * stops the stream and is returned. */
+ * row(ud, row) for every row of the reply up to its end frame, then fills *report (when not
+ * NULL) from the end frame. A nonzero return from row stops the stream and is returned. */
 typedef int (*tc_row_fn)(void *ud, const tc_row *row);
-int tc_conn_metrics(tc_conn *c, int64_t job, const char *keys, tc_row_fn row, void *ud);
+int tc_conn_metrics(tc_conn *c, int64_t job, const char *keys, tc_row_fn row, void *ud,
+                    tc_key_report *report);
 
 /* Writes `keys` as an array of the non-empty names in the comma-separated list s. */
 void tc_pw_keys(td_pw *w, const char *s);
@@ -123,6 +165,12 @@ int tc_job_load(const char *path, json_t **out);
  * VALUE is parsed as JSON when it is JSON, else taken as a string. 64 on a bad argument. */
 int tc_job_set(json_t *job, const char *assignment);
 
+/* Makes the job's relative file paths (data.train, data.test, data.valid: a path, a glob, a
+ * list of them or {images, labels}; model.init_from) absolute against the current directory,
+ * where the user runs trainctl: traind refuses relative paths, since its own working directory
+ * is nobody's. Globs stay globs; ".." and symlinks are left for traind's open to follow. */
+int tc_job_resolve_paths(json_t *job);
+
 /* Writes a JSON value as msgpack: objects as maps, arrays as arrays, integers as int, reals as
  * float64, strings as str, true/false as bool, null as nil. depth is v's depth in the frame
  * it will travel in (the frame's top map is 1). 65 when it exceeds the protocol's limits. */
@@ -136,6 +184,8 @@ json_t *tc_pv_to_json(const td_pval *v);
 int tc_print_json(const td_pval *v, int pretty);
 /* The same for a JSON value; borrows j. */
 int tc_dump_json(const json_t *j, int pretty);
+/* A reply's top map as pretty JSON, without the protocol's own type and id. */
+int tc_print_reply_json(const td_pval *root);
 
 /* Prints the string as a JSON string literal (quotes and escapes included). */
 void tc_json_str(FILE *f, const char *s, size_t len);
@@ -165,7 +215,9 @@ void tc_sink_free(tc_sink *s);
 
 /* ---- output.c: text for people ---- */
 
-/* Getters over a JOB map with defaults for absent fields. */
+/* Getters over a JOB map with defaults for absent fields. tc_job_str escapes what it copies
+ * (td_text_escape: control characters and malformed UTF-8 as \xNN), and tc_job_error keeps
+ * only newlines, so a string some client gave traind cannot drive this user's terminal. */
 int64_t tc_job_int(const td_pval *job, const char *key, int64_t dflt);
 double tc_job_double(const td_pval *job, const char *key, double dflt);
 void tc_job_str(const td_pval *job, const char *key, char *buf, size_t size);
@@ -178,7 +230,8 @@ void tc_fmt_duration(char *buf, size_t size, double seconds);
 void tc_fmt_value(char *buf, size_t size, double v);
 
 void tc_print_status(const td_pval *job);
-void tc_print_jobs(const td_pval *jobs);
+/* The ls table of n JOB maps, in the order given. */
+void tc_print_jobs(const td_pval *const *jobs, size_t n);
 /* `info` for a person, from the info reply's top map. */
 void tc_print_info(const td_pval *info);
 /* submit --dry-run's estimate reply, for a person: one line per part, in MiB. */
@@ -211,6 +264,14 @@ int tc_plot(const tc_opts *o);
 int tc_completion(const tc_opts *o);
 int tc_export(const tc_opts *o);
 int tc_sample(const tc_opts *o);
+int tc_classify(const tc_opts *o); /* tools.c */
+int tc_retrieve(const tc_opts *o);
+/* history.c: deleting ended jobs (rm: at most TC_RM_MAX_JOBS at once, PROTOCOL.md's limit). */
+#define TC_RM_MAX_JOBS 1000
+int tc_rm(const tc_opts *o);
+int tc_prune(const tc_opts *o);
+/* dashboard.c: serves the web dashboard until SIGINT or SIGTERM (dashboard.h, internals). */
+int tc_dashboard(const tc_opts *o);
 
 /* ---- sensor.c, synth.c: the local sensor-data tools (no daemon) ---- */
 
@@ -240,9 +301,24 @@ typedef struct tc_verb_desc {
     char flags[256];
     const char *arg;
     const char *output;
+    const char *brief; /* one line: what the verb does */
 } tc_verb_desc;
 
 /* Fills *out for the i-th verb; -1 past the last one. */
 int tc_verb_at(size_t i, tc_verb_desc *out);
+
+/* One flag of a verb, for the completion scripts: its name ("--keys", "-o"), what its value
+ * is ("" when it takes none; else a word for it: "FILE", "FORMAT" (the verb's -o values),
+ * "KEYS", "STATES" and "USER" have values to offer; "STEP", "GLOB", "TIME", "N", "TEXT",
+ * "NUMBER" and any other word none), and one line saying what it does. A verb that parses its
+ * own flags (sensor) has none here; its names are in tc_verb_desc.flags. */
+typedef struct tc_flag_desc {
+    const char *name;
+    const char *value;
+    const char *desc;
+} tc_flag_desc;
+
+/* Fills *out for the j-th flag of the i-th verb (--help not included); -1 past the last. */
+int tc_verb_flag_at(size_t i, size_t j, tc_flag_desc *out);
 
 #endif

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "client.h"
+#include "td_text.h"
 
 #define TC_READ_CHUNK   65536 /* bytes read from the socket at a time */
 #define TC_MAX_FEATURES 32    /* feature names of traind's hello kept */
@@ -29,8 +30,7 @@ struct tc_conn {
 
 volatile sig_atomic_t tc_interrupted;
 
-/* Connects fd to the socket at path; -1 with errno set on failure. */
-static int connect_unix(const char *path)
+int tc_connect_unix(const char *path)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     size_t len = strlen(path);
@@ -126,7 +126,7 @@ int tc_conn_open(tc_conn **out, const char *path)
         rc = tc_err(TC_FAILED, "out of memory");
         goto fail;
     }
-    c->fd = connect_unix(path);
+    c->fd = tc_connect_unix(path);
     if (c->fd < 0) {
         rc = connect_error(path, errno);
         goto fail;
@@ -225,12 +225,17 @@ static int fill(tc_conn *c, int timeout_ms, int *timed_out)
  * PROTOCOL.md promises a client can rely on) into an exit status. */
 static int remote_error(const td_pval *root)
 {
-    char msg[1024];
+    char msg[4096];
     int64_t code = 0;
+    size_t len = 0;
+    const char *m = td_pv_str(td_pv_get(root, "message"), &len);
 
     td_pv_int(td_pv_get(root, "code"), &code);
-    if (td_pv_strcpy(td_pv_get(root, "message"), msg, sizeof(msg)) != 0 || msg[0] == '\0')
+    /* Printed escaped: a message may quote what some client sent (a path, a name). */
+    if (m == NULL || len == 0)
         snprintf(msg, sizeof(msg), "%s", td_strerror((int)code));
+    else
+        td_text_escape(msg, sizeof(msg), m, len, TD_TEXT_KEEP_NEWLINES);
     tc_err(TC_FAILED, "%s", msg);
     if (code == TD_EPERM || tc_pv_is(td_pv_get(root, "name"), "EPERM"))
         return TC_NOPERM;
@@ -238,6 +243,8 @@ static int remote_error(const td_pval *root)
         return TC_DATAERR;
     if (code == TD_EPROTO || code == TD_EVERSION)
         return TC_PROTOCOL;
+    if (code == TD_EBUSY || tc_pv_is(td_pv_get(root, "name"), "EBUSY"))
+        return TC_TEMPFAIL;
     return TC_FAILED;
 }
 
@@ -337,8 +344,31 @@ static int each_row(const td_proto_frame *f, tc_row_fn row, void *ud)
     return rc;
 }
 
-/* Reads rows frames up to the end frame. */
-static int stream_rows(tc_conn *c, tc_row_fn row, void *ud)
+/* Appends the names of the array at key of the end frame to buf, ", "-separated and
+ * escaped; returns how many there were. */
+static size_t names_of(const td_pval *end, const char *key, char *buf, size_t size)
+{
+    const td_pval *a = td_pv_get(end, key);
+    size_t n = td_pv_len(a), used = 0, len;
+    char name[4 * 64 + 1];
+
+    buf[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        const char *s = td_pv_str(td_pv_at(a, i), &len);
+        if (s == NULL)
+            continue;
+        td_text_escape(name, sizeof(name), s, len, 0);
+        if (used + strlen(name) + 8 >= size) {
+            snprintf(buf + used, size - used, "%s...", used ? ", " : "");
+            break;
+        }
+        used += (size_t)snprintf(buf + used, size - used, "%s%s", used ? ", " : "", name);
+    }
+    return n;
+}
+
+/* Reads rows frames up to the end frame, and what it says of the keys asked for. */
+static int stream_rows(tc_conn *c, tc_row_fn row, void *ud, tc_key_report *report)
 {
     td_proto_frame *f = NULL;
     const td_pval *type;
@@ -351,11 +381,17 @@ static int stream_rows(tc_conn *c, tc_row_fn row, void *ud)
             return tc_err(TC_UNAVAILABLE, "traind at %s stopped sending metrics for %d s", c->path,
                           TC_REPLY_TIMEOUT_MS / 1000);
         type = td_pv_get(td_proto_frame_root(f), "type");
-        if (tc_pv_is(type, "rows"))
+        if (tc_pv_is(type, "rows")) {
             rc = each_row(f, row, ud);
-        else if (tc_pv_is(type, "end"))
+        } else if (tc_pv_is(type, "end")) {
             done = 1;
-        else
+            if (report != NULL) {
+                const td_pval *end = td_proto_frame_root(f);
+                report->nmissing =
+                    names_of(end, "missing", report->missing, sizeof(report->missing));
+                names_of(end, "available", report->available, sizeof(report->available));
+            }
+        } else
             rc = tc_err(TC_PROTOCOL, "traind sent an unexpected frame in a metrics reply");
         td_proto_frame_free(f);
         f = NULL;
@@ -363,18 +399,21 @@ static int stream_rows(tc_conn *c, tc_row_fn row, void *ud)
     return rc;
 }
 
-int tc_conn_metrics(tc_conn *c, int64_t job, const char *keys, tc_row_fn row, void *ud)
+int tc_conn_metrics(tc_conn *c, int64_t job, const char *keys, tc_row_fn row, void *ud,
+                    tc_key_report *report)
 {
     td_pw *w = tc_conn_request(c, "metrics", keys != NULL ? 4 : 3);
     int rc;
 
+    if (report != NULL)
+        memset(report, 0, sizeof(*report));
     td_pw_str(w, "job_id");
     td_pw_int(w, job);
     if (keys != NULL)
         tc_pw_keys(w, keys);
     if ((rc = tc_conn_send(c)) != TC_OK)
         return rc;
-    return stream_rows(c, row, ud);
+    return stream_rows(c, row, ud, report);
 }
 
 void tc_pw_keys(td_pw *w, const char *s)

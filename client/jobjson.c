@@ -6,8 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "client.h"
+#include "td_text.h"
 
 /* 15 significant digits print every decimal a person wrote (3e-4, 1700000000.123) as written,
  * where jansson's default of 17 would show 0.00029999999999999997. */
@@ -120,6 +122,79 @@ int tc_job_set(json_t *job, const char *assignment)
         rc = tc_err(TC_FAILED, "out of memory");
 out:
     free(key);
+    return rc;
+}
+
+/* path made absolute against cwd into a new string in *out; NULL (nothing to change) for a
+ * value that is not a string, empty, or already absolute. A leading "./" is dropped. */
+static int absolute(const json_t *v, const char *cwd, json_t **out)
+{
+    const char *p = json_string_value(v);
+    size_t n;
+    char *joined;
+
+    *out = NULL;
+    if (p == NULL || p[0] == '\0' || p[0] == '/')
+        return TC_OK;
+    while (p[0] == '.' && p[1] == '/')
+        for (p += 2; p[0] == '/'; p++)
+            ;
+    n = strlen(cwd) + 1 + strlen(p) + 1;
+    joined = malloc(n);
+    if (joined == NULL)
+        return tc_err(TC_FAILED, "out of memory");
+    snprintf(joined, n, "%s%s%s", cwd, strcmp(cwd, "/") == 0 ? "" : "/", p);
+    *out = json_string(joined);
+    free(joined);
+    return *out != NULL ? TC_OK : tc_err(TC_DATAERR, "a path of the job is not valid UTF-8");
+}
+
+/* obj[key] made absolute when it is a relative path. */
+static int resolve_member(json_t *obj, const char *key, const char *cwd)
+{
+    json_t *abs = NULL;
+    int rc = absolute(json_object_get(obj, key), cwd, &abs);
+
+    if (rc == TC_OK && abs != NULL && json_object_set_new(obj, key, abs) != 0)
+        rc = tc_err(TC_FAILED, "out of memory");
+    return rc;
+}
+
+/* A split of data: a path or glob, a list of them, or {images, labels}. */
+static int resolve_split(json_t *data, const char *key, const char *cwd)
+{
+    json_t *v = json_object_get(data, key), *abs;
+    int rc = TC_OK;
+
+    if (json_is_string(v))
+        return resolve_member(data, key, cwd);
+    if (json_is_object(v)) {
+        if ((rc = resolve_member(v, "images", cwd)) == TC_OK)
+            rc = resolve_member(v, "labels", cwd);
+        return rc;
+    }
+    for (size_t i = 0; json_is_array(v) && i < json_array_size(v) && rc == TC_OK; i++) {
+        rc = absolute(json_array_get(v, i), cwd, &abs);
+        if (rc == TC_OK && abs != NULL && json_array_set_new(v, i, abs) != 0)
+            rc = tc_err(TC_FAILED, "out of memory");
+    }
+    return rc;
+}
+
+int tc_job_resolve_paths(json_t *job)
+{
+    static const char *const splits[] = {"train", "test", "valid"};
+    json_t *data = json_object_get(job, "data"), *model = json_object_get(job, "model");
+    char *cwd = getcwd(NULL, 0);
+    int rc = TC_OK;
+
+    if (cwd == NULL)
+        return tc_err(TC_NOINPUT, "cannot resolve the job's relative paths: %s", strerror(errno));
+    for (size_t i = 0; json_is_object(data) && i < 3 && rc == TC_OK; i++)
+        rc = resolve_split(data, splits[i], cwd);
+    if (rc == TC_OK && json_is_object(model))
+        rc = resolve_member(model, "init_from", cwd);
+    free(cwd);
     return rc;
 }
 
@@ -325,20 +400,40 @@ int tc_print_json(const td_pval *v, int pretty)
 
 void tc_json_str(FILE *f, const char *s, size_t len)
 {
-    size_t i;
-    unsigned char ch;
+    size_t i = 0, n;
+    uint32_t cp;
 
     fputc('"', f);
-    for (i = 0; i < len; i++) {
-        ch = (unsigned char)s[i];
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch == '\n')
+    while (i < len) {
+        n = td_text_char(s + i, len - i, &cp);
+        if (n == 0) {
+            fputs("\\ufffd", f); /* a byte of malformed UTF-8: JSON text is UTF-8 */
+            i++;
+            continue;
+        }
+        if (cp == '"' || cp == '\\')
+            fprintf(f, "\\%c", (char)cp);
+        else if (cp == '\n')
             fputs("\\n", f);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
+        else if (td_text_is_control(cp))
+            fprintf(f, "\\u%04x", (unsigned)cp);
         else
-            fputc(ch, f);
+            fwrite(s + i, 1, n, f);
+        i += n;
     }
     fputc('"', f);
+}
+
+int tc_print_reply_json(const td_pval *root)
+{
+    json_t *j = tc_pv_to_json(root);
+    int rc;
+
+    if (j == NULL)
+        return tc_err(TC_FAILED, "out of memory");
+    json_object_del(j, "type");
+    json_object_del(j, "id");
+    rc = tc_dump_json(j, 1);
+    json_decref(j);
+    return rc;
 }

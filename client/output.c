@@ -9,6 +9,7 @@
 
 #include "client.h"
 #include "td_clock.h"
+#include "td_text.h"
 
 #define TC_LS_NAME_MAX    24 /* characters of a job name shown by ls */
 #define TC_INFO_QUEUE_MAX 20 /* queued job ids info lists before "and N more" */
@@ -34,17 +35,19 @@ double tc_job_double(const td_pval *job, const char *key, double dflt)
     return td_pv_double(td_pv_get(job, key), &v) == 0 ? v : dflt;
 }
 
-void tc_job_str(const td_pval *job, const char *key, char *buf, size_t size)
+/* The string at key, escaped (td_text_escape): what traind sends was written by some client
+ * (a job's name, an error quoting a path) and is shown on this user's terminal. */
+static void job_text(const td_pval *job, const char *key, char *buf, size_t size, int flags)
 {
     size_t len = 0;
     const char *s = td_pv_str(td_pv_get(job, key), &len);
 
-    if (s == NULL)
-        len = 0;
-    if (len >= size)
-        len = size - 1;
-    memcpy(buf, s != NULL ? s : "", len);
-    buf[len] = '\0';
+    td_text_escape(buf, size, s != NULL ? s : "", s != NULL ? len : 0, flags);
+}
+
+void tc_job_str(const td_pval *job, const char *key, char *buf, size_t size)
+{
+    job_text(job, key, buf, size, 0);
 }
 
 void tc_fmt_duration(char *buf, size_t size, double seconds)
@@ -117,7 +120,7 @@ void tc_job_error(const td_pval *job, char *buf, size_t size)
     buf[0] = '\0';
     if (td_pv_type_of(e) != TD_PV_MAP)
         return;
-    tc_job_str(e, "message", buf, size);
+    job_text(e, "message", buf, size, TD_TEXT_KEEP_NEWLINES);
     if (buf[0] == '\0')
         snprintf(buf, size, "%s", td_strerror((int)code));
 }
@@ -330,7 +333,7 @@ static void print_ls_line(const ls_fields *f, const int *width)
     printf("%s\n", f->metrics);
 }
 
-void tc_print_jobs(const td_pval *jobs)
+void tc_print_jobs(const td_pval *const *jobs, size_t n)
 {
     ls_fields head = {"ID", "NAME", "STATE", "STEP", "DEVICES", "AGE", "METRICS"}, f;
     double now = tc_now_real();
@@ -339,15 +342,15 @@ void tc_print_jobs(const td_pval *jobs)
 
     for (c = 0; c < NCOLS; c++)
         width[c] = text_width(column(&head, c));
-    for (i = 0; i < td_pv_len(jobs); i++) {
-        ls_row(td_pv_at(jobs, i), &f, now);
+    for (i = 0; i < n; i++) {
+        ls_row(jobs[i], &f, now);
         for (c = 0; c < NCOLS; c++)
             if ((w = text_width(column(&f, c))) > width[c])
                 width[c] = w;
     }
     print_ls_line(&head, width);
-    for (i = 0; i < td_pv_len(jobs); i++) {
-        ls_row(td_pv_at(jobs, i), &f, now);
+    for (i = 0; i < n; i++) {
+        ls_row(jobs[i], &f, now);
         print_ls_line(&f, width);
     }
 }
@@ -383,6 +386,7 @@ void tc_print_estimate(const td_pval *est)
     estimate_line("  attention", mem, "attention", " (of activations)");
     estimate_line("workspace", mem, "workspace", "");
     estimate_line("total", mem, "total", "");
+    estimate_line("data", mem, "data", " (the dataset, in host memory; on cpu: with the total)");
     printf("%-15s %12.1f MiB free of %.1f MiB\n", device,
            (double)tc_job_int(est, "free_bytes", 0) / (1 << 20),
            (double)tc_job_int(est, "total_bytes", 0) / (1 << 20));
@@ -429,10 +433,11 @@ static void print_device(const td_pval *dev, int width)
         printf("  %-*s%s  idle\n", width, name, mem);
 }
 
-/* "queue    3 jobs: 4 5 6", at most TC_INFO_QUEUE_MAX ids. */
-static void print_queue(const td_pval *queued)
+/* "queue    3 jobs: 4 5 6", at most TC_INFO_QUEUE_MAX ids. n counts them all: traind lists
+ * the first ones only (PROTOCOL.md, "info": queued_total). */
+static void print_queue(const td_pval *queued, size_t n)
 {
-    size_t i, n = td_pv_len(queued);
+    size_t i;
     int64_t id;
 
     if (n == 0) {
@@ -451,8 +456,9 @@ static void print_queue(const td_pval *queued)
 void tc_print_info(const td_pval *info)
 {
     const td_pval *store = td_pv_get(info, "store"), *devs = td_pv_get(info, "devices");
-    char version[128], path[1024], size[32], name[128];
-    int64_t bytes = tc_job_int(store, "size_bytes", -1);
+    char version[128], path[1024], size[32], wal[32], name[128];
+    int64_t bytes = tc_job_int(store, "size_bytes", -1),
+            wal_bytes = tc_job_int(store, "wal_bytes", -1);
     size_t i, n = td_pv_len(devs);
     int width = 0;
 
@@ -462,7 +468,10 @@ void tc_print_info(const td_pval *info)
     printf("%s%s, protocol %lld\n", strncmp(version, "traind", 6) != 0 ? "traind " : "",
            version[0] ? version : "(version unknown)", (long long)tc_job_int(info, "protocol", -1));
     tc_fmt_bytes(size, sizeof(size), (double)bytes);
-    if (bytes >= 0)
+    tc_fmt_bytes(wal, sizeof(wal), (double)wal_bytes);
+    if (bytes >= 0 && wal_bytes >= 0)
+        printf("%-9s%s (%s, WAL %s)\n", "store", path[0] ? path : "-", size, wal);
+    else if (bytes >= 0)
         printf("%-9s%s (%s)\n", "store", path[0] ? path : "-", size);
     else
         printf("%-9s%s\n", "store", path[0] ? path : "-");
@@ -473,7 +482,9 @@ void tc_print_info(const td_pval *info)
     printf("%-9s%zu\n", "devices", n);
     for (i = 0; i < n; i++)
         print_device(td_pv_at(devs, i), width);
-    print_queue(td_pv_get(info, "queued"));
+    print_queue(
+        td_pv_get(info, "queued"),
+        (size_t)tc_job_int(info, "queued_total", (int64_t)td_pv_len(td_pv_get(info, "queued"))));
 }
 
 int tc_flush_stdout(void)

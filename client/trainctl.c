@@ -2,21 +2,24 @@
  * the table of verbs with the flags each accepts and its help text, and the parsing of a
  * verb's arguments into a tc_opts. The verbs themselves live in verbs.c, watch.c, plot.c,
  * interop.c, sensor.c (which parses its own arguments) and completion.c; the last reads the
- * table through tc_verb_at(). */
+ * table through tc_verb_at() and tc_verb_flag_at(). */
 #include <errno.h>
 #include <math.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client.h"
 
 /* Flags a verb may accept. F_FORMAT, F_OUTFILE and F_OUTPATH share the names -o and --output:
  * a read verb takes an output format there (-o json, as kubectl does), plot the chart to
- * write, export the model file to write. */
+ * write, export the model file to write. F_SINCE and F_CREATED share --since: watch's is a
+ * step, ls's a time. */
 enum {
     F_SET = 1,
     F_SINCE = 2,
@@ -31,25 +34,67 @@ enum {
     F_PROMPT = 1024,
     F_TEMPERATURE = 2048,
     F_SEED = 4096,
-    F_DRY_RUN = 8192
+    F_DRY_RUN = 8192,
+    F_STATE = 1 << 14,
+    F_USER = 1 << 15,
+    F_NAME = 1 << 16,
+    F_CREATED = 1 << 17,
+    F_LIMIT = 1 << 18,
+    F_PANELS = 1 << 19,
+    F_LOG = 1 << 20,
+    F_DATA = 1 << 21,         /* classify, retrieve */
+    F_LABELS = 1 << 22,       /* classify */
+    F_QUERY = 1 << 23,        /* retrieve */
+    F_LISTEN = 1 << 24,       /* dashboard */
+    F_TOP = 1 << 25,          /* retrieve */
+    F_OLDER_THAN = 1 << 26,   /* prune */
+    F_EXPORT_FORMAT = 1 << 28 /* export */
 };
 
 /* The positional arguments a verb takes. */
 enum { ARG_NONE, ARG_JOB, ARG_JOBS, ARG_FILE, ARG_SHELL };
 
+/* A flag: its name, its bit, what its value is (NULL when it takes none; the words are
+ * tc_flag_desc's, read by the completion scripts) and one line for those scripts. */
 typedef struct flag {
     const char *name;
     unsigned bit;
-    int takes_value;
+    const char *value;
+    const char *desc;
 } flag;
 
 static const flag flags[] = {
-    {"--set", F_SET, 1},        {"--since", F_SINCE, 1},     {"--keys", F_KEYS, 1},
-    {"--json", F_JSON, 0},      {"--csv", F_CSV, 0},         {"--summary", F_SUMMARY, 0},
-    {"-o", F_FORMAT, 1},        {"--output", F_FORMAT, 1},   {"-o", F_OUTFILE, 1},
-    {"--output", F_OUTFILE, 1}, {"-o", F_OUTPATH, 1},        {"--output", F_OUTPATH, 1},
-    {"--tokens", F_TOKENS, 1},  {"--prompt", F_PROMPT, 1},   {"--temperature", F_TEMPERATURE, 1},
-    {"--seed", F_SEED, 1},      {"--dry-run", F_DRY_RUN, 0},
+    {"--set", F_SET, "TEXT", "change one key of the job (KEY=VALUE)"},
+    {"--since", F_SINCE, "STEP", "start from this step"},
+    {"--since", F_CREATED, "TIME", "only jobs created since (2h, 7d, 2026-11-30)"},
+    {"--state", F_STATE, "STATES", "only jobs in these states (running,queued)"},
+    {"--user", F_USER, "USER", "only jobs submitted by this user (name or uid)"},
+    {"--name", F_NAME, "GLOB", "only jobs whose name matches this pattern"},
+    {"--limit", F_LIMIT, "N", "only the newest N jobs"},
+    {"--keys", F_KEYS, "KEYS", "only these metrics (comma-separated)"},
+    {"--panels", F_PANELS, NULL, "one panel per metric, stacked"},
+    {"--log", F_LOG, NULL, "a logarithmic y axis"},
+    {"--json", F_JSON, NULL, "JSON output"},
+    {"--csv", F_CSV, NULL, "CSV output"},
+    {"--summary", F_SUMMARY, NULL, "count, last, min and max per metric"},
+    {"-o", F_FORMAT, "FORMAT", "output format"},
+    {"--output", F_FORMAT, "FORMAT", "output format"},
+    {"-o", F_OUTFILE, "FILE", "the chart to write (.png or .svg)"},
+    {"--output", F_OUTFILE, "FILE", "the chart to write (.png or .svg)"},
+    {"-o", F_OUTPATH, "FILE", "the model file to write"},
+    {"--output", F_OUTPATH, "FILE", "the model file to write"},
+    {"--tokens", F_TOKENS, "N", "tokens to generate (1 to 4096)"},
+    {"--prompt", F_PROMPT, "TEXT", "the text to continue"},
+    {"--temperature", F_TEMPERATURE, "NUMBER", "0 likeliest token, 1 the model as it is"},
+    {"--seed", F_SEED, "N", "the same seed gives the same text"},
+    {"--dry-run", F_DRY_RUN, NULL, "change nothing; show what would be done"},
+    {"--listen", F_LISTEN, "TEXT", "the dashboard's address (127.0.0.1:8080)"},
+    {"--older-than", F_OLDER_THAN, "DURATION", "only jobs that ended this long ago (30d, 12h)"},
+    {"--data", F_DATA, "FILE", "the sensor shard whose windows to use"},
+    {"--labels", F_LABELS, "TEXT", "the labels (NAME or NAME=PROMPT, comma-separated)"},
+    {"--query", F_QUERY, "TEXT", "the text to find windows for"},
+    {"--top", F_TOP, "N", "how many windows (1 to 100)"},
+    {"--format", F_EXPORT_FORMAT, "FORMAT", "llmc or safetensors"},
 };
 
 typedef struct verb {
@@ -135,13 +180,28 @@ static const verb verbs[] = {
     {
         .name = "ls",
         .run = tc_ls,
-        .flags = F_JSON | F_FORMAT,
+        .flags = F_STATE | F_USER | F_NAME | F_CREATED | F_LIMIT | F_JSON | F_FORMAT,
         .arg = ARG_NONE,
-        .usage = "trainctl ls [--json|-o json]",
-        .brief = "list the jobs",
+        .usage = "trainctl ls [--state S,S] [--user USER] [--name GLOB] [--since TIME] "
+                 "[--limit N] [--json|-o json]",
+        .brief = "list the jobs, all or those that match",
         .help = "Lists the jobs, oldest first: id, name, state, step, devices, age and the\n"
-                "latest loss and accuracy.\n\n"
-                "  --json      print a JSON array of the jobs\n" TC_HELP_JSON,
+                "latest loss and accuracy. traind applies the filters and sends only the\n"
+                "jobs that match, a page at a time; a job must match every filter given.\n\n"
+                "  --state S,S   only jobs in one of these states: queued, running,\n"
+                "                succeeded, failed, cancelled (comma-separated)\n"
+                "  --user USER   only jobs submitted by USER, a user name or a uid\n"
+                "  --name GLOB   only jobs whose name matches GLOB: * any characters, ? one\n"
+                "                character, [a-z] one of a class, [^x] one not in it;\n"
+                "                case-sensitive. Quote it for the shell: --name 'sweep-*'\n"
+                "  --since TIME  only jobs created at or after TIME: a time back from now\n"
+                "                (30s, 90m, 2h, 7d, 2w, or 1h30m), or a local date and\n"
+                "                time (2026-11-30, 2026-11-30 14:00, 2026-11-30T14:00:05)\n"
+                "  --limit N     only the newest N of the jobs that match, still listed\n"
+                "                oldest first\n"
+                "  --json        print a JSON array of the jobs, in the same order\n"
+                "  -o json       the same as --json\n"
+                "  -h, --help    show this help\n",
     },
     {
         .name = "cancel",
@@ -154,6 +214,45 @@ static const verb verbs[] = {
                 "stops at its next step (trainctl watch JOB shows it end). Only the job's\n"
                 "owner or root may cancel it (exit 77 otherwise).\n\n"
                 "  -h, --help  show this help\n",
+    },
+    {
+        .name = "rm",
+        .run = tc_rm,
+        .flags = F_JSON | F_FORMAT,
+        .arg = ARG_JOBS,
+        .usage = "trainctl rm JOB [JOB]... [--json|-o json]",
+        .brief = "delete ended jobs with their metrics, logs and checkpoints",
+        .help = "Deletes jobs JOB... (succeeded, failed or cancelled) with everything traind\n"
+                "keeps of them: metric rows, log lines and checkpoints. All or none: a job\n"
+                "that does not exist, is queued or running (cancel it first) or is not\n"
+                "yours (only root deletes other users' jobs) is named and nothing is\n"
+                "deleted. The jobs are gone for everyone at once; their rows go a batch at\n"
+                "a time (a terminal shows how many jobs are left), and then the database\n"
+                "gives their space back. Prints the jobs and the database's size before and\n"
+                "after. A job's id is never given to another job.\n\n"
+                "  --json      the reply as one JSON object\n" TC_HELP_JSON,
+    },
+    {
+        .name = "prune",
+        .run = tc_prune,
+        .flags = F_OLDER_THAN | F_STATE | F_DRY_RUN | F_JSON | F_FORMAT,
+        .arg = ARG_NONE,
+        .usage = "trainctl prune --older-than DURATION [--state S,S] [--dry-run] [--json|-o json]",
+        .brief = "delete the jobs that ended long ago",
+        .help = "Deletes, as rm does, every job that ended more than DURATION ago: yours,\n"
+                "or everyone's when run by root. The database gives the space back and\n"
+                "traind removes checkpoint directories of jobs that no longer exist.\n"
+                "Prints the jobs (up to 20; --dry-run lists up to 1000), then how many went\n"
+                "and the database's size before and after.\n\n"
+                "  --older-than DURATION  jobs that ended at least this long ago: numbers\n"
+                "                         each followed by s, m, h, d or w (30d, 12h, 90m,\n"
+                "                         1h30m); required\n"
+                "  --state S,S            only jobs in these states: succeeded, failed,\n"
+                "                         cancelled (comma-separated); default all three\n"
+                "  --dry-run              list what would be deleted; delete nothing\n"
+                "  --json                 the reply as one JSON object\n"
+                "  -o json                the same as --json\n"
+                "  -h, --help             show this help\n",
     },
     {
         .name = "metrics",
@@ -181,24 +280,40 @@ static const verb verbs[] = {
         .brief = "print a job's lifecycle events and warnings",
         .help = "Prints what traind recorded about job JOB, oldest first (at most the last\n"
                 "10,000 lines), one line each: local time, level (err, warning, notice,\n"
-                "info) and message, as in \"2026-11-30 05:16:51 notice job 3 started\".\n\n"
+                "info) and message. A job that was cancelled:\n\n"
+                "  2026-12-01 18:18:05 notice queued\n"
+                "  2026-12-01 18:18:05 notice running on cpu:0\n"
+                "  2026-12-01 18:18:11 notice cancel requested\n"
+                "  2026-12-01 18:18:11 notice cancelled at step 77\n\n"
+                "and the last line of one that failed:\n\n"
+                "  2026-12-01 18:18:05 err failed at step 39: training worker on device 0 "
+                "failed: loss is NaN at step 40\n\n"
+                "A message of several lines (one per failed device) has its further lines\n"
+                "indented under its first.\n\n"
                 "  --json      a JSON array of {\"job\",\"time\",\"level\",\"level_name\",\n"
                 "              \"message\"}; level is the syslog priority (3 to 6)\n" TC_HELP_JSON,
     },
     {
         .name = "plot",
         .run = tc_plot,
-        .flags = F_KEYS | F_OUTFILE,
+        .flags = F_KEYS | F_PANELS | F_LOG | F_OUTFILE,
         .arg = ARG_JOBS,
-        .usage = "trainctl plot JOB [JOB]... [--keys A,B] -o FILE.png|FILE.svg",
+        .usage = "trainctl plot JOB [JOB]... [--keys A,B] [--panels] [--log] -o FILE.png|FILE.svg",
         .brief = "draw jobs' metrics against step as a PNG or SVG chart",
         .help = "Draws the metrics of one or more jobs against step on one chart, one\n"
                 "colour per job and metric, with a legend naming each (\"job 3 train_loss\").\n"
                 "Values that are not finite are left out. A series of more than 200\n"
                 "points is drawn faintly, under its line smoothed over about 1% of its\n"
-                "points; a series of at most 60 gets a dot at each point.\n\n"
+                "points; a series of at most 60 gets a dot at each point. An SVG keeps its\n"
+                "text as text: titles, tick labels and legend can be selected and searched.\n\n"
                 "  --keys A,B  the metrics to draw (comma-separated); by default train_loss\n"
                 "              and whichever of test_loss, valid_loss, val_loss exist\n"
+                "  --panels    one panel per metric, stacked, each with its own y axis and\n"
+                "              legend, all sharing the step axis; the chart grows past 700\n"
+                "              high when a panel would get less than 220. With several\n"
+                "              jobs a job keeps its colour in every panel\n"
+                "  --log       logarithmic y axes, labelled at powers of ten; values <= 0\n"
+                "              are left out (trainctl says how many, per series)\n"
                 "  -o FILE     where to write the chart: PNG when FILE ends in .png, SVG\n"
                 "              when it ends in .svg; --output FILE is the same\n"
                 "  -h, --help  show this help\n",
@@ -220,28 +335,40 @@ static const verb verbs[] = {
         .run = tc_completion,
         .flags = 0,
         .arg = ARG_SHELL,
-        .usage = "trainctl completion bash",
+        .usage = "trainctl completion bash|zsh|fish",
         .brief = "print a shell completion script",
-        .help = "Prints a bash completion script for trainctl: verbs, each verb's flags,\n"
-                "and job ids (asked from traind with trainctl ls). Load it with\n"
-                "  source <(trainctl completion bash)\n"
-                "or save it as /usr/share/bash-completion/completions/trainctl.\n\n"
+        .help = "Prints a completion script for trainctl in the shell's language: verbs,\n"
+                "each verb's flags (zsh and fish: with what each does), the values of\n"
+                "-o, --state, --user and --keys, and job ids (zsh and fish: with each\n"
+                "job's name and state), asked from traind with trainctl ls. Load it with\n"
+                "  bash: source <(trainctl completion bash)\n"
+                "  zsh:  source <(trainctl completion zsh)\n"
+                "  fish: trainctl completion fish | source\n"
+                "An install puts them where each shell looks: bash-completion's\n"
+                "completions/trainctl, zsh's site-functions/_trainctl and fish's\n"
+                "vendor_completions.d/trainctl.fish under PREFIX/share.\n\n"
                 "  -h, --help  show this help\n",
     },
     {
         .name = "export",
         .run = tc_export,
-        .flags = F_OUTPATH,
+        .flags = F_OUTPATH | F_EXPORT_FORMAT,
         .arg = ARG_JOB,
-        .usage = "trainctl export JOB -o FILE",
-        .brief = "write a gpt job's latest checkpoint as an llm.c model file",
-        .help = "Writes the latest checkpoint of job JOB, a gpt job, as an llm.c GPT-2\n"
-                "model file (fp32, version 3), which llm.c loads and which a job's\n"
-                "model.init_from starts from. A running job exports its latest checkpoint.\n"
-                "trainctl writes the file itself, with your permissions: FILE.tmp first,\n"
-                "renamed to FILE once whole. Prints where and how much on standard error.\n\n"
-                "  -o FILE     the model file to write; --output FILE is the same\n"
-                "  -h, --help  show this help\n",
+        .usage = "trainctl export JOB -o FILE [--format llmc|safetensors]",
+        .brief = "write a job's latest checkpoint as an llm.c or safetensors model file",
+        .help = "Writes the latest checkpoint of job JOB. A FILE whose name ends in\n"
+                ".safetensors (or --format safetensors) gets a safetensors file of a gpt\n"
+                "job (Hugging Face GPT-2's names and layouts) or a sensorlm job (the\n"
+                "README's parameter names, plus norm.mean and norm.std); any other name a\n"
+                "gpt job's llm.c GPT-2 model file (fp32, version 3), which llm.c loads.\n"
+                "Either is what a job's model.init_from starts from. A running job exports\n"
+                "its latest checkpoint. trainctl writes the file itself, with your\n"
+                "permissions: FILE.tmp first, renamed to FILE once whole. Prints where and\n"
+                "how much on standard error.\n\n"
+                "  -o FILE          the model file to write; --output FILE is the same\n"
+                "  --format FORMAT  llmc or safetensors; default: safetensors when FILE\n"
+                "                   ends in .safetensors, else llmc\n"
+                "  -h, --help       show this help\n",
     },
     {
         .name = "sample",
@@ -264,6 +391,66 @@ static const verb verbs[] = {
                 "                   new one each time, printed on standard error on a\n"
                 "                   terminal\n"
                 "  -h, --help       show this help\n",
+    },
+    {
+        .name = "classify",
+        .run = tc_classify,
+        .flags = F_DATA | F_LABELS | F_JSON | F_FORMAT,
+        .arg = ARG_JOB,
+        .usage = "trainctl classify JOB --data SHARD [--labels NAMES] [-o json]",
+        .brief = "label each window of a sensor shard zero-shot with a sensorlm job",
+        .help = "Classifies every window of the sensor shard SHARD with the latest\n"
+                "checkpoint of job JOB, a sensorlm job, zero-shot: each window gets the\n"
+                "label whose prompt's text embedding it scores highest with (the cosine\n"
+                "similarity of the two unit embeddings, the score printed), as the job's\n"
+                "zeroshot_accuracy does. Prints one line per window: its index in the\n"
+                "shard, its label and the score. traind opens SHARD with your rights.\n\n"
+                "  --data SHARD    the sensor shard (its T and C must be the model's)\n"
+                "  --labels NAMES  comma-separated labels, each NAME or NAME=PROMPT; a\n"
+                "                  NAME alone takes the prompt the shard gives a label of\n"
+                "                  that name, else the name itself. Default: the shard's\n"
+                "                  own labels and prompts\n"
+                "  --json          one JSON object: {\"job\",\"data\",\"windows\",\"labels\":\n"
+                "                  [{\"name\",\"prompt\"}],\"results\":[{\"index\",\"label\",\n"
+                "                  \"score\"}]}\n" TC_HELP_JSON,
+    },
+    {
+        .name = "retrieve",
+        .run = tc_retrieve,
+        .flags = F_DATA | F_QUERY | F_TOP | F_JSON | F_FORMAT,
+        .arg = ARG_JOB,
+        .usage = "trainctl retrieve JOB --data SHARD --query TEXT [--top K] [-o json]",
+        .brief = "find the windows of a sensor shard nearest a text, with a sensorlm job",
+        .help = "Embeds the query TEXT and every window of the sensor shard SHARD with the\n"
+                "latest checkpoint of job JOB, a sensorlm job, and prints the K windows\n"
+                "that score highest with the query, best first: each window's index in\n"
+                "the shard, its score (the cosine similarity) and its caption. traind\n"
+                "opens SHARD with your rights.\n\n"
+                "  --data SHARD  the sensor shard (its T and C must be the model's)\n"
+                "  --query TEXT  what to look for (\"a morning run\")\n"
+                "  --top K       how many windows, 1 to 100; default 5\n"
+                "  --json        one JSON object: {\"job\",\"data\",\"query\",\"windows\",\n"
+                "                \"results\":[{\"index\",\"score\",\"caption\"}]}\n" TC_HELP_JSON,
+    },
+    {
+        .name = "dashboard",
+        .run = tc_dashboard,
+        .flags = F_LISTEN,
+        .arg = ARG_NONE,
+        .usage = "trainctl dashboard [--listen HOST:PORT]",
+        .brief = "serve a live web page of the jobs",
+        .help = "Serves a web page of the jobs you can see: the job list, each job's metrics\n"
+                "as live charts, its failure and its log, and several jobs on one chart.\n"
+                "It asks traind over its socket as the other verbs do, so traind's\n"
+                "permissions apply. Prints the page's URL, which holds a random token\n"
+                "(other users of this machine cannot open the page without it), and\n"
+                "runs until interrupted (Ctrl-C or SIGTERM).\n\n"
+                "  --listen HOST:PORT  where to listen; default 127.0.0.1:8080 (loopback:\n"
+                "                      only this machine). Another address is used only\n"
+                "                      when named here, with a warning: anyone who can\n"
+                "                      reach it and has the URL sees what you can see.\n"
+                "                      Port 0 picks a free port.\n"
+                "  -h, --help          show this help\n",
     },
     {
         .name = "sensor",
@@ -296,8 +483,9 @@ static void print_main_help(FILE *f)
           "refused the request, the job would not fit (submit --dry-run), or plot found\n"
           "nothing to draw; 64 usage error; 65 invalid job file; 66 job file missing or\n"
           "unreadable; 69 traind unreachable (or too old for submit --dry-run); 73 plot,\n"
-          "export or sensor cannot write its file; 76 protocol error; 77 permission\n"
-          "denied; 78 the socket path is unusable; 130 interrupted (watch, export).\n",
+          "export or sensor cannot write its file; 75 traind busy, try again; 76\n"
+          "protocol error; 77 permission denied; 78 the socket path is unusable; 130\n"
+          "interrupted (watch, export).\n",
           f);
 }
 
@@ -419,6 +607,133 @@ static int store_temperature(const verb *v, const char *val, tc_opts *o)
     return TC_OK;
 }
 
+const char *const tc_state_names[TC_NSTATES] = {"queued", "running", "succeeded", "failed",
+                                                "cancelled"};
+
+/* --state: one or more state names, comma-separated, into o->states' bits. */
+static int store_states(const verb *v, const char *val, tc_opts *o)
+{
+    const char *p = val, *end;
+    size_t i, len;
+
+    for (; *p != '\0'; p = *end != '\0' ? end + 1 : end) {
+        end = strchrnul(p, ',');
+        len = (size_t)(end - p);
+        for (i = 0; i < TC_NSTATES; i++)
+            if (strlen(tc_state_names[i]) == len && memcmp(tc_state_names[i], p, len) == 0)
+                break;
+        if (len == 0)
+            continue;
+        if (i == TC_NSTATES)
+            return usage_error(v,
+                               "--state takes queued, running, succeeded, failed or cancelled "
+                               "(comma-separated), not '%.*s'",
+                               (int)len, p);
+        o->states |= 1u << i;
+    }
+    if (o->states == 0)
+        return usage_error(v, "--state needs a state, not '%s'", val);
+    return TC_OK;
+}
+
+/* --user: a user name (getpwnam), or a uid as a number (which needs no passwd entry). */
+static int store_user(const verb *v, const char *val, tc_opts *o)
+{
+    struct passwd *pw;
+    int64_t uid;
+
+    if (parse_count(val, &uid) == 0) {
+        if (uid > UINT32_MAX)
+            return usage_error(v, "--user: %s is not a uid (0 to 4294967295)", val);
+        o->uid = uid;
+        return TC_OK;
+    }
+    errno = 0;
+    if ((pw = getpwnam(val)) == NULL)
+        return usage_error(v, "--user: there is no user named '%s'%s%s", val,
+                           errno != 0 ? ": " : "", errno != 0 ? strerror(errno) : "");
+    o->uid = (int64_t)pw->pw_uid;
+    return TC_OK;
+}
+
+/* A duration back from now: one or more numbers each followed by s, m, h, d or w ("1h30m").
+ * Seconds into *out; -1 when s is not one. */
+static int parse_ago(const char *s, double *out)
+{
+    static const char units[] = "smhdw";
+    static const double secs[] = {1, 60, 3600, 86400, 7 * 86400};
+    const char *u;
+    double total = 0, n;
+    char *end;
+
+    if (*s == '\0')
+        return -1;
+    while (*s != '\0') {
+        if (*s < '0' || *s > '9')
+            return -1;
+        errno = 0;
+        n = strtod(s, &end);
+        if (errno != 0 || end == s || *end == '\0' || (u = strchr(units, *end)) == NULL)
+            return -1;
+        total += n * secs[u - units];
+        s = end + 1;
+    }
+    *out = total;
+    return isfinite(total) ? 0 : -1;
+}
+
+/* A local date, with a time or not: 2026-11-30, 2026-11-30 14:00, 2026-11-30T14:00:05.
+ * Unix seconds into *out; -1 when s is not one. */
+static int parse_date(const char *s, double *out)
+{
+    static const char *const formats[] = {"%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S",
+                                          "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M", "%Y-%m-%d"};
+    struct tm tm;
+    const char *end;
+    time_t t;
+
+    for (size_t i = 0; i < sizeof(formats) / sizeof(formats[0]); i++) {
+        memset(&tm, 0, sizeof(tm));
+        end = strptime(s, formats[i], &tm);
+        if (end == NULL || *end != '\0')
+            continue;
+        tm.tm_isdst = -1; /* whatever daylight saving time says on that date */
+        if ((t = mktime(&tm)) == (time_t)-1)
+            return -1;
+        *out = (double)t;
+        return 0;
+    }
+    return -1;
+}
+
+/* ls --since: a duration back from now, or a local date and time. */
+static int store_created(const verb *v, const char *val, tc_opts *o)
+{
+    double ago;
+
+    if (parse_ago(val, &ago) == 0)
+        o->created_since = fmax(0, tc_now_real() - ago);
+    else if (parse_date(val, &o->created_since) == 0)
+        o->created_since = fmax(0, o->created_since);
+    else
+        return usage_error(v,
+                           "--since needs a time back from now (30s, 90m, 2h, 7d, 2w) or a "
+                           "date (2026-11-30, 2026-11-30 14:00), not '%s'",
+                           val);
+    return TC_OK;
+}
+
+/* ls --name: a pattern of 1 to 255 bytes (the protocol's bounds). */
+static int store_name(const verb *v, const char *val, tc_opts *o)
+{
+    size_t len = strlen(val);
+
+    if (len == 0 || len > TC_LS_NAME_GLOB_MAX)
+        return usage_error(v, "--name needs a pattern of 1 to %d bytes", TC_LS_NAME_GLOB_MAX);
+    o->name_glob = val;
+    return TC_OK;
+}
+
 /* Stores one flag's value into o. */
 static int store_flag(const verb *v, const flag *fl, const char *val, tc_opts *o)
 {
@@ -473,6 +788,55 @@ static int store_flag(const verb *v, const flag *fl, const char *val, tc_opts *o
     case F_DRY_RUN:
         o->dry_run = 1;
         break;
+    case F_STATE:
+        return store_states(v, val, o);
+    case F_USER:
+        return store_user(v, val, o);
+    case F_NAME:
+        return store_name(v, val, o);
+    case F_CREATED:
+        return store_created(v, val, o);
+    case F_LIMIT:
+        if (parse_count(val, &o->limit) != 0 || o->limit < 1)
+            return usage_error(v, "--limit needs a number of jobs >= 1, not '%s'", val);
+        break;
+    case F_PANELS:
+        o->panels = 1;
+        break;
+    case F_LOG:
+        o->log_y = 1;
+        break;
+    case F_LISTEN:
+        o->listen = val;
+        break;
+    case F_DATA:
+        if (val[0] == '\0')
+            return usage_error(v, "--data needs a file name");
+        o->data = val;
+        break;
+    case F_LABELS:
+        o->labels = val;
+        break;
+    case F_QUERY:
+        if (val[0] == '\0')
+            return usage_error(v, "--query needs some text");
+        o->query = val;
+        break;
+    case F_TOP:
+        if (parse_count(val, &o->top) != 0 || o->top < 1 || o->top > TC_RETRIEVE_MAX_TOP)
+            return usage_error(v, "--top needs a number from 1 to %d, not '%s'",
+                               TC_RETRIEVE_MAX_TOP, val);
+        break;
+    case F_EXPORT_FORMAT:
+        if (strcmp(val, "llmc") != 0 && strcmp(val, "safetensors") != 0)
+            return usage_error(v, "--format takes llmc or safetensors, not '%s'", val);
+        o->export_format = val;
+        break;
+    case F_OLDER_THAN:
+        if (parse_ago(val, &o->older_than) != 0)
+            return usage_error(v, "--older-than needs a duration (30d, 12h, 90m, 1h30m), not '%s'",
+                               val);
+        break;
     }
     return TC_OK;
 }
@@ -495,7 +859,7 @@ static int parse_flag(const verb *v, int argc, char **argv, int *i, tc_opts *o)
     if (fl == NULL || (v->flags & fl->bit) == 0)
         return usage_error(v, fl == NULL ? "unknown option '%s'" : "'%s' is not an option here",
                            arg);
-    if (!fl->takes_value) {
+    if (fl->value == NULL) {
         if (eq != NULL)
             return usage_error(v, "'%s' takes no value", fl->name);
         return store_flag(v, fl, NULL, o);
@@ -530,8 +894,9 @@ static int parse_positional(const verb *v, const char *arg, int *seen, tc_opts *
     }
     if (v->arg == ARG_SHELL) {
         o->shell = arg;
-        return strcmp(arg, "bash") == 0 ? TC_OK
-                                        : usage_error(v, "no completion for '%s'; bash only", arg);
+        if (strcmp(arg, "bash") == 0 || strcmp(arg, "zsh") == 0 || strcmp(arg, "fish") == 0)
+            return TC_OK;
+        return usage_error(v, "no completion for '%s'; bash, zsh or fish", arg);
     }
     if (parse_count(arg, &o->job) != 0)
         return usage_error(v, "JOB must be a job id (a number), not '%s'", arg);
@@ -569,12 +934,16 @@ static int parse_verb_args(const verb *v, int argc, char **argv, int first, tc_o
         return usage_error(v, "missing %s", v->arg == ARG_JOBS ? "JOB" : arg_name(v->arg));
     if (o->csv && o->json)
         return usage_error(v, "--csv and --json cannot be used together");
-    if ((v->flags & F_DRY_RUN) && o->json && !o->dry_run)
+    if ((v->flags & F_DRY_RUN) && o->json && !o->dry_run && v->run == tc_submit)
         return usage_error(v, "--json needs --dry-run (a submit prints only the job's id)");
     if ((v->flags & F_OUTFILE) && o->output == NULL)
         return usage_error(v, "missing -o FILE (a .png or .svg file to write)");
     if ((v->flags & F_OUTPATH) && o->output == NULL)
         return usage_error(v, "missing -o FILE (the model file to write)");
+    if ((v->flags & F_DATA) && o->data == NULL)
+        return usage_error(v, "missing --data SHARD (the sensor shard)");
+    if ((v->flags & F_QUERY) && o->query == NULL)
+        return usage_error(v, "missing --query TEXT");
     return TC_OK;
 }
 
@@ -635,6 +1004,7 @@ int tc_verb_at(size_t i, tc_verb_desc *out)
     if (i >= NVERBS)
         return -1;
     out->name = verbs[i].name;
+    out->brief = verbs[i].brief;
     out->arg = arg_name(verbs[i].arg);
     out->output = verbs[i].flags & (F_OUTFILE | F_OUTPATH) ? "FILE"
                   : !(verbs[i].flags & F_FORMAT)           ? ""
@@ -655,9 +1025,35 @@ int tc_verb_at(size_t i, tc_verb_desc *out)
     return 0;
 }
 
+int tc_verb_flag_at(size_t i, size_t j, tc_flag_desc *out)
+{
+    size_t f;
+
+    if (i >= NVERBS)
+        return -1;
+    for (f = 0; f < NFLAGS; f++) {
+        if ((verbs[i].flags & flags[f].bit) == 0 || j-- > 0)
+            continue;
+        out->name = flags[f].name;
+        out->value = flags[f].value != NULL ? flags[f].value : "";
+        out->desc = flags[f].desc;
+        return 0;
+    }
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
-    tc_opts o = {.job = -1, .since = -1, .tokens = -1, .temperature = -1, .seed = -1};
+    tc_opts o = {.job = -1,
+                 .since = -1,
+                 .tokens = -1,
+                 .temperature = -1,
+                 .seed = -1,
+                 .uid = -1,
+                 .created_since = -1,
+                 .limit = -1,
+                 .older_than = -1,
+                 .top = -1};
     const verb *v;
     int rc = TC_OK, help = 0, at;
 

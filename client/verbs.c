@@ -6,8 +6,7 @@
 #include <string.h>
 
 #include "client.h"
-
-static int print_reply_json(const td_pval *root);
+#include "td_text.h"
 
 /* The job file with its --set changes, as a msgpack body in *body. */
 static int build_job(const tc_opts *o, td_pw *body)
@@ -18,6 +17,8 @@ static int build_job(const tc_opts *o, td_pw *body)
 
     for (i = 0; rc == TC_OK && i < o->nsets; i++)
         rc = tc_job_set(job, o->sets[i]);
+    if (rc == TC_OK)
+        rc = tc_job_resolve_paths(job);
     if (rc == TC_OK)
         rc = tc_json_to_pw(body, job, 2); /* the job map sits in the request's top map */
     if (rc == TC_OK && body->failed)
@@ -36,7 +37,7 @@ static int dry_run_reply(const tc_opts *o, const td_pval *est)
         td_pv_type_of(td_pv_get(est, "memory")) != TD_PV_MAP)
         return tc_err(TC_PROTOCOL, "traind's estimate reply has no fits or memory");
     if (o->json) {
-        if ((rc = print_reply_json(est)) != TC_OK)
+        if ((rc = tc_print_reply_json(est)) != TC_OK)
             return rc;
     } else {
         tc_print_estimate(est);
@@ -129,27 +130,184 @@ out:
     return rc;
 }
 
-int tc_ls(const tc_opts *o)
+/* Reads a paged reply's more and next (PROTOCOL.md, "list", "logs"): 0 with *more clear
+ * when it is the last page (a traind too old to page sends neither), else the cursor of the
+ * next page, which must move past after: up, or down when the listing is newest first (after
+ * 0 being the start either way). */
+static int next_page(const td_pval *root, const char *what, int64_t after, int descending,
+                     int *more, int64_t *next)
+{
+    *more = 0;
+    if (td_pv_get(root, "more") == NULL)
+        return TC_OK;
+    if (td_pv_bool(td_pv_get(root, "more"), more) != 0 ||
+        (*more && (td_pv_int(td_pv_get(root, "next"), next) != 0 ||
+                   (descending ? *next < 1 || (after > 0 && *next >= after) : *next <= after))))
+        return tc_err(TC_PROTOCOL, "traind's %s reply has a bad more or next", what);
+    return TC_OK;
+}
+
+/* The jobs ls prints, in the order it prints them, pointing into the reply frames they came
+ * in. Caller frees the frames and both arrays. */
+typedef struct job_list {
+    td_proto_frame **frames;
+    size_t nframes, cap_frames;
+    const td_pval **jobs;
+    size_t n, cap;
+} job_list;
+
+static int keep_frame(job_list *l, td_proto_frame *f)
+{
+    if (l->nframes == l->cap_frames) {
+        size_t cap = l->cap_frames ? l->cap_frames * 2 : 16;
+        void *fr = realloc(l->frames, cap * sizeof(*l->frames));
+        if (fr == NULL) {
+            td_proto_frame_free(f);
+            return tc_err(TC_FAILED, "out of memory");
+        }
+        l->frames = fr;
+        l->cap_frames = cap;
+    }
+    l->frames[l->nframes++] = f;
+    return TC_OK;
+}
+
+/* Adds a page's jobs to the list, at most max of them. */
+static int keep_jobs(job_list *l, const td_pval *jobs, int64_t max)
+{
+    size_t i, n = td_pv_len(jobs);
+
+    if (max >= 0 && (int64_t)n > max)
+        n = (size_t)max;
+    if (l->n + n > l->cap) {
+        size_t cap = l->cap ? l->cap : 1024;
+        while (cap < l->n + n)
+            cap *= 2;
+        void *jo = realloc(l->jobs, cap * sizeof(*l->jobs));
+        if (jo == NULL)
+            return tc_err(TC_FAILED, "out of memory");
+        l->jobs = jo;
+        l->cap = cap;
+    }
+    for (i = 0; i < n; i++)
+        l->jobs[l->n++] = td_pv_at(jobs, i);
+    return TC_OK;
+}
+
+static int has_filters(const tc_opts *o)
+{
+    return o->states != 0 || o->uid >= 0 || o->name_glob != NULL || o->created_since >= 0 ||
+           o->limit > 0;
+}
+
+/* Sends one list request: the page after `after`, of at most limit jobs, with ls's filters
+ * (PROTOCOL.md, "list"). --limit asks for the newest jobs first, so that it stops after N. */
+static int send_list(tc_conn *c, const tc_opts *o, int64_t after, int64_t limit)
+{
+    uint32_t n = 4 + (o->limit > 0) + (o->states != 0) + (o->uid >= 0) + (o->name_glob != NULL) +
+                 (o->created_since >= 0);
+    td_pw *w = tc_conn_request(c, "list", n);
+    uint32_t i, nstates = 0;
+
+    td_pw_str(w, "after");
+    td_pw_int(w, after);
+    td_pw_str(w, "limit");
+    td_pw_int(w, limit);
+    if (o->limit > 0) {
+        td_pw_str(w, "newest_first");
+        td_pw_bool(w, 1);
+    }
+    if (o->states != 0) {
+        for (i = 0; i < TC_NSTATES; i++)
+            nstates += (o->states >> i) & 1;
+        td_pw_str(w, "states");
+        td_pw_array(w, nstates);
+        for (i = 0; i < TC_NSTATES; i++)
+            if (o->states & (1u << i))
+                td_pw_str(w, tc_state_names[i]);
+    }
+    if (o->uid >= 0) {
+        td_pw_str(w, "uid");
+        td_pw_int(w, o->uid);
+    }
+    if (o->name_glob != NULL) {
+        td_pw_str(w, "name");
+        td_pw_str(w, o->name_glob);
+    }
+    if (o->created_since >= 0) {
+        td_pw_str(w, "since");
+        td_pw_double(w, o->created_since);
+    }
+    return tc_conn_send(c);
+}
+
+/* Every page of the jobs that match (or, with --limit, the pages that hold the newest N),
+ * then the list turned oldest first when traind sent it newest first. */
+static int fetch_jobs(tc_conn *c, const tc_opts *o, job_list *l)
 {
     td_proto_frame *f = NULL;
-    tc_conn *c = NULL;
     const td_pval *jobs;
+    int64_t after = 0, next = 0, left = o->limit > 0 ? o->limit : -1;
+    int more = 1, rc = TC_OK;
+
+    while (rc == TC_OK && more && left != 0) {
+        int64_t page = left > 0 && left < TD_PROTO_PAGE_MAX ? left : TD_PROTO_PAGE_MAX;
+        if ((rc = send_list(c, o, after, page)) != TC_OK ||
+            (rc = tc_conn_expect(c, "jobs", &f)) != TC_OK || (rc = keep_frame(l, f)) != TC_OK)
+            return rc;
+        jobs = td_pv_get(td_proto_frame_root(f), "jobs");
+        if (td_pv_type_of(jobs) != TD_PV_ARRAY)
+            return tc_err(TC_PROTOCOL, "traind's jobs reply has no jobs array");
+        if ((rc = keep_jobs(l, jobs, left)) != TC_OK)
+            return rc;
+        if (left > 0)
+            left -= left < (int64_t)td_pv_len(jobs) ? left : (int64_t)td_pv_len(jobs);
+        rc = next_page(td_proto_frame_root(f), "jobs", after, o->limit > 0, &more, &next);
+        after = next;
+    }
+    for (size_t i = 0; o->limit > 0 && i < l->n / 2; i++) {
+        const td_pval *t = l->jobs[i];
+        l->jobs[i] = l->jobs[l->n - 1 - i];
+        l->jobs[l->n - 1 - i] = t;
+    }
+    return rc;
+}
+
+/* The jobs as one JSON array. */
+static int print_jobs_json(const job_list *l)
+{
+    json_t *all = json_array();
+    int rc = all != NULL ? TC_OK : tc_err(TC_FAILED, "out of memory");
+
+    for (size_t i = 0; rc == TC_OK && i < l->n; i++)
+        if (json_array_append_new(all, tc_pv_to_json(l->jobs[i])) != 0)
+            rc = tc_err(TC_FAILED, "out of memory");
+    if (rc == TC_OK)
+        rc = tc_dump_json(all, 1);
+    json_decref(all);
+    return rc;
+}
+
+int tc_ls(const tc_opts *o)
+{
+    job_list l = {0};
+    tc_conn *c = NULL;
     int rc = tc_conn_open(&c, o->socket);
 
-    if (rc != TC_OK)
-        goto out;
-    tc_conn_request(c, "list", 2);
-    if ((rc = tc_conn_send(c)) != TC_OK || (rc = tc_conn_expect(c, "jobs", &f)) != TC_OK)
-        goto out;
-    jobs = td_pv_get(td_proto_frame_root(f), "jobs");
-    if (td_pv_type_of(jobs) != TD_PV_ARRAY)
-        rc = tc_err(TC_PROTOCOL, "traind's jobs reply has no jobs array");
-    else if (o->json)
-        rc = tc_print_json(jobs, 1);
-    else
-        tc_print_jobs(jobs);
-out:
-    td_proto_frame_free(f);
+    /* A traind that does not page ignores the filters and sends every job: never show that
+     * as the jobs that match. */
+    if (rc == TC_OK && has_filters(o) && !tc_conn_has(c, "list_pages"))
+        rc = tc_err(TC_UNAVAILABLE, "traind at %s is too old to filter or limit ls", o->socket);
+    if (rc == TC_OK)
+        rc = fetch_jobs(c, o, &l);
+    if (rc == TC_OK && o->json)
+        rc = print_jobs_json(&l);
+    else if (rc == TC_OK)
+        tc_print_jobs(l.jobs, l.n);
+    for (size_t i = 0; i < l.nframes; i++)
+        td_proto_frame_free(l.frames[i]);
+    free(l.frames);
+    free(l.jobs);
     tc_conn_close(c);
     return rc;
 }
@@ -181,32 +339,26 @@ static int sink_row(void *ud, const tc_row *row)
 
 int tc_metrics(const tc_opts *o)
 {
+    tc_key_report report;
     tc_conn *c = NULL;
     tc_sink *s = NULL;
     int rc = tc_conn_open(&c, o->socket);
 
     if (rc != TC_OK || (rc = tc_sink_new(&s, o)) != TC_OK)
         goto out;
-    if ((rc = tc_conn_metrics(c, o->job, o->keys, sink_row, s)) == TC_OK)
+    if ((rc = tc_conn_metrics(c, o->job, o->keys, sink_row, s, &report)) == TC_OK)
         rc = tc_sink_finish(s);
+    /* The rows of the names that exist are printed; a name that does not is an error, which
+     * says what the job has instead. */
+    if (rc == TC_OK && report.nmissing > 0 && report.available[0] != '\0')
+        rc = tc_err(TC_FAILED, "job %lld has no metric named %s; its metrics are %s",
+                    (long long)o->job, report.missing, report.available);
+    else if (rc == TC_OK && report.nmissing > 0)
+        rc = tc_err(TC_FAILED, "job %lld has no metric named %s; it has no metrics yet",
+                    (long long)o->job, report.missing);
 out:
     tc_sink_free(s);
     tc_conn_close(c);
-    return rc;
-}
-
-/* A reply's top map as pretty JSON, without the protocol's own type and id. */
-static int print_reply_json(const td_pval *root)
-{
-    json_t *j = tc_pv_to_json(root);
-    int rc;
-
-    if (j == NULL)
-        return tc_err(TC_FAILED, "out of memory");
-    json_object_del(j, "type");
-    json_object_del(j, "id");
-    rc = tc_dump_json(j, 1);
-    json_decref(j);
     return rc;
 }
 
@@ -224,7 +376,7 @@ int tc_info(const tc_opts *o)
         goto out;
     root = td_proto_frame_root(f);
     if (o->json)
-        rc = print_reply_json(root);
+        rc = tc_print_reply_json(root);
     else
         tc_print_info(root);
 out:
@@ -282,15 +434,19 @@ static void print_log_line(const tc_opts *o, const char *sep, double t, int64_t 
         tc_json_str(stdout, msg, len);
         fputc('}', stdout);
     } else {
+        /* What a line quotes (a path, a name) is printed escaped: nothing in it may drive the
+         * terminal. */
+        static char esc[4 * 8192 + 1];
+        size_t n = td_text_escape(esc, sizeof(esc), msg, len, TD_TEXT_KEEP_NEWLINES);
         tc_fmt_time(when, sizeof(when), t);
         printf("%s %s ", when, level_name(level));
-        print_indented(msg, len, (int)(strlen(when) + strlen(level_name(level)) + 2));
+        print_indented(esc, n, (int)(strlen(when) + strlen(level_name(level)) + 2));
     }
 }
 
-/* Checks every line first, so that a bad one leaves nothing half printed; then prints them,
- * as text or as a JSON array. */
-static int print_logs(const tc_opts *o, const td_pval *lines)
+/* Checks every line of a page first, so that a bad one leaves nothing of it half printed;
+ * then prints them, as text or as elements of a JSON array (*nprinted lines before them). */
+static int print_logs(const tc_opts *o, const td_pval *lines, size_t *nprinted)
 {
     size_t i, n = td_pv_len(lines), len;
     const char *msg;
@@ -302,14 +458,10 @@ static int print_logs(const tc_opts *o, const td_pval *lines)
         rc = log_line(lines, i, &t, &level, &msg, &len);
     if (rc != TC_OK)
         return rc;
-    if (o->json)
-        fputs("[", stdout);
     for (i = 0; i < n; i++) {
         log_line(lines, i, &t, &level, &msg, &len);
-        print_log_line(o, i ? ",\n" : "\n", t, level, msg, len);
+        print_log_line(o, (*nprinted)++ ? ",\n" : "\n", t, level, msg, len);
     }
-    if (o->json)
-        fputs(n ? "\n]\n" : "]\n", stdout);
     return TC_OK;
 }
 
@@ -318,17 +470,37 @@ int tc_logs(const tc_opts *o)
     td_proto_frame *f = NULL;
     tc_conn *c = NULL;
     const td_pval *lines;
-    int rc = job_request(o, &c, "logs", "logs", &f);
+    int64_t after = 0, next = 0;
+    size_t nprinted = 0;
+    int more = 1, opened = 0, rc = tc_conn_open(&c, o->socket);
 
-    if (rc != TC_OK)
-        goto out;
-    lines = td_pv_get(td_proto_frame_root(f), "lines");
-    if (td_pv_type_of(lines) != TD_PV_ARRAY)
-        rc = tc_err(TC_PROTOCOL, "traind's logs reply has no lines array");
-    else
-        rc = print_logs(o, lines);
-out:
-    td_proto_frame_free(f);
+    /* Page after page (PROTOCOL.md, "logs"), each printed as it comes. */
+    while (rc == TC_OK && more) {
+        td_pw *w = tc_conn_request(c, "logs", 5);
+        td_pw_str(w, "job_id");
+        td_pw_int(w, o->job);
+        td_pw_str(w, "after");
+        td_pw_int(w, after);
+        td_pw_str(w, "limit");
+        td_pw_int(w, TD_PROTO_PAGE_MAX);
+        if ((rc = tc_conn_send(c)) != TC_OK || (rc = tc_conn_expect(c, "logs", &f)) != TC_OK)
+            break;
+        lines = td_pv_get(td_proto_frame_root(f), "lines");
+        if (td_pv_type_of(lines) != TD_PV_ARRAY)
+            rc = tc_err(TC_PROTOCOL, "traind's logs reply has no lines array");
+        if (rc == TC_OK && o->json && !opened)
+            fputs("[", stdout); /* only once traind has answered: a refusal prints nothing */
+        opened |= rc == TC_OK;
+        if (rc == TC_OK)
+            rc = print_logs(o, lines, &nprinted);
+        if (rc == TC_OK)
+            rc = next_page(td_proto_frame_root(f), "logs", after, 0, &more, &next);
+        after = next;
+        td_proto_frame_free(f);
+        f = NULL;
+    }
+    if (o->json && opened)
+        fputs(nprinted ? "\n]\n" : "]\n", stdout);
     tc_conn_close(c);
     return rc;
 }

@@ -8,28 +8,29 @@
 #include <stdarg.h>
 
 /* X(name, value, text): the one list that makes the enum, td_strerror() and td_errname(). */
-#define TD_ERRNO_MAP(X)                           \
-    X(EINVAL, -4200, "invalid argument")          \
-    X(ENOMEM, -4201, "out of memory")             \
-    X(EIO, -4202, "I/O error")                    \
-    X(EPROTO, -4203, "protocol error")            \
-    X(E2BIG, -4204, "too large")                  \
-    X(ENOTFOUND, -4205, "not found")              \
-    X(EJOB, -4206, "invalid job")                 \
-    X(EDATA, -4207, "dataset error")              \
-    X(ESHAPE, -4208, "shape mismatch")            \
-    X(ENAN, -4209, "loss is not finite")          \
-    X(ESTORE, -4210, "store error")               \
-    X(EDISKFULL, -4211, "disk full")              \
-    X(ECANCELLED, -4212, "cancelled")             \
-    X(EPANIC, -4213, "training worker panicked")  \
-    X(ECUDA, -4214, "CUDA error")                 \
-    X(EPERM, -4215, "permission denied")          \
-    X(ESTATE, -4216, "wrong state")               \
-    X(EVERSION, -4217, "unsupported version")     \
-    X(ECLOSED, -4218, "closed")                   \
-    X(EWORKERS, -4219, "training workers failed") \
-    X(EABORTED, -4220, "stopped because another device of the job failed")
+#define TD_ERRNO_MAP(X)                                                    \
+    X(EINVAL, -4200, "invalid argument")                                   \
+    X(ENOMEM, -4201, "out of memory")                                      \
+    X(EIO, -4202, "I/O error")                                             \
+    X(EPROTO, -4203, "protocol error")                                     \
+    X(E2BIG, -4204, "too large")                                           \
+    X(ENOTFOUND, -4205, "not found")                                       \
+    X(EJOB, -4206, "invalid job")                                          \
+    X(EDATA, -4207, "dataset error")                                       \
+    X(ESHAPE, -4208, "shape mismatch")                                     \
+    X(ENAN, -4209, "loss is not finite")                                   \
+    X(ESTORE, -4210, "store error")                                        \
+    X(EDISKFULL, -4211, "disk full")                                       \
+    X(ECANCELLED, -4212, "cancelled")                                      \
+    X(EPANIC, -4213, "training worker panicked")                           \
+    X(ECUDA, -4214, "CUDA error")                                          \
+    X(EPERM, -4215, "permission denied")                                   \
+    X(ESTATE, -4216, "wrong state")                                        \
+    X(EVERSION, -4217, "unsupported version")                              \
+    X(ECLOSED, -4218, "closed")                                            \
+    X(EWORKERS, -4219, "training workers failed")                          \
+    X(EABORTED, -4220, "stopped because another device of the job failed") \
+    X(EBUSY, -4221, "busy; try again")
 
 typedef enum {
 #define TD_ERRNO_ENUM(name, val, text) TD_##name = (val),

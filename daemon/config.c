@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "metricq.h"
 #include "td_log.h"
 
 #define GROUP_BUF_MAX (1 << 20) /* bytes getgrnam_r may need for a group with many members */
@@ -25,10 +26,28 @@
                                   * a large model's all-reduce stay far below it */
 #define NCCL_TIMEOUT_MAX 86400.0 /* seconds: a day */
 
-typedef enum { K_SOCKET, K_STATE_DIR, K_DEVICES, K_GROUP, K_LOG_LEVEL, K_INT, K_SECONDS } key_kind;
+#define PROM_INTERVAL_MAX  3600.0 /* seconds between writes of the Prometheus file: an hour */
+#define DISK_FULL_WAIT_MAX 3600.0 /* seconds a full disk may be waited out: an hour */
+
+#define HELLO_TIMEOUT_MAX 3600.0   /* seconds: an hour */
+#define IDLE_TIMEOUT_MAX  604800.0 /* seconds: a week */
+
+typedef enum {
+    K_SOCKET,
+    K_STATE_DIR,
+    K_DEVICES,
+    K_GROUP,
+    K_LOG_LEVEL,
+    K_INT,
+    K_SECONDS,
+    K_SECONDS_OR_0,
+    K_PROM_PATH,
+    K_MODE
+} key_kind;
 
 /* Every key the file may hold. K_INT keys are an int of td_config at off, from lo to hi;
- * K_SECONDS keys a double of td_config at off, above 0 and at most hi. */
+ * K_SECONDS keys a double of td_config at off, above 0 and at most hi (K_SECONDS_OR_0: 0 is
+ * allowed too, and means "never"). */
 static const struct key_def {
     const char *section, *name;
     key_kind kind;
@@ -49,8 +68,24 @@ static const struct key_def {
      "queued jobs, 0 for no limit"},
     {"limits", "max_devices_per_user", K_INT, offsetof(td_config, max_devices_per_user), 0,
      TD_MAX_DEVICES, "devices, 0 for no limit"},
+    {"limits", "max_connections_per_user", K_INT, offsetof(td_config, max_conns_per_user), 0, 65536,
+     "connections, 0 for no limit"},
+    {"limits", "max_streams_per_connection", K_INT, offsetof(td_config, max_streams_per_conn), 1,
+     1024, "streams, at least 1"},
+    {"limits", "max_exports_per_user", K_INT, offsetof(td_config, max_exports_per_user), 0, 1024,
+     "exports, 0 for no limit"},
+    {"server", "hello_timeout_s", K_SECONDS, offsetof(td_config, hello_timeout_s), 0,
+     (int)HELLO_TIMEOUT_MAX, "seconds a new connection has to say hello"},
+    {"server", "idle_timeout_s", K_SECONDS_OR_0, offsetof(td_config, idle_timeout_s), 0,
+     (int)IDLE_TIMEOUT_MAX, "seconds a connection may sit idle, 0 for no limit"},
     {"cuda", "nccl_timeout_s", K_SECONDS, offsetof(td_config, nccl_timeout_s), 0,
      (int)NCCL_TIMEOUT_MAX, "seconds a collective may take"},
+    {"metrics", "prometheus_textfile", K_PROM_PATH, 0, 0, 0, NULL},
+    {"metrics", "prometheus_interval_s", K_SECONDS, offsetof(td_config, prom_interval_s), 0,
+     (int)PROM_INTERVAL_MAX, "seconds between writes of the file"},
+    {"metrics", "prometheus_textfile_mode", K_MODE, offsetof(td_config, prom_mode), 0, 0666, NULL},
+    {"metrics", "disk_full_wait_s", K_SECONDS, offsetof(td_config, disk_full_wait_s), 0,
+     (int)DISK_FULL_WAIT_MAX, "seconds a full disk is waited out"},
 };
 
 typedef struct load_ctx {
@@ -74,8 +109,62 @@ void td_config_defaults(td_config *cfg)
     cfg->ncpu_devices = 1;
     cfg->nccl_timeout_s = NCCL_TIMEOUT_DEFAULT;
     cfg->max_conns = TD_MAX_CONNS;
+    cfg->max_conns_per_user = TD_MAX_CONNS_PER_USER;
+    cfg->max_streams_per_conn = TD_MAX_STREAMS_PER_CONN;
+    cfg->max_exports_per_user = TD_MAX_EXPORTS_PER_USER;
+    cfg->max_queued_per_user = TD_MAX_QUEUED_PER_USER;
+    cfg->hello_timeout_s = TD_HELLO_TIMEOUT_S;
+    cfg->idle_timeout_s = TD_IDLE_TIMEOUT_S;
     cfg->log_level = TD_LOG_INFO;
     cfg->socket_gid = -1;
+    cfg->prom_interval_s = TD_PROM_INTERVAL_S;
+    cfg->prom_mode = TD_PROM_MODE;
+    cfg->disk_full_wait_s = TD_MQ_FULL_WAIT_MS / 1e3;
+}
+
+/* The Prometheus file: an absolute path named *.prom (the node exporter's textfile collector
+ * reads nothing else), with room for the ".tmp" it is written through; empty for none. */
+int td_config_set_prom_path(td_config *cfg, const char *path, char *why, size_t size)
+{
+    size_t n = strlen(path);
+
+    if (n == 0) {
+        cfg->prom_path[0] = '\0';
+        return 0;
+    }
+    if (path[0] != '/' || n < 7 || strcmp(path + n - 5, ".prom") != 0 || path[n - 6] == '/') {
+        snprintf(why, size,
+                 "expected an absolute path ending in .prom (the node exporter's textfile "
+                 "collector reads only *.prom files)");
+        return -1;
+    }
+    if (n + 4 >= sizeof(cfg->prom_path)) {
+        snprintf(why, size, "the path is %zu bytes; the limit is %zu", n,
+                 sizeof(cfg->prom_path) - 5);
+        return -1;
+    }
+    memcpy(cfg->prom_path, path, n + 1);
+    return 0;
+}
+
+/* A file mode in octal (0644), with no bit past rw for owner, group and others. */
+static int set_mode(td_config *cfg, const struct key_def *k, const char *value, char *why,
+                    size_t size)
+{
+    char *end;
+    long v;
+
+    errno = 0;
+    v = strtol(value, &end, 8);
+    if (errno != 0 || end == value || *end != '\0' || value[0] != '0' || v < 0 ||
+        (v & ~(long)k->hi) != 0 || (v & 0600) != 0600) {
+        snprintf(why, size,
+                 "expected a mode in octal with a leading 0, from 0600 to 0666 and no execute "
+                 "bit (0644: the node exporter, running as another user, reads the file)");
+        return -1;
+    }
+    *(int *)((char *)cfg + k->off) = (int)v;
+    return 0;
 }
 
 /* The socket path must fit sockaddr_un's sun_path with its NUL: libuv 1.44 would silently
@@ -278,10 +367,13 @@ static int set_seconds(td_config *cfg, const struct key_def *k, const char *valu
     char *end;
     double v;
 
+    int zero = k->kind == K_SECONDS_OR_0;
+
     errno = 0;
     v = strtod(value, &end);
-    if (errno != 0 || end == value || *end != '\0' || !(v > 0) || v > k->hi) {
-        snprintf(why, size, "expected a number above 0 and at most %d (%s)", k->hi, k->meaning);
+    if (errno != 0 || end == value || *end != '\0' || !(zero ? v >= 0 : v > 0) || v > k->hi) {
+        snprintf(why, size, "expected a number %s 0 and at most %d (%s)", zero ? "from" : "above",
+                 k->hi, k->meaning);
         return -1;
     }
     *(double *)((char *)cfg + k->off) = v;
@@ -305,7 +397,12 @@ static int set_key(td_config *cfg, const struct key_def *k, const char *value, c
     case K_INT:
         return set_int(cfg, k, value, why, size);
     case K_SECONDS:
+    case K_SECONDS_OR_0:
         return set_seconds(cfg, k, value, why, size);
+    case K_PROM_PATH:
+        return td_config_set_prom_path(cfg, value, why, size);
+    case K_MODE:
+        return set_mode(cfg, k, value, why, size);
     }
     return -1;
 }
@@ -351,13 +448,14 @@ static int on_key(void *user, const char *section, const char *name, const char 
     }
     if (section[0] == '\0')
         snprintf(c->err_msg, sizeof(c->err_msg),
-                 "key \"%s\" is outside any section; put it under [daemon], [limits] or [cuda]",
+                 "key \"%s\" is outside any section; put it under [daemon], [server], [limits], "
+                 "[metrics] or [cuda]",
                  name);
     else if (!section_known)
-        snprintf(
-            c->err_msg, sizeof(c->err_msg),
-            "unknown section [%s] (key \"%s\"); the sections are [daemon], [limits] and [cuda]",
-            section, name);
+        snprintf(c->err_msg, sizeof(c->err_msg),
+                 "unknown section [%s] (key \"%s\"); the sections are [daemon], [server], "
+                 "[limits], [metrics] and [cuda]",
+                 section, name);
     else
         snprintf(c->err_msg, sizeof(c->err_msg), "unknown key \"%s\" in [%s]", name, section);
     c->err_line = c->lineno;
@@ -390,10 +488,30 @@ static char *read_line(char *str, int num, void *stream)
     return str;
 }
 
+/* The offset of the first NUL byte in f, or -1 when there is none; f is rewound. fgets (and
+ * so inih) would take a NUL for the end of its line and read a file of them as empty lines:
+ * a file that is not text is refused instead of read as an empty configuration. */
+static long first_nul(FILE *f)
+{
+    char buf[4096];
+    long off = 0, at = -1;
+    size_t n;
+
+    while (at < 0 && (n = fread(buf, 1, sizeof(buf), f)) > 0) {
+        const char *p = memchr(buf, '\0', n);
+        if (p != NULL)
+            at = off + (long)(p - buf);
+        off += (long)n;
+    }
+    rewind(f);
+    return at;
+}
+
 int td_config_load(td_config *cfg, const char *path, int must_exist, int *loaded, td_error_t *err)
 {
     load_ctx c = {.cfg = cfg, .path = path};
     int line, rc = 0;
+    long nul;
 
     *loaded = 0;
     c.f = fopen(path, "re");
@@ -401,6 +519,14 @@ int td_config_load(td_config *cfg, const char *path, int must_exist, int *loaded
         if (errno == ENOENT && !must_exist)
             return 0;
         return td_error_set(err, TD_EINVAL, "%s: cannot open: %s", path, strerror(errno));
+    }
+    nul = first_nul(c.f);
+    if (nul >= 0) {
+        rc = td_error_set(err, TD_EINVAL,
+                          "%s: byte %ld is a NUL byte; a configuration file is text (INI)", path,
+                          nul);
+        fclose(c.f);
+        return rc;
     }
     line = ini_parse_stream(read_line, &c, on_key, &c);
     if (ferror(c.f))

@@ -12,6 +12,16 @@
 #include "td_errno.h"
 
 #define TD_MAX_CONNS 1024 /* connections open at once by default; more are closed at accept */
+#define TD_MAX_CONNS_PER_USER                                                                   \
+    64 /* connections one uid (root aside) may hold by default, so that nobody locks the others \
+        * out by filling max_connections */
+#define TD_MAX_STREAMS_PER_CONN 16    /* watch/metrics streams open at once on one connection */
+#define TD_MAX_EXPORTS_PER_USER 2     /* exports one uid may have in flight by default */
+#define TD_MAX_QUEUED_PER_USER  1000  /* queued jobs one uid may have by default */
+#define TD_HELLO_TIMEOUT_S      5.0   /* seconds a new connection has to complete its hello */
+#define TD_IDLE_TIMEOUT_S       300.0 /* seconds a connection may sit idle after its hello */
+#define TD_PROM_INTERVAL_S      5.0   /* seconds between writes of the Prometheus file */
+#define TD_PROM_MODE            0644  /* the Prometheus file's mode: the node exporter reads it */
 
 /* What the file and the command line say, after checking. */
 typedef struct td_config {
@@ -28,14 +38,29 @@ typedef struct td_config {
     int max_devices_per_user; /* devices one uid's running jobs may hold; 0 = unlimited */
     int max_conns;            /* connections open at once, at most; default TD_MAX_CONNS */
     int max_queued;           /* queued jobs of all users together; 0 = unlimited */
+    int max_conns_per_user;   /* connections one uid other than root may hold; 0 = unlimited */
+    int max_streams_per_conn; /* streams (watch, metrics) open at once on one connection */
+    int max_exports_per_user; /* exports one uid may have in flight; 0 = unlimited */
+    double hello_timeout_s;   /* [server] seconds from accept to a completed hello */
+    double idle_timeout_s;    /* [server] seconds without a request on a connection that has no
+                               * stream, export or sample under way; 0 = never closed for it */
     int log_level;            /* TD_LOG_ERR .. TD_LOG_DEBUG (td_log.h) */
     char socket_group[64];    /* the group given the socket it binds; "" = the daemon's own */
     int64_t socket_gid;       /* socket_group's gid, or -1 */
+    char prom_path[512];      /* [metrics] prometheus_textfile: absolute, *.prom; "" = none */
+    double prom_interval_s;   /* [metrics] prometheus_interval_s */
+    int prom_mode;            /* [metrics] prometheus_textfile_mode */
+    double disk_full_wait_s;  /* [metrics] how long the metric store waits for room on a full
+                               * disk before the jobs whose rows wait fail */
 } td_config;
 
 /* Fills cfg with the defaults: the socket in /run/traind, the state in /var/lib/traind, one
- * CPU device, TD_MAX_CONNS connections, no queue or per-user limits, log level info, the
- * socket left with the daemon's own group. */
+ * CPU device, TD_MAX_CONNS connections (TD_MAX_CONNS_PER_USER per uid), TD_MAX_QUEUED_PER_USER
+ * queued jobs per uid and none for the queue as a whole, no per-user device limit, the
+ * TD_HELLO_TIMEOUT_S and TD_IDLE_TIMEOUT_S timeouts, TD_MAX_STREAMS_PER_CONN streams per
+ * connection, TD_MAX_EXPORTS_PER_USER exports in flight per uid, log level info, the socket
+ * left with the daemon's own group, no Prometheus file (written every TD_PROM_INTERVAL_S with
+ * mode TD_PROM_MODE once one is named), a full disk waited out for TD_MQ_FULL_WAIT_MS. */
 void td_config_defaults(td_config *cfg);
 
 /* Reads the INI file at path into cfg, over what cfg holds. A missing file is an error only
@@ -52,5 +77,6 @@ int td_config_set_state_dir(td_config *cfg, const char *dir, char *why, size_t s
 int td_config_set_devices(td_config *cfg, const char *spec, char *why, size_t size);
 int td_config_set_log_level(td_config *cfg, const char *name, char *why, size_t size);
 int td_config_set_group(td_config *cfg, const char *group, char *why, size_t size);
+int td_config_set_prom_path(td_config *cfg, const char *path, char *why, size_t size);
 
 #endif

@@ -16,8 +16,12 @@
 #include "run.h"
 #include "td_clock.h"
 #include "td_log.h"
+#include "writes.h"
 
 #define MIB (1024.0 * 1024.0) /* bytes */
+#define TD_VACUUM_AT_START_MAX                                                               \
+    ((int64_t)256 << 20) /* bytes of an old database converted at start (a VACUUM: about 3 s \
+                          * per 100 MiB here); a larger one is left to the operator */
 
 /* A job the daemon holds in memory: queued or running. Ended jobs live only in the store. */
 typedef struct td_djob {
@@ -30,6 +34,8 @@ typedef struct td_djob {
     double progress_written; /* monotonic ms when step was last written to the store */
     td_run *run;             /* while running */
     char device_list[64];    /* "cpu:0,cpu:1" while running; td_job_row.device_list's size */
+    td_error_t metrics_err;  /* some of its metric rows could not be stored: it fails */
+    td_error_t final_err;    /* ended, unrecorded: the error its kept state write carries */
     struct td_djob *next;
 } td_djob;
 
@@ -43,9 +49,13 @@ struct td_daemon {
     td_worker workers[TD_MAX_DEVICES];
     int nworkers;
     td_djob *jobs;        /* queued and running, submission order */
+    td_djob *unrecorded;  /* ended, their final state kept in writes until the store takes it */
+    td_writes writes;     /* the loop's store writes, kept while the store cannot take them */
+    td_purge purge;       /* deleting ended jobs (rm, prune), a slice per loop turn */
     int stopping;         /* 1: jobs are being interrupted; 2: everything is closed */
     atomic_int work_stop; /* set when stopping: a sample running on the threadpool stops early */
     int reexec;           /* a sticky CUDA error: stop, then re-execute (main.c) */
+    int discarded;        /* td_daemon_discard: a start abandoned, closed without a word */
     char reexec_why[512]; /* which job, which device, what error */
 };
 
@@ -57,6 +67,15 @@ static void begin_reexec(td_daemon *d, const char *why);
 static td_djob *find_job(const td_daemon *d, int64_t id)
 {
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
+        if (j->id == id)
+            return j;
+    return NULL;
+}
+
+/* An ended job whose final state the store has not taken yet (d->unrecorded), or NULL. */
+static const td_djob *find_unrecorded(const td_daemon *d, int64_t id)
+{
+    for (const td_djob *j = d->unrecorded; j != NULL; j = j->next)
         if (j->id == id)
             return j;
     return NULL;
@@ -89,6 +108,11 @@ static void free_jobs(td_daemon *d)
         free(d->jobs);
         d->jobs = next;
     }
+    while (d->unrecorded != NULL) {
+        td_djob *next = d->unrecorded->next;
+        free(d->unrecorded);
+        d->unrecorded = next;
+    }
 }
 
 static int running_jobs(const td_daemon *d)
@@ -105,33 +129,41 @@ static void job_changed(td_daemon *d, int64_t job, const char *state)
         d->hooks.job_changed(d->hooks.ud, job, state);
 }
 
-/* Appends a line to a job's log in the store (lifecycle events, warnings). */
+/* Appends a line to a job's log in the store (lifecycle events, warnings); kept for later
+ * while the store cannot take it (writes.h). */
 static void job_log(td_daemon *d, int64_t job, int level, const char *line)
 {
     td_error_t err;
 
-    if (td_store_log(d->store, job, level, line, &err) != 0)
+    if (td_writes_log(&d->writes, job, level, line, &err) < 0)
         td_log_warn("job %lld: cannot write its log: %s", (long long)job, err.msg);
 }
 
-/* Records a job's new state, and a line in its log saying so. */
-static void store_state(td_daemon *d, td_djob *job, const char *state, const char *devs,
-                        const td_error_t *e)
+/* Records a job's new state, and a line in its log saying so. Returns 1 when the state is
+ * kept in memory until the store can take it (writes.h), else 0 (written, or refused for
+ * good, which is logged). */
+static int store_state(td_daemon *d, td_djob *job, const char *state, const char *devs,
+                       const td_error_t *e)
 {
     td_error_t err;
     char line[1200];
     int code = e != NULL ? e->code : 0;
+    int rc =
+        td_writes_state(&d->writes, job->id, state, devs, code, code != 0 ? e->msg : NULL, &err);
 
-    if (td_store_job_set_state(d->store, job->id, state, devs, code, code != 0 ? e->msg : NULL,
-                               &err) != 0)
+    if (rc < 0)
         td_log_err("job %lld: cannot record state %s: %s", (long long)job->id, state, err.msg);
-    if (code != 0)
+    /* A message that already says the state ("cancelled at step 515") is the line itself. */
+    if (code != 0 && strncmp(e->msg, state, strlen(state)) == 0)
+        snprintf(line, sizeof(line), "%s", e->msg);
+    else if (code != 0)
         snprintf(line, sizeof(line), "%s at step %lld: %s", state, (long long)job->step, e->msg);
     else if (devs != NULL && devs[0] != '\0')
         snprintf(line, sizeof(line), "%s on %s", state, devs);
     else
         snprintf(line, sizeof(line), "%s at step %lld", state, (long long)job->step);
     job_log(d, job->id, code != 0 && code != TD_ECANCELLED ? TD_LOG_ERR : TD_LOG_NOTICE, line);
+    return rc == 1;
 }
 
 static void write_progress(td_daemon *d, td_djob *job)
@@ -139,8 +171,42 @@ static void write_progress(td_daemon *d, td_djob *job)
     td_error_t err;
 
     job->progress_written = td_mono_ms();
-    if (td_store_job_set_progress(d->store, job->id, job->step, job->total_steps, &err) != 0)
+    if (td_writes_progress(&d->writes, job->id, job->step, job->total_steps, &err) < 0)
         td_log_warn("job %lld: cannot record progress: %s", (long long)job->id, err.msg);
+}
+
+/* Forgets an ended job, already unlinked from the table; kept (later 1), it waits in
+ * d->unrecorded, showing its final state, until the store has taken that state. */
+static void job_forget(td_daemon *d, td_djob *job, const char *state, const td_error_t *e,
+                       int later)
+{
+    if (!later) {
+        free(job);
+        return;
+    }
+    snprintf(job->state, sizeof(job->state), "%s", state);
+    if (e != NULL)
+        job->final_err = *e;
+    job->run = NULL;
+    job->next = d->unrecorded;
+    d->unrecorded = job;
+}
+
+/* A state write that was kept left the queue (writes.h): an ended job waiting for it is
+ * forgotten now, and its watchers get its stored row. */
+static void on_state_written(void *ud, int64_t id, const char *state)
+{
+    td_daemon *d = ud;
+
+    for (td_djob **p = &d->unrecorded; *p != NULL; p = &(*p)->next)
+        if ((*p)->id == id && strcmp((*p)->state, state) == 0) {
+            td_djob *job = *p;
+            *p = job->next;
+            free(job);
+            if (d->stopping < 2)
+                job_changed(d, id, state);
+            return;
+        }
 }
 
 /* Ends a job that never ran, or ran and is over, here on the loop thread: records state
@@ -148,10 +214,10 @@ static void write_progress(td_daemon *d, td_djob *job)
 static void job_end(td_daemon *d, td_djob *job, const char *state, const td_error_t *e)
 {
     int64_t id = job->id;
+    int later = store_state(d, job, state, NULL, e);
 
-    store_state(d, job, state, NULL, e);
     job_unlink(d, job);
-    free(job);
+    job_forget(d, job, state, e, later);
     job_changed(d, id, state);
 }
 
@@ -248,7 +314,13 @@ int td_daemon_device_memory(const td_daemon *d, int i, size_t *free_bytes, size_
 
 int td_daemon_workers_fresh(const td_daemon *d, int64_t stale_ms, char *why, size_t size)
 {
-    return td_workers_fresh(d->workers, d->nworkers, stale_ms, why, size);
+    char stall[700];
+
+    if (td_workers_fresh(d->workers, d->nworkers, stale_ms, why, size))
+        return 1;
+    /* A worker blocked on a full metric queue while the store thread waits out a lock or a
+     * full disk (metricq.h) is paused, not hung: the store thread logs the wait. */
+    return d->mq != NULL && td_mq_stalled(d->mq, stall, sizeof(stall));
 }
 
 /* ---- the scheduler ---- */
@@ -288,8 +360,9 @@ static int store_spec(td_daemon *d, int64_t id, const void *blob, size_t len, td
 
     if (rc == 0 && (json = td_pv_to_json(td_proto_frame_root(f))) == NULL)
         rc = td_error_set(err, TD_ENOMEM, "no memory for the job's JSON");
-    if (rc == 0)
-        rc = td_store_job_set_spec_json(d->store, id, blob, len, json, err);
+    /* 1, kept until the store can take it (writes.h), is as good as written here. */
+    if (rc == 0 && (rc = td_writes_spec(&d->writes, id, blob, len, json, err)) > 0)
+        rc = 0;
     free(json);
     td_proto_frame_free(f);
     return rc;
@@ -461,10 +534,13 @@ static void finish_shutdown(td_daemon *d)
     d->mq = NULL;
     /* Durable notices the store thread posted last have nobody left to tell. */
     td_mailbox_close(&d->mailbox);
+    td_purge_close(&d->purge);
+    td_writes_close(&d->writes);
     free_jobs(d);
     td_store_close(d->store);
     d->store = NULL;
-    td_log_notice(d->reexec ? "stopped for the re-exec" : "stopped");
+    if (!d->discarded)
+        td_log_notice(d->reexec ? "stopped for the re-exec" : "stopped");
 }
 
 void td_daemon_shutdown(td_daemon *d)
@@ -546,7 +622,7 @@ static void store_failed_devices(td_daemon *d, int64_t job, const td_run *r)
     body = td_pw_body(&w, &len);
     if (body == NULL)
         td_log_warn("job %lld: no memory to record its device errors", (long long)job);
-    else if (td_store_job_set_error_devices(d->store, job, body, len, &err) != 0)
+    else if (td_writes_err_devices(&d->writes, job, body, len, &err) < 0)
         td_log_warn("job %lld: cannot record its device errors: %s", (long long)job, err.msg);
     td_pw_free(&w);
 }
@@ -556,7 +632,7 @@ static void handle_done(td_daemon *d, td_event *ev)
 {
     td_djob *job = find_job(d, ev->job);
     char devs[sizeof(job->device_list)];
-    int requeue;
+    int requeue, later = 0;
 
     if (job == NULL)
         return;
@@ -574,9 +650,16 @@ static void handle_done(td_daemon *d, td_event *ev)
                     (long long)job->id, job->spec.name, ev->err.msg);
         snprintf(ev->state, sizeof(ev->state), TD_JOB_QUEUED);
     }
+    if (job->metrics_err.code != 0 && strcmp(ev->state, TD_JOB_FAILED) != 0) {
+        /* Some of its metric rows could not be stored (metricq.h) and the daemon cancelled
+         * it: it fails with that cause, whatever the stop that the cancel caused says. */
+        snprintf(ev->state, sizeof(ev->state), TD_JOB_FAILED);
+        td_error_set(&ev->err, job->metrics_err.code, "metrics could not be stored: %s",
+                     job->metrics_err.msg);
+    }
     requeue = strcmp(ev->state, TD_JOB_QUEUED) == 0;
     if (!requeue)
-        store_state(d, job, ev->state, NULL, &ev->err);
+        later = store_state(d, job, ev->state, NULL, &ev->err);
     if (!requeue && strcmp(ev->state, TD_JOB_FAILED) == 0)
         store_failed_devices(d, job->id, job->run);
     td_run_free(job->run);
@@ -604,8 +687,21 @@ static void handle_done(td_daemon *d, td_event *ev)
         begin_reexec(d, why);
     }
     job_unlink(d, job);
-    free(job);
+    job_forget(d, job, ev->state, &ev->err, later);
     job_changed(d, ev->job, ev->state);
+}
+
+/* The store thread could not store some of job's metric rows (a full disk that stayed full,
+ * an I/O error; metricq.h): the job cannot end with rows missing, so it stops at its next step
+ * and fails (handle_done), rather than train on without them. */
+static void handle_store_failed(td_daemon *d, td_djob *job, const td_error_t *e)
+{
+    if (job == NULL || job->run == NULL || job->metrics_err.code != 0)
+        return;
+    job->metrics_err = *e;
+    td_log_err("job %lld (%s, uid %lld): its metrics cannot be stored: %s; it stops and fails",
+               (long long)job->id, job->spec.name, (long long)job->uid, e->msg);
+    td_run_cancel(job->run);
 }
 
 static void handle_event(td_daemon *d, td_event *ev)
@@ -636,6 +732,9 @@ static void handle_event(td_daemon *d, td_event *ev)
     case TD_EV_DONE:
         handle_done(d, ev);
         break;
+    case TD_EV_STORE_FAILED:
+        handle_store_failed(d, job, &ev->err);
+        break;
     }
 }
 
@@ -665,6 +764,15 @@ static void on_durable(void *ud, int64_t job, int64_t step)
     td_event *ev = td_event_new(TD_EV_DURABLE, job);
 
     ev->step = step;
+    td_mailbox_post(ud, ev);
+}
+
+/* The store thread's failure callback (the store thread): job's rows could not be stored. */
+static void on_store_failed(void *ud, int64_t job, const td_error_t *err)
+{
+    td_event *ev = td_event_new(TD_EV_STORE_FAILED, job);
+
+    ev->err = *err;
     td_mailbox_post(ud, ev);
 }
 
@@ -708,6 +816,7 @@ static int load_job(td_daemon *d, const td_job_row *row)
     }
     job->id = row->id;
     job->uid = row->uid;
+    job->spec.uid = row->uid; /* its files are opened as its user, here too */
     job->step = row->step;
     snprintf(job->state, sizeof(job->state), TD_JOB_QUEUED);
     job_append(d, job);
@@ -752,6 +861,59 @@ static void sweep_exports(const td_daemon *d)
     globfree(&g);
 }
 
+/* A database created before incremental auto-vacuum keeps the pages deleted jobs free (store.h,
+ * "Space"). A small one is converted at start, by a VACUUM; a larger one would hold the start
+ * up too long (and needs as much room again, for a while), so it is left as it is and the log
+ * says how to convert it by hand. */
+static void convert_vacuum(td_daemon *d)
+{
+    td_store_space sp;
+    td_error_t err;
+    double t0 = td_mono_ms();
+    int done = 0;
+
+    if (td_store_vacuum_convert(d->store, TD_VACUUM_AT_START_MAX, &done, &err) != 0) {
+        td_log_warn("store: cannot convert %s to incremental auto-vacuum: %s; deleted jobs' "
+                    "pages stay in the file",
+                    d->cfg.db_path, err.msg);
+        return;
+    }
+    if (done == 1)
+        td_log_notice("store: %s converted to incremental auto-vacuum in %.1f s: deleted jobs' "
+                      "space goes back to the file system",
+                      d->cfg.db_path, (td_mono_ms() - t0) / 1000.0);
+    if (done == -1 && td_store_space_get(d->store, &sp, &err) == 0)
+        td_log_notice("store: %s (%.0f MiB) predates incremental auto-vacuum: the space of deleted "
+                      "jobs stays in the file for later writes. To give it back, stop traind and "
+                      "run: sqlite3 %s 'PRAGMA auto_vacuum=INCREMENTAL; VACUUM' (it needs as much "
+                      "free disk again, for a while)",
+                      d->cfg.db_path, (double)(sp.pages * sp.page_bytes) / (1024.0 * 1024.0),
+                      d->cfg.db_path);
+}
+
+/* The purge's checkpoints go to the store thread, whose transactions are short and whose
+ * waits hold up no client (purge.h). */
+static void purge_checkpoint(void *ud)
+{
+    td_daemon *d = ud;
+
+    if (d->mq != NULL)
+        td_mq_checkpoint(d->mq);
+}
+
+/* At start: deletions a stop interrupted go on, and checkpoint directories of jobs that no
+ * longer exist are swept (purge.h). */
+static void resume_purge(td_daemon *d)
+{
+    int64_t job = 0, pending = 0;
+    td_error_t err;
+
+    if (td_store_purge_next(d->store, &job, &pending, &err) == 0 && pending > 0)
+        td_log_notice("deleting %lld job(s) whose deletion was under way when traind stopped",
+                      (long long)pending);
+    td_purge_kick(&d->purge, 1);
+}
+
 /* Acquires step by step and, like uv_loop_init, unwinds every step in reverse on failure.
  * The mailbox comes last: it is the only libuv handle, so a failed start leaves nothing for
  * the loop to close. */
@@ -768,13 +930,19 @@ int td_daemon_new(td_daemon **out, uv_loop_t *loop, const td_config *cfg, td_err
     rc = td_store_open(&d->store, cfg->db_path, err);
     if (rc != 0)
         goto fail_store;
+    convert_vacuum(d);
     sweep_exports(d);
     rc = load_queue(d, err);
     if (rc != 0)
         goto fail_queue;
+    /* From here on the loop thread never waits on another process's lock: what it cannot
+     * write at once is kept and written later (writes.h). */
+    td_store_set_lock_wait(d->store, TD_STORE_NOWAIT);
     rc = td_mq_start(&d->mq, cfg->db_path, 0, on_durable, &d->mailbox, err);
     if (rc != 0)
         goto fail_queue;
+    td_mq_on_failure(d->mq, on_store_failed, &d->mailbox);
+    td_mq_set_full_wait(d->mq, cfg->disk_full_wait_s * 1e3);
     n = workers_plan(d, err);
     rc = n < 0 ? n : td_workers_start(d->workers, n, err);
     if (rc != 0)
@@ -785,11 +953,28 @@ int td_daemon_new(td_daemon **out, uv_loop_t *loop, const td_config *cfg, td_err
         td_error_set(err, rc, "uv_async_init: %s", uv_strerror(rc));
         goto fail_mailbox;
     }
+    rc = td_writes_init(&d->writes, loop, d->store, on_state_written, d);
+    if (rc != 0) {
+        td_error_set(err, rc, "uv_timer_init: %s", uv_strerror(rc));
+        goto fail_writes;
+    }
+    rc = td_purge_init(&d->purge, loop, d->store, cfg->state_dir, purge_checkpoint, d);
+    if (rc != 0) {
+        td_error_set(err, rc, "uv_idle_init: %s", uv_strerror(rc));
+        goto fail_purge;
+    }
+    resume_purge(d);
     /* Jobs loaded from the store run as soon as the loop turns. */
     td_mailbox_wake(&d->mailbox);
     *out = d;
     return 0;
 
+fail_purge:
+    td_writes_close(&d->writes);
+fail_writes:
+    /* The async handle's memory is d's: let the loop run its close before d goes. */
+    td_mailbox_close(&d->mailbox);
+    uv_run(loop, UV_RUN_NOWAIT);
 fail_mailbox:
     td_workers_stop(d->workers, d->nworkers);
 fail_workers:
@@ -800,6 +985,14 @@ fail_queue:
 fail_store:
     free(d);
     return rc;
+}
+
+void td_daemon_discard(td_daemon *d)
+{
+    d->discarded = 1;
+    d->stopping = 1;
+    atomic_store(&d->work_stop, 1);
+    finish_shutdown(d);
 }
 
 void td_daemon_set_hooks(td_daemon *d, const td_daemon_hooks *hooks)
@@ -831,9 +1024,12 @@ static int validate(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t gi
 {
     int rc;
 
-    if ((rc = td_jobspec_parse(jobval, spec, err)) != 0 ||
+    if ((rc = td_jobspec_check_text(jobval, err)) != 0 ||
+        (rc = td_jobspec_parse(jobval, spec, err)) != 0 ||
         (rc = td_jobspec_check_access(spec, uid, gid, err)) != 0)
         return rc;
+    spec->uid = uid; /* every later open of its files is made as this user */
+    spec->gid = gid;
     if (spec->devices > d->nworkers)
         return td_error_set(err, TD_EJOB,
                             "devices: the job asks for %d devices but this daemon has %d",
@@ -843,6 +1039,24 @@ static int validate(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t gi
                             "devices: the job asks for %d devices but each user may hold %d",
                             spec->devices, d->cfg.max_devices_per_user);
     return 0;
+}
+
+/* A job the store could not take: a lock another process holds (the loop does not wait for
+ * it; writes.h) is TD_EBUSY, a full disk TD_EDISKFULL: both the user's to retry, and the
+ * message says so. Returns the code the submit fails with. */
+static int submit_refused(td_daemon *d, int rc, td_error_t *err)
+{
+    td_error_t why = *err;
+
+    if (rc == TD_ESTORE && td_store_locked(d->store))
+        return td_error_set(err, TD_EBUSY, "the store is locked by another process; try again (%s)",
+                            why.msg);
+    if (rc == TD_EDISKFULL)
+        return td_error_set(err, rc,
+                            "the disk holding the store is full; try again once there is room "
+                            "(%s)",
+                            why.msg);
+    return rc;
 }
 
 int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t gid, int64_t *id,
@@ -881,8 +1095,10 @@ int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t g
     }
     rc = td_store_job_insert(d->store, job->spec.name, job->spec.devices, job->spec.priority, uid,
                              body, len, json, &job->id, err);
-    if (rc != 0)
+    if (rc != 0) {
+        rc = submit_refused(d, rc, err);
         goto out;
+    }
     job->uid = uid;
     snprintf(job->state, sizeof(job->state), TD_JOB_QUEUED);
     job_append(d, job);
@@ -945,11 +1161,15 @@ int td_daemon_cancel(td_daemon *d, int64_t id, int64_t uid, char *state_out, td_
         return rc;
     if (job == NULL) {
         rc = td_store_job_get(d->store, id, &row, err);
+        if (rc == TD_ENOTFOUND)
+            td_error_set(err, rc, "no job %lld", (long long)id);
         if (rc == 0)
             rc = td_daemon_check_owner(id, row.uid, uid, err);
-        if (rc == 0)
+        if (rc == 0) {
+            const td_djob *ended = find_unrecorded(d, id);
             rc = td_error_set(err, TD_ESTATE, "job %lld has already ended (%s)", (long long)id,
-                              row.state);
+                              ended != NULL ? ended->state : row.state);
+        }
         td_job_row_clear(&row);
         return rc;
     }
@@ -972,6 +1192,10 @@ int td_daemon_job_live(const td_daemon *d, int64_t id, td_job_live *out)
 {
     const td_djob *job = find_job(d, id);
 
+    /* An ended job is shown with the state its row will get: the row may still say
+     * "running" while the store cannot take the change (writes.h). */
+    if (job == NULL)
+        job = find_unrecorded(d, id);
     if (job == NULL)
         return 0;
     snprintf(out->state, sizeof(out->state), "%s", job->state);
@@ -980,6 +1204,7 @@ int td_daemon_job_live(const td_daemon *d, int64_t id, td_job_live *out)
     out->durable_step = job->durable_step;
     out->running = job->run != NULL;
     snprintf(out->device_list, sizeof(out->device_list), "%s", job->device_list);
+    out->err = job->final_err;
     return 1;
 }
 
@@ -1059,4 +1284,197 @@ dir:
     if (rc == 0 && checkpoint_dir(d, job, cfg->checkpoint_dir, sizeof(cfg->checkpoint_dir)) != 0)
         rc = td_error_set(err, TD_EINVAL, "the state directory's path is too long");
     return rc;
+}
+
+/* ---- deleting ended jobs ---- */
+
+void td_purge_listing_free(td_purge_listing *l)
+{
+    if (l == NULL)
+        return;
+    free(l->jobs);
+    l->jobs = NULL;
+    l->n = 0;
+}
+
+/* Keeps the first TD_PURGE_LIST_MAX jobs a deletion lists (td_job_brief_cb). */
+static int list_brief(void *ud, const td_job_brief *job)
+{
+    td_purge_listing *l = ud;
+
+    if (l->n == TD_PURGE_LIST_MAX)
+        return 1;
+    l->jobs[l->n++] = *job;
+    return 0;
+}
+
+/* Appends a refusal of one job to err: the first one's code stays, the messages join. */
+static void add_refusal(td_error_t *err, int *code, const td_error_t *why)
+{
+    size_t len = strlen(err->msg);
+
+    if (*code == 0) {
+        *code = why->code;
+        *err = *why;
+        return;
+    }
+    snprintf(err->msg + len, sizeof(err->msg) - len, "; %s", why->msg);
+}
+
+/* Why job id may not be deleted by uid, into why; 0 when it may. */
+static int rm_refused(td_daemon *d, int64_t id, int64_t uid, td_error_t *why)
+{
+    td_job_row row = {0};
+    td_job_live live;
+    int rc = td_store_job_get(d->store, id, &row, why);
+
+    if (rc == TD_ENOTFOUND)
+        rc = td_error_set(why, rc, "no job %lld", (long long)id);
+    if (rc == 0)
+        rc = td_daemon_check_owner(id, row.uid, uid, why);
+    if (rc == 0 && td_daemon_job_live(d, id, &live))
+        rc = live.running || strcmp(live.state, TD_JOB_QUEUED) == 0
+                 ? td_error_set(why, TD_ESTATE, "job %lld is %s; cancel it first", (long long)id,
+                                live.state)
+                 : td_error_set(why, TD_ESTATE,
+                                "job %lld has ended (%s) but the store has not taken its state "
+                                "yet; try again",
+                                (long long)id, live.state);
+    td_job_row_clear(&row);
+    return rc;
+}
+
+/* What a deletion the store could not start becomes: another process's lock is the user's to
+ * retry (TD_EBUSY), as for submit. */
+static int purge_refused(td_daemon *d, int rc, td_error_t *err)
+{
+    td_error_t why = *err;
+
+    if (rc == TD_ESTORE && td_store_locked(d->store))
+        return td_error_set(err, TD_EBUSY, "the store is locked by another process; try again (%s)",
+                            why.msg);
+    return rc;
+}
+
+/* Starts the listing: room for the jobs, and the database's size before. */
+static int listing_begin(td_daemon *d, td_purge_listing *out, td_error_t *err)
+{
+    td_store_space sp;
+
+    memset(out, 0, sizeof(*out));
+    out->jobs = malloc(TD_PURGE_LIST_MAX * sizeof(*out->jobs));
+    if (out->jobs == NULL)
+        return td_error_set(err, TD_ENOMEM, "out of memory");
+    if (td_store_space_get(d->store, &sp, err) == 0)
+        out->bytes_before = sp.pages * sp.page_bytes;
+    return 0;
+}
+
+/* The marked jobs' deletion begins, and the caller waits for it. A wait that cannot be had
+ * (out of memory) leaves the deletion going on unwaited: the reply then comes at once. */
+static void purge_start(td_daemon *d, td_purge_listing *out, const char *what, int64_t uid,
+                        double marked_ms, td_purge_done_cb done, td_purge_progress_cb progress,
+                        void *ud)
+{
+    out->waiting = td_purge_wait(&d->purge, done, progress, ud) == 0;
+    td_log_notice("uid %lld: %s: deleting %lld job(s), %lld metric row(s) (marked in %.0f ms)",
+                  (long long)uid, what, (long long)out->tot.jobs, (long long)out->tot.metric_rows,
+                  marked_ms);
+    td_purge_kick(&d->purge, what[0] == 'p'); /* a prune sweeps the checkpoints too */
+}
+
+int td_daemon_rm(td_daemon *d, const int64_t *ids, size_t n, int64_t uid, td_purge_listing *out,
+                 td_purge_done_cb done, td_purge_progress_cb progress, void *ud, td_error_t *err)
+{
+    td_error_t why;
+    double t0;
+    int code = 0, rc;
+
+    if ((rc = listing_begin(d, out, err)) != 0)
+        return rc;
+    td_error_clear(err);
+    for (size_t i = 0; i < n; i++)
+        if (rm_refused(d, ids[i], uid, &why) != 0)
+            add_refusal(err, &code, &why);
+    if (code != 0) {
+        td_purge_listing_free(out);
+        return code;
+    }
+    t0 = td_mono_ms();
+    rc = td_store_jobs_mark(d->store, ids, n, list_brief, out, &out->tot, err);
+    if (rc != 0) {
+        td_purge_listing_free(out);
+        return purge_refused(d, rc, err);
+    }
+    purge_start(d, out, "rm", uid, td_mono_ms() - t0, done, progress, ud);
+    return 0;
+}
+
+int td_daemon_prune(td_daemon *d, const td_prune_args *a, int64_t uid, td_purge_listing *out,
+                    td_purge_done_cb done, td_purge_progress_cb progress, void *ud, td_error_t *err)
+{
+    td_prune_query q = {.states = a->states,
+                        .nstates = a->nstates,
+                        .ended_before = td_wall_s() - a->older_than_s,
+                        .by_uid = uid != 0,
+                        .uid = uid};
+    double t0;
+    int rc;
+
+    if ((rc = listing_begin(d, out, err)) != 0)
+        return rc;
+    t0 = td_mono_ms();
+    rc = td_store_prune(d->store, &q, !a->dry_run, list_brief, out, &out->tot, err);
+    if (rc != 0) {
+        td_purge_listing_free(out);
+        return purge_refused(d, rc, err);
+    }
+    if (!a->dry_run && out->tot.jobs > 0)
+        purge_start(d, out, "prune", uid, td_mono_ms() - t0, done, progress, ud);
+    else if (!a->dry_run)
+        td_purge_kick(&d->purge, 1); /* nothing to delete, but the checkpoints are swept */
+    return 0;
+}
+
+/* ---- for operators ---- */
+
+size_t td_daemon_running(const td_daemon *d, td_running_view *out, size_t max)
+{
+    size_t n = 0;
+
+    for (const td_djob *j = d->jobs; j != NULL; j = j->next) {
+        if (j->run == NULL)
+            continue;
+        if (n < max)
+            out[n] = (td_running_view){.id = j->id,
+                                       .uid = j->uid,
+                                       .step = j->step,
+                                       .total_steps = j->total_steps,
+                                       .name = j->spec.name};
+        n++;
+    }
+    return n;
+}
+
+int td_daemon_job_counts(td_daemon *d, int64_t counts[TD_STORE_NSTATES], td_error_t *err)
+{
+    int64_t stored[TD_STORE_NSTATES];
+    int rc = d->store != NULL ? td_store_job_counts(d->store, stored, err)
+                              : td_error_set(err, TD_ECLOSED, "the store is closed");
+
+    /* Index 0 and 1 (queued, running) are the daemon's; the rest the store's. */
+    counts[0] = counts[1] = 0;
+    for (const td_djob *j = d->jobs; j != NULL; j = j->next)
+        counts[j->run != NULL ? 1 : 0]++;
+    if (rc == 0)
+        for (int i = 2; i < TD_STORE_NSTATES; i++)
+            counts[i] = stored[i];
+    return rc;
+}
+
+void td_daemon_metric_stats(const td_daemon *d, td_mq_stats_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (d->mq != NULL)
+        td_mq_stats(d->mq, out);
 }

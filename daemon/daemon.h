@@ -17,7 +17,9 @@
 #include "config.h"
 #include "jobspec.h"
 #include "memguard.h"
+#include "metricq.h"
 #include "proto.h"
+#include "purge.h"
 #include "store.h"
 
 #define TD_PROGRESS_WRITE_MS 1000 /* how often a running job's step is written to the store */
@@ -43,6 +45,12 @@ typedef struct td_daemon_hooks {
  * Caller frees with td_daemon_free() once the loop has ended. */
 int td_daemon_new(td_daemon **out, uv_loop_t *loop, const td_config *cfg, td_error_t *err);
 void td_daemon_set_hooks(td_daemon *d, const td_daemon_hooks *hooks); /* copies */
+
+/* Closes a daemon whose start is abandoned (the server could not listen, say) before the loop
+ * has run: no job has been dispatched, nothing is logged ("stopping", "stopped"), and the
+ * workers, the store thread, the store and the handles close as after a stop. The caller runs
+ * the loop once more for the handles' closes, then frees d with td_daemon_free(). */
+void td_daemon_discard(td_daemon *d);
 void td_daemon_free(td_daemon *d); /* after td_daemon_shutdown's stop and the loop's end */
 
 /* Stops taking jobs and dispatching, interrupts running jobs (they checkpoint and go back to
@@ -93,6 +101,8 @@ typedef struct td_job_live {
     int64_t durable_step; /* the highest step whose rows the store holds */
     int running;
     char device_list[64]; /* "cpu:0,cpu:1" while running */
+    td_error_t err;       /* an ended job whose final state the store has not taken yet: the
+                           * error that state carries (code 0: none); else zero */
 } td_job_live;
 
 /* Fills *out for job id and returns 1 when the daemon holds it (queued or running); 0 for an
@@ -110,6 +120,68 @@ size_t td_daemon_queued(const td_daemon *d, int64_t *ids, size_t max);
  * that no longer validates; TD_EINVAL for a state directory too long. */
 int td_daemon_job_config(td_daemon *d, int64_t job, int64_t uid, td_train_config *cfg,
                          td_error_t *err);
+
+/* ---- deleting ended jobs (rm, prune; purge.h) ---- */
+
+#define TD_PURGE_LIST_MAX 1000 /* jobs an rm or prune reply lists; the totals count them all */
+
+/* What an rm or a prune deletes (or, dry run, would): the first TD_PURGE_LIST_MAX jobs in id
+ * order, the totals, and the database's size before. waiting: the done callback will come
+ * (the jobs were marked); 0 for a dry run or when nothing matched. Caller frees jobs with
+ * td_purge_listing_free(). */
+typedef struct td_purge_listing {
+    td_job_brief *jobs;
+    size_t n;
+    td_purge_totals tot;
+    int64_t bytes_before;
+    int waiting;
+} td_purge_listing;
+void td_purge_listing_free(td_purge_listing *l);
+
+/* Deletes ended jobs ids[0..n) on behalf of uid (each its owner's or root's), with their
+ * metrics, logs and checkpoints: all or none. Refused, naming every job at fault: TD_ENOTFOUND
+ * "no job 12", TD_EPERM "permission denied: job 12 belongs to alice", TD_ESTATE "job 12 is
+ * running; cancel it first" (or queued; or ended but its state not yet stored); TD_EBUSY when
+ * another process locks the store. On success the jobs are gone for every reader at once,
+ * *out lists them, and done(ud) comes once their rows are deleted and the space given back
+ * (purge.h), progress(ud) meanwhile. */
+int td_daemon_rm(td_daemon *d, const int64_t *ids, size_t n, int64_t uid, td_purge_listing *out,
+                 td_purge_done_cb done, td_purge_progress_cb progress, void *ud, td_error_t *err);
+
+/* What a prune deletes: jobs that ended more than older_than_s seconds ago, in one of states
+ * (nstates of succeeded, failed, cancelled; 0: all three). */
+typedef struct td_prune_args {
+    double older_than_s;
+    const char *const *states;
+    size_t nstates;
+    int dry_run; /* list what would go, delete nothing */
+} td_prune_args;
+
+/* prune on behalf of uid: root's touches every user's jobs, anyone else's only their own.
+ * As td_daemon_rm once the jobs are selected; with dry_run, or when none matched, nothing is
+ * marked and done is never called (out->waiting 0). */
+int td_daemon_prune(td_daemon *d, const td_prune_args *a, int64_t uid, td_purge_listing *out,
+                    td_purge_done_cb done, td_purge_progress_cb progress, void *ud,
+                    td_error_t *err);
+
+/* ---- for operators: the Prometheus file (prom.h) ---- */
+
+/* A running job as the operators' metrics show it. name is borrowed until the next loop turn. */
+typedef struct td_running_view {
+    int64_t id, uid, step, total_steps;
+    const char *name;
+} td_running_view;
+
+/* The running jobs, the first max of them into out (id order); returns how many run. */
+size_t td_daemon_running(const td_daemon *d, td_running_view *out, size_t max);
+
+/* Jobs per state (store.h's order): queued and running as the daemon holds them, the ended
+ * states as the store counts them (jobs being deleted left out). A read that never waits; on
+ * failure the store's counts are left as they were and its error returned. */
+int td_daemon_job_counts(td_daemon *d, int64_t counts[TD_STORE_NSTATES], td_error_t *err);
+
+/* The metric queue's counters (metricq.h td_mq_stats); zeros once it has stopped. */
+void td_daemon_metric_stats(const td_daemon *d, td_mq_stats_t *out);
 
 /* ---- devices ---- */
 

@@ -1,8 +1,8 @@
 /* The mailbox from the daemon's other threads to its loop (DESIGN.md, "Threads"): device
  * workers post that a job started, stepped or ended, the metric store thread that rows are
- * durable. Posting takes a mutex and wakes the loop through one uv_async_t; the loop takes
- * every posted event at once, oldest first (libuv coalesces the wake-ups, so the taker always
- * drains the whole list).
+ * durable (or that it gave up on a job's rows). Posting takes a mutex and wakes the loop through
+ * one uv_async_t; the loop takes every posted event at once, oldest first (libuv coalesces the
+ * wake-ups, so the taker always drains the whole list).
  *
  * Threads: td_mailbox_post, td_mailbox_wake and td_event_new from any thread; the rest on the
  * loop thread. Public because it embeds a libuv handle (STYLE.md habit 2). */
@@ -18,10 +18,11 @@
 
 /* What workers and the store thread tell the loop. */
 typedef enum {
-    TD_EV_STARTED,  /* job began training: step and total_steps known */
-    TD_EV_PROGRESS, /* job finished a step: td_run_progress() has the step */
-    TD_EV_DURABLE,  /* the store holds job's rows up to step */
-    TD_EV_DONE,     /* job's run ended (state, err, sticky); its metrics are flushed */
+    TD_EV_STARTED,      /* job began training: step and total_steps known */
+    TD_EV_PROGRESS,     /* job finished a step: td_run_progress() has the step */
+    TD_EV_DURABLE,      /* the store holds job's rows up to step */
+    TD_EV_DONE,         /* job's run ended (state, err, sticky); its metrics are flushed */
+    TD_EV_STORE_FAILED, /* the store thread could not store job's metric rows (err): it fails */
 } td_event_kind;
 
 typedef struct td_event {

@@ -9,8 +9,20 @@
  * started with: the same pid, so systemd sees the same service, told RELOADING=1 before and
  * READY=1 again after.
  *
+ * One daemon per state directory: before it touches the database, traind takes an exclusive
+ * flock on STATE_DIR/traind.lock (holding its pid), for its whole life; the kernel drops it
+ * when the process ends, kill -9 included, and a re-exec keeps it. A start refused for any
+ * reason leaves nothing behind: what it created (the state directory, the database, the
+ * lock file) is removed again, and it logs no "stopping" or "stopped".
+ *
+ * What traind creates is never readable by other users: it runs with group and other write
+ * and other read taken out of its umask (027 at least), so the state directory is 0750 and
+ * the database 0640; checkpoints are 0600 in 0700 directories (train/ckpt.c).
+ *
  * Exit status: 0 after a clean stop, 64 for a bad command line, 78 for a bad configuration
- * (systemd does not restart it: RestartPreventExitStatus=78), 1 when it cannot start. */
+ * (systemd does not restart it: RestartPreventExitStatus=78), including a socket or state
+ * directory that cannot be used, 75 (EX_TEMPFAIL) when another traind uses the state
+ * directory, 1 when it cannot start for another reason. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -26,12 +39,18 @@
 #include "config.h"
 #include "daemon.h"
 #include "notify.h"
+#include "prom.h"
 #include "server.h"
 #include "td_clock.h"
 #include "td_log.h"
 
-#define EX_USAGE  64
-#define EX_CONFIG 78
+#define EX_USAGE    64
+#define EX_TEMPFAIL 75
+#define EX_CONFIG   78
+
+#define TD_UMASK      027           /* at least: nothing for others, no group write */
+#define TD_LOCK_NAME  "traind.lock" /* in the state directory */
+#define TD_LOCK_TRIES 8             /* a lock file replaced under us is opened again this often */
 
 #ifndef TD_CONFIG_PATH
 #define TD_CONFIG_PATH "/etc/traind/traind.conf"
@@ -61,8 +80,17 @@ static void usage(FILE *to)
             td_device_kind_built(TD_DEVICE_CUDA) ? "" : " (not in this build: it has no CUDA)");
 }
 
-/* mkdir -p for the state directory. */
-static int make_dirs(const char *path)
+/* What a start created in the state directory, to be removed again if the start fails. */
+typedef struct created {
+    char top[512]; /* the first directory of the state directory's path that mkdir made; "" */
+    int db;        /* traind.db did not exist before */
+    int lock;      /* nor did traind.lock */
+    int lock_fd;   /* the lock, held for life; -1 before */
+} created;
+
+/* mkdir -p for the state directory, 0750, noting in c the first directory it made. Returns 0
+ * or -errno. */
+static int make_dirs(const char *path, created *c)
 {
     char buf[512];
     size_t n = strlen(path);
@@ -73,13 +101,247 @@ static int make_dirs(const char *path)
     for (size_t i = 1; i <= n; i++) {
         if (buf[i] != '/' && buf[i] != '\0')
             continue;
-        char c = buf[i];
+        char ch = buf[i];
         buf[i] = '\0';
-        if (mkdir(buf, 0750) != 0 && errno != EEXIST)
+        if (mkdir(buf, 0750) == 0) {
+            if (c->top[0] == '\0')
+                snprintf(c->top, sizeof(c->top), "%s", buf);
+        } else if (errno != EEXIST) {
             return -errno;
-        buf[i] = c;
+        }
+        buf[i] = ch;
     }
     return 0;
+}
+
+/* The directory part of path ("." when there is none) into dir. */
+static void dir_of(const char *path, char *dir, size_t size)
+{
+    const char *slash = strrchr(path, '/');
+
+    if (slash == NULL)
+        snprintf(dir, size, ".");
+    else if (slash == path)
+        snprintf(dir, size, "/");
+    else
+        snprintf(dir, size, "%.*s", (int)(slash - path), path);
+}
+
+/* Whether systemd passed a listening socket for this process (sd_listen_fds(3)); server.c
+ * checks it further and takes it. */
+static int socket_passed(void)
+{
+    const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
+
+    return pid != NULL && fds != NULL && atol(pid) == (long)getpid() && atol(fds) >= 1;
+}
+
+/* The socket's directory must exist before traind creates anything: libuv reports a missing
+ * one as "permission denied" (it maps bind's ENOENT onto EACCES). Returns 0 or the exit
+ * status after saying why. */
+static int check_socket_dir(const td_config *cfg)
+{
+    char dir[sizeof(cfg->socket_path)];
+    struct stat st;
+
+    if (socket_passed())
+        return 0;
+    dir_of(cfg->socket_path, dir, sizeof(dir));
+    if (stat(dir, &st) != 0 && (errno == ENOENT || errno == ENOTDIR)) {
+        td_log_err("cannot listen on %s: directory %s does not exist", cfg->socket_path, dir);
+        return EX_CONFIG;
+    }
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) {
+        td_log_err("cannot listen on %s: %s is not a directory", cfg->socket_path, dir);
+        return EX_CONFIG;
+    }
+    return 0;
+}
+
+/* The Prometheus file's directory must exist (traind creates the file, never its directory:
+ * the node exporter's textfile directory is the operator's). Returns 0 or the exit status
+ * after saying why. */
+static int check_prom_dir(const td_config *cfg)
+{
+    char dir[sizeof(cfg->prom_path)];
+    struct stat st;
+
+    if (cfg->prom_path[0] == '\0')
+        return 0;
+    dir_of(cfg->prom_path, dir, sizeof(dir));
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        td_log_err("cannot write the Prometheus file %s: %s %s", cfg->prom_path, dir,
+                   errno == ENOENT ? "does not exist" : "is not a directory");
+        return EX_CONFIG;
+    }
+    return 0;
+}
+
+/* When traind first started, and how often it has re-executed itself since: a re-exec passes
+ * both on in its environment (TRAIND_STARTED, TRAIND_REEXEC), for the Prometheus file. */
+static void start_record(double *started, int64_t *restarts)
+{
+    const char *s = getenv("TRAIND_STARTED"), *r = getenv("TRAIND_REEXEC");
+    char buf[32];
+
+    *started = s != NULL ? atof(s) : 0;
+    if (*started <= 0) {
+        *started = td_wall_s();
+        snprintf(buf, sizeof(buf), "%.3f", *started);
+        setenv("TRAIND_STARTED", buf, 1);
+    }
+    *restarts = r != NULL ? atoll(r) : 0;
+}
+
+/* Creates the state directory when it is missing, and checks that it is a directory. Returns
+ * 0 or the exit status after saying why. */
+static int state_dir(const td_config *cfg, created *c)
+{
+    struct stat st;
+    int rc;
+
+    if (stat(cfg->state_dir, &st) == 0 && !S_ISDIR(st.st_mode)) {
+        td_log_err("state directory %s is not a directory", cfg->state_dir);
+        return EX_CONFIG;
+    }
+    rc = make_dirs(cfg->state_dir, c);
+    if (rc == -EEXIST || rc == -ENOTDIR) {
+        td_log_err("state directory %s cannot be created: a part of its path is not a directory",
+                   cfg->state_dir);
+        return EX_CONFIG;
+    }
+    if (rc != 0) {
+        td_log_err("state directory %s cannot be created: %s", cfg->state_dir, strerror(-rc));
+        return EX_CONFIG;
+    }
+    return 0;
+}
+
+/* The pid a running traind wrote into its lock file, or 0. */
+static long lock_holder(int fd)
+{
+    char buf[32];
+    ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    return atol(buf);
+}
+
+/* Takes the state directory's lock (this file's comment): c->lock_fd. A re-exec finds it
+ * already held on the descriptor $TRAIND_LOCK_FD. Returns 0 or the exit status. */
+static int lock_state_dir(const td_config *cfg, created *c)
+{
+    char path[sizeof(cfg->state_dir) + sizeof(TD_LOCK_NAME) + 1], pid[32];
+    const char *inherited = getenv("TRAIND_LOCK_FD");
+    struct stat held, named;
+
+    snprintf(path, sizeof(path), "%s/%s", cfg->state_dir, TD_LOCK_NAME);
+    if (inherited != NULL) {
+        int fd = atoi(inherited);
+        unsetenv("TRAIND_LOCK_FD");
+        if (fd > 2 && flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &held) == 0 &&
+            stat(path, &named) == 0 && held.st_ino == named.st_ino && held.st_dev == named.st_dev) {
+            (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+            c->lock_fd = fd;
+            return 0;
+        }
+        /* Not the lock after all: held open here, it would stand in the way of our own. */
+        if (fd > 2)
+            close(fd);
+    }
+    for (int i = 0; i < TD_LOCK_TRIES; i++) {
+        int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0 && errno == ENOENT) {
+            fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0640);
+            c->lock = fd >= 0;
+        }
+        if (fd < 0 && errno == EEXIST)
+            continue;
+        if (fd < 0) {
+            td_log_err("state directory %s is not writable: %s: %s", cfg->state_dir, path,
+                       strerror(errno));
+            return EX_CONFIG;
+        }
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            long other = lock_holder(fd);
+            close(fd);
+            if (other > 0)
+                td_log_err("state directory %s is in use by traind pid %ld", cfg->state_dir, other);
+            else
+                td_log_err("state directory %s is in use by another traind", cfg->state_dir);
+            return EX_TEMPFAIL;
+        }
+        /* A failed start removes a lock file it created: one locked after that is no lock. */
+        if (fstat(fd, &held) != 0 || stat(path, &named) != 0 || held.st_ino != named.st_ino ||
+            held.st_dev != named.st_dev) {
+            close(fd);
+            c->lock = 0;
+            continue;
+        }
+        snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+        if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, strlen(pid), 0) != (ssize_t)strlen(pid))
+            td_log_warn("cannot write the pid into %s: %s", path, strerror(errno));
+        c->lock_fd = fd;
+        return 0;
+    }
+    td_log_err("state directory %s: %s keeps changing under traind", cfg->state_dir, path);
+    return EX_TEMPFAIL;
+}
+
+/* Takes read access from other users on what an older traind left readable (the database, its
+ * WAL, the checkpoints), now that traind creates nothing they may read. */
+static void tighten_modes(const td_config *cfg)
+{
+    static const char *const suffixes[] = {"", "-wal", "-shm"};
+    char path[sizeof(cfg->db_path) + 16];
+    struct stat st;
+
+    for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
+        snprintf(path, sizeof(path), "%s%s", cfg->db_path, suffixes[i]);
+        if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 07) != 0 &&
+            chmod(path, st.st_mode & 0770) == 0)
+            td_log_notice("%s was readable by every user: now mode %04o", path,
+                          (unsigned)(st.st_mode & 0770));
+    }
+    snprintf(path, sizeof(path), "%s/checkpoints", cfg->state_dir);
+    if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 077) != 0 &&
+        chmod(path, 0700) == 0)
+        td_log_notice("%s was open to other users: now mode 0700", path);
+}
+
+/* Removes what a failed start created (c): the database, the lock file, the directories. */
+static void undo_start(const td_config *cfg, created *c)
+{
+    char path[sizeof(cfg->db_path) + 16], dir[512];
+
+    if (c->db)
+        for (int i = 0; i < 3; i++) {
+            snprintf(path, sizeof(path), "%s%s", cfg->db_path,
+                     (const char *[]){"", "-wal", "-shm"}[i]);
+            unlink(path);
+        }
+    if (c->lock) {
+        /* Unlinked while still held: lock_state_dir tells a file unlinked under it. */
+        snprintf(path, sizeof(path), "%s/%s", cfg->state_dir, TD_LOCK_NAME);
+        unlink(path);
+    }
+    if (c->lock_fd >= 0)
+        close(c->lock_fd);
+    c->lock_fd = -1;
+    if (c->top[0] == '\0')
+        return;
+    /* rmdir from the state directory up to the first one made: only empty ones go. */
+    snprintf(dir, sizeof(dir), "%s", cfg->state_dir);
+    for (;;) {
+        if (rmdir(dir) != 0 || strcmp(dir, c->top) == 0)
+            return;
+        char *slash = strrchr(dir, '/');
+        if (slash == NULL || slash == dir)
+            return;
+        *slash = '\0';
+    }
 }
 
 /* Reads the command line into f. Returns 0, or the exit status after printing why. */
@@ -190,6 +452,9 @@ typedef struct traind {
     int signals_open; /* sigint and sigterm are started and not yet closed */
     int reexec_fd;    /* a copy of the inherited listening socket kept for the new process
                        * while the server closes its own; -1 when none */
+    td_prom prom;     /* the Prometheus file, when traind.conf names one */
+    double started;   /* unix seconds traind first started; a re-exec keeps it */
+    int64_t restarts; /* re-executions since */
 } traind;
 
 /* The watchdog's health check: every busy worker has started or finished a step within the
@@ -251,6 +516,8 @@ static void on_job_changed(void *ud, int64_t job, const char *state)
 
     if (t->server != NULL)
         td_server_job_changed(t->server, job, state);
+    if (state != NULL)
+        td_prom_job_changed(&t->prom);
 }
 
 static void on_stopped(void *ud)
@@ -259,6 +526,7 @@ static void on_stopped(void *ud)
 
     if (t->server != NULL)
         t->reexec_fd = td_server_close(t->server, td_daemon_reexec_why(t->d) != NULL);
+    td_prom_close(&t->prom);
     close_signals(t);
 }
 
@@ -278,6 +546,27 @@ static void ready(traind *t)
         td_log_err("cannot start the watchdog timer: %s", uv_strerror(rc));
 }
 
+/* Under systemd's watchdog (td_notify_open read $WATCHDOG_USEC for this pid), says at start
+ * when [cuda] nccl_timeout_s is longer than WatchdogSec (README, "As a service"). A collective
+ * that hangs keeps the watchdog fed (each NCCL poll refreshes its rank's heartbeat), so it
+ * still fails its job after nccl_timeout_s; but a rank stuck in a call that never returns
+ * stops the pings, and systemd restarts traind after WatchdogSec, before that timeout. Only a
+ * cuda: daemon runs collectives, so only one is told. */
+static void check_nccl_timeout(const td_config *cfg, const td_notify *n)
+{
+    double watchdog_s = (double)n->watchdog_ms / 1e3;
+
+    if (n->watchdog_ms <= 0 || cfg->dev_kind != TD_DEVICE_CUDA || cfg->nccl_timeout_s <= watchdog_s)
+        return;
+    td_log_warn("[cuda] nccl_timeout_s (%g s) is longer than systemd's WatchdogSec (%g s): a hung "
+                "collective still fails its job after %g s (NCCL's polls keep the watchdog fed), "
+                "but a GPU call that never returns gets traind restarted after %g s; to keep "
+                "every NCCL timeout within the watchdog, set nccl_timeout_s to at most %g in "
+                "traind.conf's [cuda] or raise WatchdogSec above %g (systemctl edit traind)",
+                cfg->nccl_timeout_s, watchdog_s, cfg->nccl_timeout_s, watchdog_s, watchdog_s,
+                cfg->nccl_timeout_s);
+}
+
 /* "cuda:0, cuda:1" for the start's log line. */
 static void device_names(const td_daemon *d, char *out, size_t size)
 {
@@ -291,8 +580,8 @@ static void device_names(const td_daemon *d, char *out, size_t size)
     }
 }
 
-/* Marks every descriptor from 3 up close-on-exec but keep (-1: none). */
-static void cloexec_all_but(int keep)
+/* Marks every descriptor from 3 up close-on-exec but keep and keep2 (-1: none). */
+static void cloexec_all_but(int keep, int keep2)
 {
     DIR *dir = opendir("/proc/self/fd");
     struct dirent *e;
@@ -304,7 +593,7 @@ static void cloexec_all_but(int keep)
     }
     while ((e = readdir(dir)) != NULL) {
         int fd = atoi(e->d_name);
-        if (fd > 2 && fd != keep && fd != dirfd(dir))
+        if (fd > 2 && fd != keep && fd != keep2 && fd != dirfd(dir))
             (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
     }
     closedir(dir);
@@ -313,9 +602,12 @@ static void cloexec_all_but(int keep)
 /* Replaces the process with a fresh traind, the same pid, executing /proc/self/exe with argv
  * (main's original). Every descriptor but 0-2 is closed on exec, except the listening socket
  * systemd passed (LISTEN_FDS), which is put back on descriptor 3 for the new process to take
- * again. Returns only on failure. */
-static void exec_self(traind *t, char *const argv[], const char *why)
+ * again, and the state directory's lock (lock_fd), which the new process finds held on
+ * $TRAIND_LOCK_FD, so that no other traind can take the directory in between. Returns only
+ * on failure. */
+static void exec_self(traind *t, char *const argv[], const char *why, int lock_fd)
 {
+    char fd_text[16];
     int keep = -1, e;
 
     if (t->reexec_fd >= 0) {
@@ -333,7 +625,11 @@ static void exec_self(traind *t, char *const argv[], const char *why)
     }
     /* CUDA, NCCL and the libraries below them may hold descriptors opened without
      * close-on-exec (/dev/nvidia*, sockets): none may leak into the new process. */
-    cloexec_all_but(keep);
+    cloexec_all_but(keep, lock_fd);
+    if (lock_fd >= 0 && lock_fd != keep && fcntl(lock_fd, F_SETFD, 0) == 0) {
+        snprintf(fd_text, sizeof(fd_text), "%d", lock_fd);
+        setenv("TRAIND_LOCK_FD", fd_text, 1);
+    }
     td_log_notice("re-executing traind (same pid %ld) after a sticky CUDA error in %s",
                   (long)getpid(), why);
     execv("/proc/self/exe", argv);
@@ -344,9 +640,9 @@ static void exec_self(traind *t, char *const argv[], const char *why)
 /* The end of a loop that a sticky CUDA error stopped: tells systemd, then becomes a fresh
  * traind. Returns only when the exec failed (exit 1: systemd restarts it, and the store
  * resumes the queue all the same). */
-static int reexec(traind *t, char **argv)
+static int reexec(traind *t, char **argv, int lock_fd)
 {
-    char why[512], msg[700];
+    char why[512], msg[700], count[32];
 
     snprintf(why, sizeof(why), "%s", td_daemon_reexec_why(t->d));
     snprintf(msg, sizeof(msg),
@@ -359,9 +655,10 @@ static int reexec(traind *t, char **argv)
     uv_loop_close(t->loop);
     td_server_free(t->server);
     td_daemon_free(t->d);
-    /* The new process reads it only to say, in its status, that it is one. */
-    setenv("TRAIND_REEXEC", "1", 1);
-    exec_self(t, argv, why);
+    /* The new process says, in its status, that it is one, and counts it (start_record). */
+    snprintf(count, sizeof(count), "%lld", (long long)t->restarts + 1);
+    setenv("TRAIND_REEXEC", count, 1);
+    exec_self(t, argv, why, lock_fd);
     return 1;
 }
 
@@ -373,6 +670,7 @@ int main(int argc, char **argv)
     td_error_t err = {0};
     td_daemon_hooks hooks = {.ud = &t, .job_changed = on_job_changed, .stopped = on_stopped};
     char names[TD_MAX_DEVICES * 12];
+    created made = {.lock_fd = -1};
     int rc;
 
     /* getopt_long may permute argv: a re-exec needs it as it came. */
@@ -385,18 +683,28 @@ int main(int argc, char **argv)
     rc = configure(argc, argv, &cfg);
     if (rc != 0)
         return rc;
+    start_record(&t.started, &t.restarts);
     t.loop = uv_default_loop();
     signal(SIGPIPE, SIG_IGN);
     /* A file-size limit then fails the write (EFBIG, reported as a full disk, with the older
      * checkpoints kept) instead of killing the daemon and every job with it. */
     signal(SIGXFSZ, SIG_IGN);
+    /* Whatever the umask it was started with, nothing traind creates is for other users. */
+    umask(umask(0) | TD_UMASK);
     td_notify_open(&notify);
-    rc = make_dirs(cfg.state_dir);
-    if (rc != 0) {
-        td_log_err("cannot create state directory %s: %s", cfg.state_dir, strerror(-rc));
-        rc = EX_CONFIG;
+    check_nccl_timeout(&cfg, &notify);
+    /* Checks first, then the state directory, its lock, and only then the database. */
+    rc = check_socket_dir(&cfg);
+    if (rc == 0)
+        rc = check_prom_dir(&cfg);
+    if (rc == 0)
+        rc = state_dir(&cfg, &made);
+    if (rc == 0)
+        rc = lock_state_dir(&cfg, &made);
+    if (rc != 0)
         goto out;
-    }
+    tighten_modes(&cfg);
+    made.db = access(cfg.db_path, F_OK) != 0;
     if (td_daemon_new(&t.d, t.loop, &cfg, &err) != 0) {
         td_log_err("cannot start: %s", err.msg);
         rc = 1;
@@ -405,18 +713,21 @@ int main(int argc, char **argv)
     td_daemon_set_hooks(t.d, &hooks);
     if (td_server_new(&t.server, t.loop, &cfg, t.d, &err) != 0) {
         td_log_err("%s", err.msg);
-        td_daemon_shutdown(t.d);
-        uv_run(t.loop, UV_RUN_DEFAULT);
+        td_daemon_discard(t.d);
         rc = 1;
         goto out;
     }
     rc = start_signals(&t);
     if (rc != 0) {
         td_log_err("cannot watch for SIGTERM and SIGINT: %s", uv_strerror(rc));
-        td_daemon_shutdown(t.d);
-        uv_run(t.loop, UV_RUN_DEFAULT);
+        td_daemon_discard(t.d);
         rc = 1;
         goto out;
+    }
+    if (cfg.prom_path[0] != '\0') {
+        rc = td_prom_start(&t.prom, t.loop, t.d, &cfg, t.started, t.restarts);
+        if (rc != 0)
+            td_log_err("cannot start writing %s: %s", cfg.prom_path, uv_strerror(rc));
     }
     device_names(t.d, names, sizeof(names));
     td_log_notice("traind %s listening on %s; state in %s; %d device(s): %s", TD_VERSION,
@@ -424,13 +735,16 @@ int main(int argc, char **argv)
     ready(&t);
     uv_run(t.loop, UV_RUN_DEFAULT);
     if (td_daemon_reexec_why(t.d) != NULL)
-        return reexec(&t, args);
+        return reexec(&t, args, made.lock_fd);
     rc = 0;
 out:
     td_notify_close(&notify);
-    uv_run(t.loop, UV_RUN_DEFAULT); /* the watchdog timer's close callback */
+    uv_run(t.loop, UV_RUN_DEFAULT); /* the watchdog timer's and the discarded start's closes */
     uv_loop_close(t.loop);
     td_server_free(t.server);
     td_daemon_free(t.d);
+    if (rc != 0)
+        undo_start(&cfg, &made);
+    /* A clean stop keeps the lock file; the kernel drops the lock with the process. */
     return rc;
 }

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "data.h"
 #include "run.h"
 #include "td_clock.h"
 #include "td_log.h"
@@ -24,6 +25,9 @@
 _Static_assert(TD_MAX_DEVICES <= 64, "a job's debug.fail mask must cover every device");
 
 enum { GO = 0, STOP_CANCEL = 1, STOP_INTERRUPT = 2 };
+
+/* ms a cancelled job's data load may go on before it is abandoned (see load_stop) */
+#define TD_RUN_CANCEL_LOAD_MS 10000
 
 struct td_run {
     td_run_args a; /* a.workers points at workers below */
@@ -40,7 +44,8 @@ struct td_run {
     td_error_t errs[TD_MAX_DEVICES];
     int failed[TD_MAX_DEVICES];
     int finished;
-    int stopped; /* the decision that ended a run without failure */
+    int stopped;         /* the decision that ended a run without failure */
+    int stopped_loading; /* ...taken while a replica was still loading its data */
     int succeeded;
     int64_t steps;
     td_error_t store_err; /* rank 0's metric write errors */
@@ -253,8 +258,9 @@ typedef struct replica {
     td_run *r;
     td_worker *w;
     int rank;
-    td_mq_sink *sink; /* rank 0 only */
-    int joined;       /* a member of the run's group */
+    td_mq_sink *sink;        /* rank 0 only */
+    int joined;              /* a member of the run's group */
+    long long load_start_ms; /* CLOCK_MONOTONIC ms when it began to load the job's data */
 } replica;
 
 /* The all-reduce hook, under the step's panic boundary. */
@@ -382,6 +388,59 @@ static void record_step(replica *p, td_trainer *t, double *blocked)
     post_progress(p->r, step);
 }
 
+/* Polled between chunks while a replica loads its data (data.h's stop callback): refreshes
+ * the heartbeat, since a long load is work and not a hang, and says whether the run was asked
+ * to stop, so that a shutdown or a cancel does not wait for gigabytes to be read. A shutdown
+ * stops the load at once (the job goes back to the queue and loses nothing: no step was
+ * taken). A cancel lets a load finish that has taken less than TD_RUN_CANCEL_LOAD_MS, so that
+ * the job ends as a cancelled job does, at a step boundary with a checkpoint of where it is;
+ * a longer load is abandoned, without one. */
+static int load_stop(void *ud)
+{
+    replica *p = ud;
+    long long now = (long long)td_mono_ms();
+
+    atomic_store(&p->w->heartbeat_ms, now);
+    if (atomic_load(&p->r->interrupt))
+        return 1;
+    return atomic_load(&p->r->cancel) && now - p->load_start_ms >= TD_RUN_CANCEL_LOAD_MS;
+}
+
+/* Builds this replica's trainer, which reads the job's files: each is opened with the rights
+ * of the job's user (data.h, td_data_access), at every start, so a resume after a restart as
+ * well; a path swapped for a symlink to a file the user may not read fails here. The daemon
+ * names the user in the spec; a spec without one is refused rather than read as root. */
+static int replica_load(replica *p, const td_train_config *cfg, const td_train_hooks *hooks,
+                        td_trainer **t, td_error_t *e)
+{
+    const td_jobspec *spec = p->r->a.spec;
+    td_data_access as_user = {.uid = spec->uid, .gid = spec->gid, .stop = load_stop, .ud = p};
+    int rc;
+
+    if (spec->uid < 0)
+        return td_error_set(e, TD_EPERM, "job %lld has no known user: its files are not opened",
+                            (long long)p->r->a.job);
+    rc = td_data_access_begin(&as_user, e);
+    if (rc != 0)
+        return rc;
+    p->load_start_ms = (long long)td_mono_ms();
+    rc = td_trainer_new(t, cfg, hooks, e);
+    td_data_access_end();
+    return rc;
+}
+
+/* A replica stopped loading for a cancel or a shutdown: the run stops as it would at a step
+ * boundary (with nothing to checkpoint, no step having been taken), and the peers waiting for
+ * it at the first barrier are released. */
+static void run_stop_loading(td_run *r)
+{
+    pthread_mutex_lock(&r->mu);
+    r->stopped = atomic_load(&r->cancel) ? STOP_CANCEL : STOP_INTERRUPT;
+    r->stopped_loading = 1;
+    pthread_mutex_unlock(&r->mu);
+    td_group_abort(r->group);
+}
+
 /* Trains this replica until the run succeeds, stops or fails. */
 static void replica_train(replica *p)
 {
@@ -397,8 +456,10 @@ static void replica_train(replica *p)
     /* Loading a dataset is work too: the watchdog must not take it for a hang. */
     atomic_store(&w->heartbeat_ms, (long long)td_mono_ms());
     replica_config(p, &cfg);
-    if (replica_prepare(p, &cfg, &hooks, &e) != 0 || td_trainer_new(&t, &cfg, &hooks, &e) != 0) {
-        if (e.code != TD_EABORTED)
+    if (replica_prepare(p, &cfg, &hooks, &e) != 0 || replica_load(p, &cfg, &hooks, &t, &e) != 0) {
+        if (e.code == TD_ECANCELLED && (atomic_load(&r->cancel) || atomic_load(&r->interrupt)))
+            run_stop_loading(r);
+        else if (e.code != TD_EABORTED)
             run_fail(r, p->rank, &e);
         return;
     }
@@ -436,10 +497,14 @@ static void replica_train(replica *p)
     td_trainer_free(t);
 }
 
-/* The one-line form of a failure: dataset errors are their own kind (DESIGN.md). */
-static void failure_line(char *out, size_t size, const td_worker *w, const td_error_t *e)
+/* The one-line form of a failure: dataset errors are their own kind (DESIGN.md); in a job of
+ * several devices each line names its device, as every other kind's does. */
+static void failure_line(char *out, size_t size, const td_worker *w, int world, const td_error_t *e)
 {
-    if (e->code == TD_EDATA)
+    if (e->code == TD_EDATA && world > 1)
+        snprintf(out, size, "dataset error on device %d during training step: %s", w->device,
+                 e->msg);
+    else if (e->code == TD_EDATA)
         snprintf(out, size, "dataset error during training step: %s", e->msg);
     else
         snprintf(out, size, "training worker on device %d failed: %s", w->device, e->msg);
@@ -458,7 +523,7 @@ static void failure_message(const td_run *r, td_error_t *out)
             first = first < 0 ? i : first;
         }
     if (nfail == 1) {
-        failure_line(line, sizeof(line), r->workers[first], &r->errs[first]);
+        failure_line(line, sizeof(line), r->workers[first], r->a.world, &r->errs[first]);
         td_error_set(out, r->errs[first].code, "%s", line);
         return;
     }
@@ -466,7 +531,7 @@ static void failure_message(const td_run *r, td_error_t *out)
     out->code = TD_EWORKERS;
     for (int i = 0; i < r->a.world && len < sizeof(out->msg); i++)
         if (r->failed[i]) {
-            failure_line(line, sizeof(line), r->workers[i], &r->errs[i]);
+            failure_line(line, sizeof(line), r->workers[i], r->a.world, &r->errs[i]);
             len += (size_t)snprintf(out->msg + len, sizeof(out->msg) - len, "\n  %s", line);
         }
 }
@@ -500,8 +565,11 @@ static td_event *run_outcome(td_run *r)
         failure_message(r, &done->err);
     } else if (r->stopped == STOP_CANCEL) {
         snprintf(done->state, sizeof(done->state), TD_JOB_CANCELLED);
-        td_error_set(&done->err, TD_ECANCELLED, "cancelled at step %lld%s%s", (long long)r->steps,
-                     r->note.code ? "; " : "", r->note.msg);
+        if (r->stopped_loading)
+            td_error_set(&done->err, TD_ECANCELLED, "cancelled while loading its data");
+        else
+            td_error_set(&done->err, TD_ECANCELLED, "cancelled at step %lld%s%s",
+                         (long long)r->steps, r->note.code ? "; " : "", r->note.msg);
     } else if (r->stopped == STOP_INTERRUPT) {
         snprintf(done->state, sizeof(done->state), TD_JOB_QUEUED);
     } else if (r->store_err.code != 0) {

@@ -1,12 +1,19 @@
-/* The control socket (server.h): accepts connections, cuts frames, answers requests, and
- * feeds metric streams (watch, metrics) from the store. Loop thread only.
+/* The control socket (server.h): accepts connections, cuts frames, answers requests, closes
+ * connections past their timeouts. The metric streams are in stream.c, the job maps and the
+ * pages of list and logs in listing.c (server_int.h). Loop thread only.
  *
- * A stream never holds rows in memory beyond one page: it reads a page from the store when
- * its connection's output is below TD_CONN_HIGH_WATER, and otherwise waits for the client to
- * drain it. A stalled client therefore costs at most the high-water mark, and catches up
- * from the store when it reads again. While a job runs, a watch delivers only rows of steps
- * before the newest durable step, so a step whose rows span two store batches is never
- * split across the cursor (rows come in (step, key) order).
+ * A connection's output is held to TD_CONN_HIGH_WATER: streams send only below it, and a
+ * connection whose unsent replies pass it is read no further (its requests wait in the
+ * socket) until it has drained below TD_CONN_LOW_WATER.
+ * What one connection can make the daemon hold is therefore bounded: its reader (one read
+ * plus one frame), the high-water mark plus one frame of replies, and its streams (at most
+ * max_streams_per_conn of them, each naming at most TD_PROTO_MAX_KEYS keys in one
+ * allocation), all freed when it closes. A sweep timer closes connections that have not
+ * said hello within hello_timeout_s and idle ones after idle_timeout_s; a connection with a
+ * stream, an export or a sample under way is not idle.
+ *
+ * Replies that list things (list, logs, info) are bounded whatever the daemon holds: list
+ * and logs are paged (PROTOCOL.md), info caps its lists and says how long they are.
  *
  * export and sample run their slow half on libuv's threadpool (work.c); meanwhile their
  * connection reads no further request, so that its replies keep the order of its requests. */
@@ -22,51 +29,10 @@
 #include <unistd.h>
 
 #include "memguard.h"
-#include "server.h"
+#include "server_int.h"
 #include "td_log.h"
+#include "td_text.h"
 #include "work.h"
-
-typedef struct td_conn td_conn;
-
-struct td_server {
-    uv_pipe_t listener; /* first: the handle's data is the server */
-    uv_loop_t *loop;
-    td_config cfg; /* socket_path is the one clients use (systemd's, when it passed one) */
-    td_daemon *d;
-    td_store *store; /* the daemon's: the loop thread's connection */
-    td_conn *conns;
-    int nconns;
-    int listening; /* listener is initialised and not yet closed */
-    int inherited; /* listener came from systemd (LISTEN_FDS): its path is not ours */
-};
-
-typedef struct td_stream {
-    td_conn *c;
-    int64_t req_id, job;
-    int watch;
-    td_metric_cursor cur;
-    char **keys;
-    size_t nkeys;
-    struct td_stream *next;
-} td_stream;
-
-struct td_conn {
-    uv_pipe_t pipe; /* first: the handle's memory is the connection's */
-    td_server *s;
-    td_proto_reader *reader;
-    td_pw w;
-    size_t pending; /* bytes handed to uv_write and not yet written */
-    int hello;
-    int closing;
-    int64_t uid, gid, pid;
-    td_stream *streams;
-    td_conn *next;
-    int refs;          /* threadpool work holding the connection: its memory outlives the close */
-    int closed;        /* the handle's close callback has run; the memory waits for refs == 0 */
-    int busy;          /* an export or sample is under way: later requests wait their turn */
-    td_work *xfer;     /* the export being sent, or NULL */
-    int64_t xfer_sent; /* bytes of xfer sent so far */
-};
 
 typedef struct wreq {
     uv_write_t req;
@@ -76,8 +42,9 @@ typedef struct wreq {
 } wreq;
 
 static void conn_close(td_conn *c);
-static void stream_pump(td_stream *st);
 static void xfer_pump(td_conn *c);
+static void serve_frames(td_conn *c, const char *bytes, size_t n);
+static void conn_want_read(td_conn *c);
 
 /* ---- output ---- */
 
@@ -95,20 +62,27 @@ static void on_write(uv_write_t *req, int status)
         conn_close(c);
         return;
     }
+    c->since_ms = uv_now(c->s->loop);
     if (c->pending < TD_CONN_LOW_WATER) {
         td_stream *st = c->streams;
         while (st != NULL && !c->closing) {
             td_stream *next = st->next;
-            stream_pump(st);
+            td__stream_pump(st);
             st = next;
         }
         if (c->xfer != NULL && !c->closing)
             xfer_pump(c);
     }
+    if (c->paused && c->pending < TD_CONN_LOW_WATER && !c->closing) {
+        /* Drained: the requests that waited in the reader first, then the socket again. */
+        c->paused = 0;
+        serve_frames(c, "", 0);
+        conn_want_read(c);
+    }
 }
 
 /* Sends the frame built in c->w. */
-static void conn_send(td_conn *c)
+void td__conn_send(td_conn *c)
 {
     const char *frame;
     size_t len;
@@ -143,7 +117,7 @@ static void conn_send(td_conn *c)
 }
 
 /* Starts a reply frame in c->w: {type, id} and room for extra more pairs. */
-static void reply_begin(td_conn *c, const char *type, int64_t id, uint32_t extra)
+void td__reply_begin(td_conn *c, const char *type, int64_t id, uint32_t extra)
 {
     td_pw_reset(&c->w);
     td_pw_map(&c->w, 2 + extra);
@@ -153,277 +127,56 @@ static void reply_begin(td_conn *c, const char *type, int64_t id, uint32_t extra
     td_pw_int(&c->w, id);
 }
 
-static void send_error(td_conn *c, int64_t id, int code, const char *msg)
+void td__send_error(td_conn *c, int64_t id, int code, const char *msg)
 {
     td_pw_reset(&c->w);
     td_proto_write_error(&c->w, id, code, msg);
-    conn_send(c);
-}
-
-/* ---- job maps ---- */
-
-typedef struct last_vals {
-    char (*keys)[TD_STORE_MAX_KEY];
-    double *vals;
-    size_t n, cap;
-} last_vals;
-
-static int collect_last(void *ud, const td_metric_summary *row)
-{
-    last_vals *lv = ud;
-
-    if (lv->n == lv->cap) {
-        size_t cap = lv->cap ? lv->cap * 2 : 16;
-        void *k = realloc(lv->keys, cap * sizeof(*lv->keys));
-        if (k == NULL)
-            return 1;
-        lv->keys = k;
-        void *v = realloc(lv->vals, cap * sizeof(*lv->vals));
-        if (v == NULL)
-            return 1;
-        lv->vals = v;
-        lv->cap = cap;
-    }
-    snprintf(lv->keys[lv->n], TD_STORE_MAX_KEY, "%s", row->key);
-    lv->vals[lv->n++] = row->last;
-    return 0;
-}
-
-/* Writes the JOB map of PROTOCOL.md for row, with live figures for a job in memory. */
-static void write_job(td_server *s, td_pw *w, td_job_row *row, int with_spec)
-{
-    td_job_live jl, *live = td_daemon_job_live(s->d, row->id, &jl) ? &jl : NULL;
-    last_vals lv = {0};
-    td_error_t err;
-
-    if (td_store_metrics_summary(s->store, row->id, collect_last, &lv, &err) != 0)
-        td_log_warn("job %lld: cannot read metric summary: %s", (long long)row->id, err.msg);
-    td_pw_map(w, with_spec ? 13 : 12);
-    td_pw_str(w, "id");
-    td_pw_int(w, row->id);
-    td_pw_str(w, "name");
-    td_pw_str(w, row->name);
-    td_pw_str(w, "state");
-    td_pw_str(w, live != NULL ? live->state : row->state);
-    td_pw_str(w, "step");
-    td_pw_int(w, live != NULL ? live->step : row->step);
-    td_pw_str(w, "total_steps");
-    td_pw_int(w, live != NULL && live->total_steps ? live->total_steps : row->total_steps);
-    td_pw_str(w, "devices");
-    td_pw_int(w, row->devices);
-    td_pw_str(w, "device_list");
-    td_pw_str(w, live != NULL && live->running ? live->device_list : row->device_list);
-    td_pw_str(w, "created");
-    td_pw_double(w, row->created);
-    td_pw_str(w, "started");
-    td_pw_double(w, row->started);
-    td_pw_str(w, "ended");
-    td_pw_double(w, row->ended);
-    td_pw_str(w, "error");
-    if (row->err_code == 0) {
-        td_pw_nil(w);
-    } else {
-        td_pw_map(w, 4);
-        td_pw_str(w, "code");
-        td_pw_int(w, row->err_code);
-        td_pw_str(w, "name");
-        td_pw_str(w, td_errname(row->err_code));
-        td_pw_str(w, "message");
-        td_pw_str(w, row->err_msg != NULL ? row->err_msg : td_strerror(row->err_code));
-        td_pw_str(w, "devices");
-        if (row->err_devices != NULL)
-            td_pw_raw(w, row->err_devices, row->err_devices_len);
-        else
-            td_pw_array(w, 0);
-    }
-    td_pw_str(w, "metrics");
-    td_pw_map(w, (uint32_t)lv.n);
-    for (size_t i = 0; i < lv.n; i++) {
-        td_pw_str(w, lv.keys[i]);
-        td_pw_double(w, lv.vals[i]);
-    }
-    if (with_spec) {
-        td_pw_str(w, "spec");
-        if (row->spec != NULL)
-            td_pw_raw(w, row->spec, row->spec_len);
-        else
-            td_pw_nil(w);
-    }
-    free(lv.keys);
-    free(lv.vals);
-}
-
-/* ---- streams ---- */
-
-typedef struct page_row {
-    char key[TD_STORE_MAX_KEY];
-    int key_id;
-    int64_t step;
-    double value, time;
-} page_row;
-
-typedef struct page_ctx {
-    page_row rows[TD_STREAM_PAGE];
-    size_t n;
-    int64_t bound; /* rows at or past this step wait */
-    int held;      /* a row was held back by bound */
-} page_ctx;
-
-static page_ctx page; /* loop thread only */
-
-static int collect_row(void *ud, const td_metric_row *row)
-{
-    page_ctx *p = ud;
-    page_row *r;
-
-    if (row->step >= p->bound) {
-        p->held = 1;
-        return 1;
-    }
-    r = &p->rows[p->n++];
-    snprintf(r->key, sizeof(r->key), "%s", row->key);
-    r->key_id = row->key_id;
-    r->step = row->step;
-    r->value = row->value;
-    r->time = row->time;
-    return 0;
-}
-
-static void stream_free(td_stream *st)
-{
-    td_conn *c = st->c;
-
-    for (td_stream **p = &c->streams; *p != NULL; p = &(*p)->next)
-        if (*p == st) {
-            *p = st->next;
-            break;
-        }
-    for (size_t i = 0; i < st->nkeys; i++)
-        free(st->keys[i]);
-    free(st->keys);
-    free(st);
-}
-
-/* Ends a stream: metrics streams with a bare end frame, watches with the job's final map. */
-static void stream_end(td_stream *st)
-{
-    td_conn *c = st->c;
-    td_server *s = c->s;
-    td_job_row row = {0};
-    td_error_t err;
-    int with_job = st->watch && td_store_job_get(s->store, st->job, &row, &err) == 0;
-
-    reply_begin(c, "end", st->req_id, with_job ? 2 : 1);
-    td_pw_str(&c->w, "job_id");
-    td_pw_int(&c->w, st->job);
-    if (with_job) {
-        td_pw_str(&c->w, "job");
-        write_job(s, &c->w, &row, 0);
-    }
-    td_job_row_clear(&row);
-    conn_send(c);
-    stream_free(st);
-}
-
-/* Sends pages of stored rows while the client keeps up; ends the stream when it is done. */
-static void stream_pump(td_stream *st)
-{
-    td_conn *c = st->c;
-    td_server *s = c->s;
-    td_job_live live;
-    int ended = !td_daemon_job_live(s->d, st->job, &live);
-
-    while (!c->closing && c->pending < TD_CONN_HIGH_WATER) {
-        td_metric_cursor before = st->cur;
-        td_error_t err;
-        size_t ndone = 0;
-
-        page.n = 0;
-        page.held = 0;
-        page.bound = st->watch && !ended ? live.durable_step : INT64_MAX;
-        if (td_store_metrics_page(s->store, st->job, &st->cur, (const char *const *)st->keys,
-                                  st->nkeys, TD_STREAM_PAGE, collect_row, &page, &ndone,
-                                  &err) != 0) {
-            send_error(c, st->req_id, err.code, err.msg);
-            stream_free(st);
-            return;
-        }
-        if (page.held) {
-            /* The held row was counted as delivered: rewind to the last row kept. */
-            st->cur = before;
-            if (page.n > 0) {
-                st->cur.step = page.rows[page.n - 1].step;
-                st->cur.key_id = page.rows[page.n - 1].key_id;
-            }
-        }
-        if (page.n > 0) {
-            reply_begin(c, "rows", st->req_id, 2);
-            td_pw_str(&c->w, "job_id");
-            td_pw_int(&c->w, st->job);
-            td_pw_str(&c->w, "rows");
-            td_pw_array(&c->w, (uint32_t)page.n);
-            for (size_t i = 0; i < page.n; i++) {
-                td_pw_array(&c->w, 4);
-                td_pw_str(&c->w, page.rows[i].key);
-                td_pw_int(&c->w, page.rows[i].step);
-                td_pw_double(&c->w, page.rows[i].value);
-                td_pw_double(&c->w, page.rows[i].time);
-            }
-            conn_send(c);
-        }
-        if (page.n == TD_STREAM_PAGE)
-            continue;
-        /* Caught up with what the store holds. */
-        if (!st->watch || ended)
-            stream_end(st);
-        return;
-    }
-}
-
-static void send_state(td_stream *st, const td_job_live *job)
-{
-    td_conn *c = st->c;
-
-    reply_begin(c, "state", st->req_id, 4);
-    td_pw_str(&c->w, "job_id");
-    td_pw_int(&c->w, st->job);
-    td_pw_str(&c->w, "state");
-    td_pw_str(&c->w, job->state);
-    td_pw_str(&c->w, "step");
-    td_pw_int(&c->w, job->step);
-    td_pw_str(&c->w, "total_steps");
-    td_pw_int(&c->w, job->total_steps);
-    conn_send(c);
-}
-
-void td_server_job_changed(td_server *s, int64_t job, const char *state)
-{
-    td_job_live live;
-    int held = td_daemon_job_live(s->d, job, &live);
-
-    for (td_conn *c = s->conns; c != NULL; c = c->next) {
-        td_stream *st = c->streams;
-        while (st != NULL && !c->closing) {
-            td_stream *next = st->next;
-            if (st->job == job) {
-                if (st->watch && state != NULL && held)
-                    send_state(st, &live);
-                stream_pump(st);
-            }
-            st = next;
-        }
-    }
+    td__conn_send(c);
 }
 
 /* ---- requests ---- */
 
-static int get_job_id(td_conn *c, const td_pval *root, int64_t id, int64_t *job)
+int td__get_job_id(td_conn *c, const td_pval *root, int64_t id, int64_t *job)
 {
     if (td_pv_int(td_pv_get(root, "job_id"), job) != 0 || *job < 1) {
-        send_error(c, id, TD_EPROTO, "job_id: must be a positive integer");
+        td__send_error(c, id, TD_EPROTO, "job_id: must be a positive integer");
         return -1;
     }
     return 0;
+}
+
+/* Reads job's row into *row (caller clears it); else answers request id with an error frame
+ * and returns -1. A job that does not exist is "no job 12", whichever request asked. */
+int td__get_job_row(td_conn *c, int64_t id, int64_t job, td_job_row *row)
+{
+    td_error_t err;
+    int rc = td_store_job_get(c->s->store, job, row, &err);
+
+    if (rc == TD_ENOTFOUND)
+        td_error_set(&err, rc, "no job %lld", (long long)job);
+    if (rc != 0) {
+        td__send_error(c, id, rc, err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* An optional integer field from lo to hi: 0 with *out set (left alone when absent), or -1
+ * after an error frame "name: must be an integer from lo to hi". */
+int td__opt_int(td_conn *c, const td_pval *root, int64_t id, const char *name, int64_t lo,
+                int64_t hi, int64_t *out)
+{
+    const td_pval *v = td_pv_get(root, name);
+    char msg[128];
+
+    if (v == NULL)
+        return 0;
+    if (td_pv_int(v, out) == 0 && *out >= lo && *out <= hi)
+        return 0;
+    snprintf(msg, sizeof(msg), "%s: must be an integer from %lld to %lld", name, (long long)lo,
+             (long long)hi);
+    td__send_error(c, id, TD_EPROTO, msg);
+    return -1;
 }
 
 static void req_hello(td_conn *c, const td_pval *root, int64_t id)
@@ -434,12 +187,12 @@ static void req_hello(td_conn *c, const td_pval *root, int64_t id)
         char msg[128];
         snprintf(msg, sizeof(msg), "protocol version %lld is not spoken here; traind speaks %d",
                  (long long)version, TD_PROTO_VERSION);
-        send_error(c, id, TD_EVERSION, msg);
+        td__send_error(c, id, TD_EVERSION, msg);
         conn_close(c);
         return;
     }
     c->hello = 1;
-    reply_begin(c, "hello", id, 3);
+    td__reply_begin(c, "hello", id, 3);
     td_pw_str(&c->w, "version");
     td_pw_int(&c->w, TD_PROTO_VERSION);
     td_pw_str(&c->w, "server");
@@ -447,9 +200,14 @@ static void req_hello(td_conn *c, const td_pval *root, int64_t id)
     /* What this daemon understands beyond version 1's first form, so that a client never
      * sends a flag an older daemon would ignore (a submit's dry_run would queue the job). */
     td_pw_str(&c->w, "features");
-    td_pw_array(&c->w, 1);
+    td_pw_array(&c->w, 6);
     td_pw_str(&c->w, "dry_run");
-    conn_send(c);
+    td_pw_str(&c->w, "list_pages");
+    td_pw_str(&c->w, "logs_pages");
+    td_pw_str(&c->w, "delete");
+    td_pw_str(&c->w, "safetensors");
+    td_pw_str(&c->w, "classify");
+    td__conn_send(c);
 }
 
 /* ---- submit --dry-run ---- */
@@ -462,7 +220,7 @@ static void send_estimate(td_conn *c, int64_t id, const td_jobspec *spec, int as
     int world = spec->train.world;
     int batch = asked_auto ? (g->chose_batch > 0 ? g->chose_batch : world) : spec->train.batch_size;
 
-    reply_begin(c, "estimate", id, 11);
+    td__reply_begin(c, "estimate", id, 11);
     td_pw_str(w, "device");
     td_pw_str(w, g->device);
     td_pw_str(w, "devices");
@@ -472,7 +230,7 @@ static void send_estimate(td_conn *c, int64_t id, const td_jobspec *spec, int as
     td_pw_str(w, "batch_auto");
     td_pw_bool(w, asked_auto);
     td_pw_str(w, "memory");
-    td_pw_map(w, 8);
+    td_pw_map(w, 9);
     td_pw_str(w, "rows");
     td_pw_int(w, g->est.batch);
     td_pw_str(w, "parameters");
@@ -489,6 +247,8 @@ static void send_estimate(td_conn *c, int64_t id, const td_jobspec *spec, int as
     td_pw_int(w, (int64_t)g->est.workspace);
     td_pw_str(w, "total");
     td_pw_int(w, (int64_t)g->est.total);
+    td_pw_str(w, "data");
+    td_pw_int(w, (int64_t)g->est.data);
     td_pw_str(w, "free_bytes");
     td_pw_int(w, (int64_t)g->free_bytes);
     td_pw_str(w, "total_bytes");
@@ -501,7 +261,7 @@ static void send_estimate(td_conn *c, int64_t id, const td_jobspec *spec, int as
     td_pw_int(w, td_memguard_auto_batch(g->largest_batch, world));
     td_pw_str(w, "message");
     td_pw_str(w, message);
-    conn_send(c);
+    td__conn_send(c);
 }
 
 /* submit with dry_run: the job validated as a submit would be, then the memory guard against
@@ -514,7 +274,7 @@ static void req_dry_run(td_conn *c, const td_pval *job, int64_t id)
     int asked_auto = 0, estimated = 0, rc;
 
     if (spec == NULL) {
-        send_error(c, id, TD_ENOMEM, "out of memory");
+        td__send_error(c, id, TD_ENOMEM, "out of memory");
         return;
     }
     rc = td_daemon_dry_run(c->s->d, job, c->uid, c->gid, spec, &g, &asked_auto, &estimated, &err);
@@ -524,7 +284,7 @@ static void req_dry_run(td_conn *c, const td_pval *job, int64_t id)
     } else {
         td_log_info("client pid %lld uid %lld: dry run refused: %s", (long long)c->pid,
                     (long long)c->uid, err.msg);
-        send_error(c, id, err.code, err.msg);
+        td__send_error(c, id, err.code, err.msg);
     }
     free(spec);
 }
@@ -537,7 +297,7 @@ static void req_submit(td_conn *c, const td_pval *root, int64_t id)
     int dry_run = 0;
 
     if (dry != NULL && td_pv_bool(dry, &dry_run) != 0) {
-        send_error(c, id, TD_EPROTO, "dry_run: must be true or false");
+        td__send_error(c, id, TD_EPROTO, "dry_run: must be true or false");
         return;
     }
     if (dry_run) {
@@ -548,53 +308,13 @@ static void req_submit(td_conn *c, const td_pval *root, int64_t id)
     if (td_daemon_submit(c->s->d, td_pv_get(root, "job"), c->uid, c->gid, &job, &err) != 0) {
         td_log_info("client pid %lld uid %lld: job refused: %s", (long long)c->pid,
                     (long long)c->uid, err.msg);
-        send_error(c, id, err.code, err.msg);
+        td__send_error(c, id, err.code, err.msg);
         return;
     }
-    reply_begin(c, "submitted", id, 1);
+    td__reply_begin(c, "submitted", id, 1);
     td_pw_str(&c->w, "job_id");
     td_pw_int(&c->w, job);
-    conn_send(c);
-}
-
-static void req_status(td_conn *c, const td_pval *root, int64_t id)
-{
-    td_job_row row = {0};
-    td_error_t err;
-    int64_t job;
-
-    if (get_job_id(c, root, id, &job) != 0)
-        return;
-    if (td_store_job_get(c->s->store, job, &row, &err) != 0) {
-        send_error(c, id, err.code, err.msg);
-        return;
-    }
-    reply_begin(c, "job", id, 1);
-    td_pw_str(&c->w, "job");
-    write_job(c->s, &c->w, &row, 1);
-    td_job_row_clear(&row);
-    conn_send(c);
-}
-
-static void req_list(td_conn *c, int64_t id)
-{
-    td_job_row *rows = NULL;
-    size_t n = 0;
-    td_error_t err;
-
-    if (td_store_job_list(c->s->store, 0, &rows, &n, &err) != 0) {
-        send_error(c, id, err.code, err.msg);
-        return;
-    }
-    reply_begin(c, "jobs", id, 1);
-    td_pw_str(&c->w, "jobs");
-    td_pw_array(&c->w, (uint32_t)n);
-    for (size_t i = 0; i < n; i++) {
-        write_job(c->s, &c->w, &rows[i], 0);
-        td_job_row_clear(&rows[i]);
-    }
-    free(rows);
-    conn_send(c);
+    td__conn_send(c);
 }
 
 static void req_cancel(td_conn *c, const td_pval *root, int64_t id)
@@ -603,18 +323,18 @@ static void req_cancel(td_conn *c, const td_pval *root, int64_t id)
     td_error_t err;
     int64_t job;
 
-    if (get_job_id(c, root, id, &job) != 0)
+    if (td__get_job_id(c, root, id, &job) != 0)
         return;
     if (td_daemon_cancel(c->s->d, job, c->uid, state, &err) != 0) {
-        send_error(c, id, err.code, err.msg);
+        td__send_error(c, id, err.code, err.msg);
         return;
     }
-    reply_begin(c, "cancelled", id, 2);
+    td__reply_begin(c, "cancelled", id, 2);
     td_pw_str(&c->w, "job_id");
     td_pw_int(&c->w, job);
     td_pw_str(&c->w, "state");
     td_pw_str(&c->w, state);
-    conn_send(c);
+    td__conn_send(c);
 }
 
 /* Each device with its job and, where it can be read, its memory. */
@@ -648,18 +368,21 @@ static void write_devices(td_conn *c)
         else
             td_pw_nil(&c->w);
         td_pw_str(&c->w, "job_name");
-        td_pw_str(&c->w, v.job_name);
+        if (v.job_name != NULL)
+            td__write_text(&c->w, v.job_name, strlen(v.job_name), 0, 4 * TD_STORE_MAX_NAME);
+        else
+            td_pw_nil(&c->w);
     }
 }
 
-/* Who is connected, and how much each has not yet read: a stalled watcher shows here. */
+/* Who is connected, and how much each has not yet read: a stalled watcher shows here. The
+ * first TD_INFO_CLIENTS connections (newest first); clients_total counts them all. */
 static void write_clients(td_conn *c)
 {
-    td_pw_array(&c->w, (uint32_t)c->s->nconns);
-    for (td_conn *o = c->s->conns; o != NULL; o = o->next) {
-        uint32_t nstreams = 0;
-        for (td_stream *st = o->streams; st != NULL; st = st->next)
-            nstreams++;
+    uint32_t n = c->s->nconns < TD_INFO_CLIENTS ? (uint32_t)c->s->nconns : TD_INFO_CLIENTS, k = 0;
+
+    td_pw_array(&c->w, n);
+    for (td_conn *o = c->s->conns; o != NULL && k < n; o = o->next, k++) {
         td_pw_map(&c->w, 4);
         td_pw_str(&c->w, "pid");
         td_pw_int(&c->w, o->pid);
@@ -668,172 +391,52 @@ static void write_clients(td_conn *c)
         td_pw_str(&c->w, "pending_bytes");
         td_pw_int(&c->w, (int64_t)o->pending);
         td_pw_str(&c->w, "streams");
-        td_pw_int(&c->w, nstreams);
+        td_pw_int(&c->w, o->nstreams);
     }
 }
 
-/* The queued jobs' ids, in the order the scheduler takes them: priority, then submission. */
+/* The first TD_INFO_QUEUED queued jobs' ids, in the order the scheduler takes them:
+ * priority, then submission; queued_total counts them all. */
 static void write_queued(td_conn *c, int64_t id)
 {
-    size_t n = td_daemon_queued(c->s->d, NULL, 0);
-    int64_t *ids = n > 0 ? malloc(n * sizeof(*ids)) : NULL;
+    static int64_t ids[TD_INFO_QUEUED]; /* loop thread only */
+    size_t total = td_daemon_queued(c->s->d, ids, TD_INFO_QUEUED);
+    size_t n = total < TD_INFO_QUEUED ? total : TD_INFO_QUEUED;
 
-    if (n > 0 && ids == NULL) {
-        td_pw_array(&c->w, 0);
-        td_log_warn("client pid %lld: info (request %lld) lists no queued job: out of memory",
-                    (long long)c->pid, (long long)id);
-        return;
-    }
-    n = td_daemon_queued(c->s->d, ids, n);
+    (void)id;
+    td_pw_str(&c->w, "queued");
     td_pw_array(&c->w, (uint32_t)n);
     for (size_t i = 0; i < n; i++)
         td_pw_int(&c->w, ids[i]);
-    free(ids);
+    td_pw_str(&c->w, "queued_total");
+    td_pw_int(&c->w, (int64_t)total);
 }
 
 static void req_info(td_conn *c, int64_t id)
 {
     struct stat st;
 
-    reply_begin(c, "info", id, 6);
+    td__reply_begin(c, "info", id, 8);
     td_pw_str(&c->w, "version");
     td_pw_str(&c->w, TD_VERSION);
     td_pw_str(&c->w, "protocol");
     td_pw_int(&c->w, TD_PROTO_VERSION);
     td_pw_str(&c->w, "store");
-    td_pw_map(&c->w, 2);
+    td_pw_map(&c->w, 3);
     td_pw_str(&c->w, "path");
     td_pw_str(&c->w, c->s->cfg.db_path);
     td_pw_str(&c->w, "size_bytes");
     td_pw_int(&c->w, stat(c->s->cfg.db_path, &st) == 0 ? (int64_t)st.st_size : 0);
+    td_pw_str(&c->w, "wal_bytes"); /* a reader holding checkpoints back shows here */
+    td_pw_int(&c->w, td_store_wal_bytes(c->s->store));
     td_pw_str(&c->w, "devices");
     write_devices(c);
     td_pw_str(&c->w, "clients");
     write_clients(c);
-    td_pw_str(&c->w, "queued");
+    td_pw_str(&c->w, "clients_total");
+    td_pw_int(&c->w, c->s->nconns);
     write_queued(c, id);
-    conn_send(c);
-}
-
-typedef struct log_lines {
-    td_pw *w;
-    int64_t last_id;
-} log_lines;
-
-static int write_log_line(void *ud, const td_job_log_row *row)
-{
-    log_lines *l = ud;
-    td_pw_array(l->w, 3);
-    td_pw_double(l->w, row->time);
-    td_pw_int(l->w, row->level);
-    td_pw_str(l->w, row->msg);
-    return 0;
-}
-
-static int skip_log_line(void *ud, const td_job_log_row *row)
-{
-    ((log_lines *)ud)->last_id = row->id;
-    return 0;
-}
-
-#define TD_LOG_LINES_MAX 10000 /* lines one logs reply carries: the newest */
-
-static void req_logs(td_conn *c, const td_pval *root, int64_t id)
-{
-    td_store *store = c->s->store;
-    td_job_row row = {0};
-    td_error_t err;
-    log_lines l = {.w = &c->w};
-    size_t ndone = 0, count = 0;
-    int64_t job;
-
-    if (get_job_id(c, root, id, &job) != 0)
-        return;
-    if (td_store_job_get(store, job, &row, &err) != 0) {
-        send_error(c, id, err.code, err.msg);
-        return;
-    }
-    td_job_row_clear(&row);
-    /* Count first, so that the array header can be written before the lines, and skip the
-     * oldest lines past the limit. */
-    if (td_store_log_read(store, job, 0, SIZE_MAX, skip_log_line, &l, &count, &err) != 0 ||
-        (l.last_id = 0,
-         count > TD_LOG_LINES_MAX && td_store_log_read(store, job, 0, count - TD_LOG_LINES_MAX,
-                                                       skip_log_line, &l, &ndone, &err) != 0)) {
-        send_error(c, id, err.code, err.msg);
-        return;
-    }
-    reply_begin(c, "logs", id, 2);
-    td_pw_str(&c->w, "job_id");
-    td_pw_int(&c->w, job);
-    td_pw_str(&c->w, "lines");
-    td_pw_array(&c->w, (uint32_t)(count < TD_LOG_LINES_MAX ? count : TD_LOG_LINES_MAX));
-    if (td_store_log_read(store, job, l.last_id, TD_LOG_LINES_MAX, write_log_line, &l, &ndone,
-                          &err) != 0) {
-        /* Half a reply is already in c->w: the frame cannot be finished honestly. */
-        td_log_warn("client pid %lld: logs of job %lld: %s", (long long)c->pid, (long long)job,
-                    err.msg);
-        send_error(c, id, err.code, err.msg);
-        return;
-    }
-    conn_send(c);
-}
-
-/* metrics and watch: both start a stream; watch follows the job until it ends. */
-static void req_stream(td_conn *c, const td_pval *root, int64_t id, int watch)
-{
-    const td_pval *keys = td_pv_get(root, "keys");
-    td_job_live live;
-    td_stream *st;
-    td_job_row row = {0};
-    td_error_t err;
-    int64_t job, since = 0;
-
-    if (get_job_id(c, root, id, &job) != 0)
-        return;
-    if (td_pv_get(root, "since") != NULL &&
-        (td_pv_int(td_pv_get(root, "since"), &since) != 0 || since < 0)) {
-        send_error(c, id, TD_EPROTO, "since: must be an integer >= 0");
-        return;
-    }
-    if (keys != NULL && td_pv_type_of(keys) != TD_PV_ARRAY) {
-        send_error(c, id, TD_EPROTO, "keys: must be a list of metric names");
-        return;
-    }
-    if (td_store_job_get(c->s->store, job, &row, &err) != 0) {
-        send_error(c, id, err.code, err.msg);
-        return;
-    }
-    td_job_row_clear(&row);
-    st = calloc(1, sizeof(*st));
-    if (st == NULL ||
-        (td_pv_len(keys) > 0 && (st->keys = calloc(td_pv_len(keys), sizeof(char *))) == NULL)) {
-        free(st);
-        send_error(c, id, TD_ENOMEM, "out of memory");
-        return;
-    }
-    for (size_t i = 0; i < td_pv_len(keys); i++) {
-        char key[TD_STORE_MAX_KEY];
-        if (td_pv_strcpy(td_pv_at(keys, i), key, sizeof(key)) != 0 ||
-            (st->keys[st->nkeys++] = strdup(key)) == NULL) {
-            st->c = c;
-            st->next = c->streams;
-            c->streams = st;
-            stream_free(st);
-            send_error(c, id, TD_EPROTO, "keys: each must be a metric name under 64 bytes");
-            return;
-        }
-    }
-    st->c = c;
-    st->req_id = id;
-    st->job = job;
-    st->watch = watch;
-    td_metric_cursor_init(&st->cur, since);
-    st->next = c->streams;
-    c->streams = st;
-    if (watch && td_daemon_job_live(c->s->d, job, &live))
-        send_state(st, &live);
-    stream_pump(st);
+    td__conn_send(c);
 }
 
 /* ---- export and sample: work on the threadpool, then a reply or a run of chunks ---- */
@@ -845,31 +448,43 @@ static void req_stream(td_conn *c, const td_pval *root, int64_t id, int watch)
 static char xfer_buf[TD_EXPORT_CHUNK]; /* loop thread only */
 
 static void conn_free(td_conn *c);
-static void serve_frames(td_conn *c, const char *bytes, size_t n);
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
-static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
 static const char *work_name(const td_work *w)
 {
-    return w->kind == TD_WORK_EXPORT ? "export" : "sample";
+    return w->kind == TD_WORK_EXPORT || w->kind == TD_WORK_EXPORT_ST ? "export"
+           : w->kind == TD_WORK_SAMPLE                               ? "sample"
+           : w->kind == TD_WORK_CLASSIFY                             ? "classify"
+                                                                     : "retrieve";
 }
 
 /* The connection's export or sample is answered: it reads requests again, first those that
  * arrived meanwhile and wait in its reader. */
 static void conn_resume(td_conn *c)
 {
-    int rc;
-
     c->busy = 0;
+    c->exporting = 0;
     if (c->closing)
         return;
-    rc = uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
-    if (rc != 0) {
-        td_log_warn("client pid %lld: cannot read again: %s", (long long)c->pid, uv_strerror(rc));
-        conn_close(c);
+    serve_frames(c, "", 0);
+    conn_want_read(c);
+}
+
+void td__conn_hold(td_conn *c)
+{
+    c->refs++;
+    c->busy = 1;
+    conn_want_read(c);
+}
+
+void td__conn_release(td_conn *c)
+{
+    c->refs--;
+    if (c->closing) {
+        if (c->closed && c->refs == 0)
+            conn_free(c);
         return;
     }
-    serve_frames(c, "", 0);
+    conn_resume(c);
 }
 
 static void xfer_done(td_conn *c)
@@ -881,22 +496,22 @@ static void xfer_done(td_conn *c)
 
 static void send_chunk(td_conn *c, const td_work *w, const char *data, size_t len)
 {
-    reply_begin(c, "chunk", w->req_id, 2);
+    td__reply_begin(c, "chunk", w->req_id, 2);
     td_pw_str(&c->w, "job_id");
     td_pw_int(&c->w, w->job);
     td_pw_str(&c->w, "data");
     td_pw_bin(&c->w, data, len);
-    conn_send(c);
+    td__conn_send(c);
 }
 
 static void send_xfer_end(td_conn *c, const td_work *w)
 {
-    reply_begin(c, "end", w->req_id, 2);
+    td__reply_begin(c, "end", w->req_id, 2);
     td_pw_str(&c->w, "job_id");
     td_pw_int(&c->w, w->job);
     td_pw_str(&c->w, "bytes");
     td_pw_int(&c->w, w->size);
-    conn_send(c);
+    td__conn_send(c);
 }
 
 /* Sends the exported file a chunk at a time while the client keeps up (below
@@ -925,7 +540,7 @@ static void xfer_pump(td_conn *c)
                      "job %lld: the exported file ended after %lld of %lld bytes%s%s",
                      (long long)w->job, (long long)c->xfer_sent, (long long)w->size,
                      n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
-            send_error(c, w->req_id, TD_EIO, msg);
+            td__send_error(c, w->req_id, TD_EIO, msg);
             xfer_done(c);
             return;
         }
@@ -936,14 +551,73 @@ static void xfer_pump(td_conn *c)
 
 static void send_sample(td_conn *c, const td_work *w)
 {
-    reply_begin(c, "sample", w->req_id, 3);
+    td__reply_begin(c, "sample", w->req_id, 3);
     td_pw_str(&c->w, "job_id");
     td_pw_int(&c->w, w->job);
     td_pw_str(&c->w, "text");
     td_pw_strn(&c->w, w->text, w->text_len);
     td_pw_str(&c->w, "seed");
     td_pw_int(&c->w, (int64_t)w->seed);
-    conn_send(c);
+    td__conn_send(c);
+}
+
+/* The classify reply of PROTOCOL.md: the labels, then each window's [index, label, score]. */
+static void send_classify(td_conn *c, const td_work *w)
+{
+    td__reply_begin(c, "classify", w->req_id, 6);
+    td_pw_str(&c->w, "job_id");
+    td_pw_int(&c->w, w->job);
+    td_pw_str(&c->w, "windows");
+    td_pw_int(&c->w, w->windows);
+    td_pw_str(&c->w, "labels");
+    td_pw_array(&c->w, (uint32_t)w->nlabels);
+    for (int k = 0; k < w->nlabels; k++) {
+        td_pw_map(&c->w, 2);
+        td_pw_str(&c->w, "name");
+        td_pw_str(&c->w, w->names[k]);
+        td_pw_str(&c->w, "prompt");
+        td_pw_str(&c->w, w->prompts[k]);
+    }
+    td_pw_str(&c->w, "results");
+    td_pw_array(&c->w, (uint32_t)w->nhits);
+    for (int i = 0; i < w->nhits; i++) {
+        td_pw_array(&c->w, 3);
+        td_pw_int(&c->w, w->hits[i].index);
+        td_pw_int(&c->w, w->hits[i].label);
+        td_pw_double(&c->w, w->hits[i].score);
+    }
+    td_pw_str(&c->w, "more");
+    td_pw_bool(&c->w, w->first + w->nhits < w->windows);
+    td_pw_str(&c->w, "next");
+    td_pw_int(&c->w, w->first + w->nhits);
+    td__conn_send(c);
+}
+
+/* Bytes of a caption in a retrieve reply, escaped (td_text_escape): TD_RETRIEVE_MAX_TOP of them
+ * stay inside a frame whatever the shard's bytes. */
+#define TD_RETRIEVE_CAPTION_MAX 8192
+
+static char caption_buf[TD_RETRIEVE_CAPTION_MAX + 1]; /* loop thread only */
+
+/* The retrieve reply: the best windows first, each [index, score, caption]. */
+static void send_retrieve(td_conn *c, const td_work *w)
+{
+    td__reply_begin(c, "retrieve", w->req_id, 3);
+    td_pw_str(&c->w, "job_id");
+    td_pw_int(&c->w, w->job);
+    td_pw_str(&c->w, "windows");
+    td_pw_int(&c->w, w->windows);
+    td_pw_str(&c->w, "results");
+    td_pw_array(&c->w, (uint32_t)w->nhits);
+    for (int i = 0; i < w->nhits; i++) {
+        const char *cap = w->hits[i].caption != NULL ? w->hits[i].caption : "";
+        td_text_escape(caption_buf, sizeof(caption_buf), cap, strlen(cap), 0);
+        td_pw_array(&c->w, 3);
+        td_pw_int(&c->w, w->hits[i].index);
+        td_pw_double(&c->w, w->hits[i].score);
+        td_pw_str(&c->w, caption_buf);
+    }
+    td__conn_send(c);
 }
 
 /* Back on the loop thread. A connection that closed meanwhile only lets go of its memory. */
@@ -960,13 +634,18 @@ static void on_work_done(td_work *w)
     }
     if (w->rc != 0) {
         td_log_info("client pid %lld: %s refused: %s", (long long)c->pid, work_name(w), w->err.msg);
-        send_error(c, w->req_id, w->rc, w->err.msg);
+        td__send_error(c, w->req_id, w->rc, w->err.msg);
         td_work_free(w);
         conn_resume(c);
         return;
     }
-    if (w->kind == TD_WORK_SAMPLE) {
-        send_sample(c, w);
+    if (w->kind == TD_WORK_SAMPLE || w->kind == TD_WORK_CLASSIFY || w->kind == TD_WORK_RETRIEVE) {
+        if (w->kind == TD_WORK_SAMPLE)
+            send_sample(c, w);
+        else if (w->kind == TD_WORK_CLASSIFY)
+            send_classify(c, w);
+        else
+            send_retrieve(c, w);
         td_work_free(w);
         conn_resume(c);
         return;
@@ -986,7 +665,7 @@ static void work_start(td_conn *c, td_work *w, int64_t id)
     w->req_id = id;
     rc = td_work_start(w, c->s->loop, on_work_done);
     if (rc != 0) {
-        send_error(c, id, rc, uv_strerror(rc));
+        td__send_error(c, id, rc, uv_strerror(rc));
         td_work_free(w);
         return;
     }
@@ -994,21 +673,64 @@ static void work_start(td_conn *c, td_work *w, int64_t id)
                 work_name(w), (long long)w->job);
     c->refs++;
     c->busy = 1;
-    uv_read_stop((uv_stream_t *)&c->pipe);
+    c->exporting = w->kind == TD_WORK_EXPORT || w->kind == TD_WORK_EXPORT_ST;
+    conn_want_read(c);
+}
+
+/* Exports uid has under way on every connection: each holds a temporary file as large as its
+ * model until its last chunk is read. */
+static int exports_of(const td_server *s, int64_t uid)
+{
+    int n = 0;
+
+    for (const td_conn *o = s->conns; o != NULL; o = o->next)
+        n += !o->closing && o->exporting && o->uid == uid;
+    return n;
+}
+
+/* Whether v is the string s. */
+static int pv_is(const td_pval *v, const char *s)
+{
+    size_t len = 0;
+    const char *p = td_pv_str(v, &len);
+
+    return p != NULL && len == strlen(s) && memcmp(p, s, len) == 0;
 }
 
 static void req_export(td_conn *c, const td_pval *root, int64_t id)
 {
+    int max = c->s->cfg.max_exports_per_user;
+    const td_pval *format = td_pv_get(root, "format");
+    td_work_kind kind = TD_WORK_EXPORT;
     td_work *w;
     td_error_t err;
+    char msg[200];
     int64_t job;
 
-    if (get_job_id(c, root, id, &job) != 0)
+    if (td__get_job_id(c, root, id, &job) != 0)
         return;
-    if (td_work_new(&w, c->s->d, c->s->cfg.state_dir, TD_WORK_EXPORT, job, c->uid, &err) != 0) {
-        send_error(c, id, err.code, err.msg);
+    if (format != NULL && pv_is(format, "safetensors"))
+        kind = TD_WORK_EXPORT_ST;
+    else if (format != NULL && !pv_is(format, "llmc")) {
+        td__send_error(c, id, TD_EPROTO, "format: must be \"llmc\" or \"safetensors\"");
         return;
     }
+    if (max > 0 && exports_of(c->s, c->uid) >= max) {
+        snprintf(msg, sizeof(msg),
+                 "uid %lld has %d exports under way, the limit (max_exports_per_user); wait for "
+                 "one to finish",
+                 (long long)c->uid, max);
+        td_log_info("client pid %lld: export of job %lld refused: %s", (long long)c->pid,
+                    (long long)job, msg);
+        td__send_error(c, id, TD_E2BIG, msg);
+        return;
+    }
+    if (td_work_new(&w, c->s->d, c->s->cfg.state_dir, kind, job, c->uid, &err) != 0) {
+        td__send_error(c, id, err.code, err.msg);
+        return;
+    }
+    w->uid = c->uid;
+    w->gid = c->gid;
     work_start(c, w, id);
 }
 
@@ -1023,27 +745,27 @@ static int sample_args(td_conn *c, const td_pval *root, int64_t id, td_work *w)
 
     if ((v = td_pv_get(root, "tokens")) != NULL &&
         (td_pv_int(v, &tokens) != 0 || tokens < 1 || tokens > TD_SAMPLE_MAX_TOKENS)) {
-        send_error(c, id, TD_EPROTO, "tokens: must be an integer from 1 to 4096");
+        td__send_error(c, id, TD_EPROTO, "tokens: must be an integer from 1 to 4096");
         return -1;
     }
     if ((v = td_pv_get(root, "temperature")) != NULL &&
         (td_pv_double(v, &temperature) != 0 || !isfinite(temperature) || temperature < 0)) {
-        send_error(c, id, TD_EPROTO,
-                   "temperature: must be a number >= 0 (0: always the likeliest)");
+        td__send_error(c, id, TD_EPROTO,
+                       "temperature: must be a number >= 0 (0: always the likeliest)");
         return -1;
     }
     if ((v = td_pv_get(root, "prompt")) != NULL &&
         ((prompt = td_pv_str(v, &len)) == NULL || memchr(prompt, '\0', len) != NULL)) {
-        send_error(c, id, TD_EPROTO, "prompt: must be a string without NUL bytes");
+        td__send_error(c, id, TD_EPROTO, "prompt: must be a string without NUL bytes");
         return -1;
     }
     if ((v = td_pv_get(root, "seed")) != NULL && (td_pv_int(v, &seed) != 0 || seed < 0)) {
-        send_error(c, id, TD_EPROTO, "seed: must be an integer >= 0");
+        td__send_error(c, id, TD_EPROTO, "seed: must be an integer >= 0");
         return -1;
     }
     w->prompt = strndup(prompt, len);
     if (w->prompt == NULL) {
-        send_error(c, id, TD_ENOMEM, "out of memory");
+        td__send_error(c, id, TD_ENOMEM, "out of memory");
         return -1;
     }
     w->tokens = (int)tokens;
@@ -1059,10 +781,10 @@ static void req_sample(td_conn *c, const td_pval *root, int64_t id)
     td_error_t err;
     int64_t job;
 
-    if (get_job_id(c, root, id, &job) != 0)
+    if (td__get_job_id(c, root, id, &job) != 0)
         return;
     if (td_work_new(&w, c->s->d, c->s->cfg.state_dir, TD_WORK_SAMPLE, job, c->uid, &err) != 0) {
-        send_error(c, id, err.code, err.msg);
+        td__send_error(c, id, err.code, err.msg);
         return;
     }
     if (sample_args(c, root, id, w) != 0) {
@@ -1072,22 +794,159 @@ static void req_sample(td_conn *c, const td_pval *root, int64_t id)
     work_start(c, w, id);
 }
 
+/* ---- classify and retrieve: a sensorlm's embeddings over a shard ---- */
+
+/* A text field of 1 to max bytes of UTF-8 without control characters, NUL-terminated in a
+ * malloc'd copy (*out); -1 after an error frame naming it (what). */
+static int text_field(td_conn *c, int64_t id, const td_pval *v, const char *what, size_t max,
+                      char **out)
+{
+    char msg[160];
+    size_t len = 0;
+    const char *s = v != NULL ? td_pv_str(v, &len) : NULL;
+
+    if (s == NULL || len == 0 || len > max || td_text_check(s, len, NULL) != TD_TEXT_OK) {
+        snprintf(msg, sizeof(msg),
+                 "%s: must be 1 to %zu bytes of text (UTF-8 without control "
+                 "characters)",
+                 what, max);
+        td__send_error(c, id, TD_EPROTO, msg);
+        return -1;
+    }
+    if ((*out = strndup(s, len)) == NULL) {
+        td__send_error(c, id, TD_ENOMEM, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* The request's data: an absolute path (the daemon's working directory is nobody's). */
+static int data_field(td_conn *c, const td_pval *root, int64_t id, td_work *w)
+{
+    if (text_field(c, id, td_pv_get(root, "data"), "data", TD_PATH_MAX - 1, &w->data) != 0)
+        return -1;
+    if (w->data[0] != '/') {
+        td__send_error(c, id, TD_EPROTO,
+                       "data: must be an absolute path; trainctl resolves relative paths where "
+                       "you run it");
+        return -1;
+    }
+    return 0;
+}
+
+/* An optional integer field in [lo, hi]; -1 after an error frame with msg. */
+static int int_field(td_conn *c, const td_pval *root, int64_t id, const char *key, int64_t lo,
+                     int64_t hi, const char *msg, int64_t *out)
+{
+    const td_pval *v = td_pv_get(root, key);
+
+    if (v != NULL && (td_pv_int(v, out) != 0 || *out < lo || *out > hi)) {
+        td__send_error(c, id, TD_EPROTO, msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* classify's labels: [{name, prompt (optional)}, ...], 1 to TD_CLASSIFY_MAX_LABELS. */
+static int labels_field(td_conn *c, const td_pval *root, int64_t id, td_work *w)
+{
+    const td_pval *v = td_pv_get(root, "labels");
+    size_t n = v != NULL ? td_pv_len(v) : 0;
+
+    if (v == NULL)
+        return 0;
+    if (td_pv_type_of(v) != TD_PV_ARRAY || n < 1 || n > TD_CLASSIFY_MAX_LABELS) {
+        td__send_error(c, id, TD_EPROTO, "labels: must be a list of 1 to 256 {name, prompt}");
+        return -1;
+    }
+    w->names = calloc(n, sizeof(char *));
+    w->prompts = calloc(n, sizeof(char *));
+    if (w->names == NULL || w->prompts == NULL) {
+        td__send_error(c, id, TD_ENOMEM, "out of memory");
+        return -1;
+    }
+    for (size_t k = 0; k < n; k++) {
+        const td_pval *e = td_pv_at(v, k), *prompt;
+        w->nlabels = (int)k + 1;
+        if (td_pv_type_of(e) != TD_PV_MAP) {
+            td__send_error(c, id, TD_EPROTO, "labels: each must be a map {name, prompt}");
+            return -1;
+        }
+        prompt = td_pv_get(e, "prompt");
+        if (text_field(c, id, td_pv_get(e, "name"), "labels: name", 255, &w->names[k]) != 0 ||
+            (prompt != NULL &&
+             text_field(c, id, prompt, "labels: prompt", TD_LABEL_PROMPT_MAX, &w->prompts[k]) != 0))
+            return -1;
+    }
+    return 0;
+}
+
+static void req_classify(td_conn *c, const td_pval *root, int64_t id, td_work_kind kind)
+{
+    int64_t job,
+        first = 0,
+        limit = kind == TD_WORK_CLASSIFY ? TD_CLASSIFY_MAX_WINDOWS : TD_RETRIEVE_DEFAULT_TOP;
+    td_error_t err;
+    td_work *w;
+
+    if (td__get_job_id(c, root, id, &job) != 0)
+        return;
+    if (td_work_new(&w, c->s->d, c->s->cfg.state_dir, kind, job, c->uid, &err) != 0) {
+        td__send_error(c, id, err.code, err.msg);
+        return;
+    }
+    w->uid = c->uid;
+    w->gid = c->gid;
+    if (data_field(c, root, id, w) != 0)
+        goto fail;
+    if (kind == TD_WORK_CLASSIFY &&
+        (labels_field(c, root, id, w) != 0 ||
+         int_field(c, root, id, "first", 0, INT64_MAX / 2, "first: must be an integer >= 0",
+                   &first) != 0 ||
+         int_field(c, root, id, "limit", 1, TD_CLASSIFY_MAX_WINDOWS,
+                   "limit: must be an integer from 1 to 4096", &limit) != 0))
+        goto fail;
+    if (kind == TD_WORK_RETRIEVE &&
+        (text_field(c, id, td_pv_get(root, "query"), "query", TD_LABEL_PROMPT_MAX, &w->prompt) !=
+             0 ||
+         int_field(c, root, id, "top", 1, TD_RETRIEVE_MAX_TOP,
+                   "top: must be an integer from 1 to 100", &limit) != 0))
+        goto fail;
+    w->first = first;
+    w->limit = (int)limit;
+    work_start(c, w, id);
+    return;
+fail:
+    td_work_free(w);
+}
+
 static void handle_frame(td_conn *c, const td_proto_frame *f)
 {
     const td_pval *root = td_proto_frame_root(f);
-    char type[32];
+    char type[32], shown[TD_SHOWN_MAX], msg[TD_SHOWN_MAX + 64];
+    const char *t;
+    size_t len;
     int64_t id;
 
+    c->since_ms = uv_now(c->s->loop);
+    /* Before hello, anything but a hello closes the connection, a malformed one included: a
+     * peer cannot keep one open by sending frames the daemon answers. */
     if (td_pv_int(td_pv_get(root, "id"), &id) != 0 || id < 0) {
-        send_error(c, -1, TD_EPROTO, "id: every request needs an integer id >= 0");
+        td__send_error(c, -1, TD_EPROTO, "id: every request needs an integer id >= 0");
+        if (!c->hello)
+            conn_close(c);
         return;
     }
-    if (td_pv_strcpy(td_pv_get(root, "type"), type, sizeof(type)) != 0) {
-        send_error(c, id, TD_EPROTO, "type: every request needs a type string");
+    if ((t = td_pv_str(td_pv_get(root, "type"), &len)) == NULL) {
+        td__send_error(c, id, TD_EPROTO, "type: every request needs a type string");
+        if (!c->hello)
+            conn_close(c);
         return;
     }
+    if (td_pv_strcpy(td_pv_get(root, "type"), type, sizeof(type)) != 0)
+        type[0] = '\0'; /* too long, or NUL inside: no request is called that */
     if (!c->hello && strcmp(type, "hello") != 0) {
-        send_error(c, id, TD_EPROTO, "the first request must be hello");
+        td__send_error(c, id, TD_EPROTO, "the first request must be hello");
         conn_close(c);
         return;
     }
@@ -1096,27 +955,37 @@ static void handle_frame(td_conn *c, const td_proto_frame *f)
     else if (strcmp(type, "submit") == 0)
         req_submit(c, root, id);
     else if (strcmp(type, "status") == 0)
-        req_status(c, root, id);
+        td__req_status(c, root, id);
     else if (strcmp(type, "list") == 0)
-        req_list(c, id);
+        td__req_list(c, root, id);
     else if (strcmp(type, "cancel") == 0)
         req_cancel(c, root, id);
     else if (strcmp(type, "metrics") == 0)
-        req_stream(c, root, id, 0);
+        td__req_stream(c, root, id, 0);
     else if (strcmp(type, "info") == 0)
         req_info(c, id);
     else if (strcmp(type, "logs") == 0)
-        req_logs(c, root, id);
+        td__req_logs(c, root, id);
     else if (strcmp(type, "watch") == 0)
-        req_stream(c, root, id, 1);
+        td__req_stream(c, root, id, 1);
     else if (strcmp(type, "export") == 0)
         req_export(c, root, id);
     else if (strcmp(type, "sample") == 0)
         req_sample(c, root, id);
+    else if (strcmp(type, "classify") == 0)
+        req_classify(c, root, id, TD_WORK_CLASSIFY);
+    else if (strcmp(type, "retrieve") == 0)
+        req_classify(c, root, id, TD_WORK_RETRIEVE);
+    else if (strcmp(type, "rm") == 0)
+        td__req_rm(c, root, id);
+    else if (strcmp(type, "prune") == 0)
+        td__req_prune(c, root, id);
     else {
-        char msg[96];
-        snprintf(msg, sizeof(msg), "type: unknown request \"%s\"", type);
-        send_error(c, id, TD_EPROTO, msg);
+        /* The client's own bytes, escaped: whatever it sent, the reply is printable UTF-8. */
+        td_text_escape(shown, sizeof(shown), t, len < TD_SHOWN_TYPE ? len : TD_SHOWN_TYPE, 0);
+        snprintf(msg, sizeof(msg), "type: unknown request \"%s%s\"", shown,
+                 len > TD_SHOWN_TYPE ? "..." : "");
+        td__send_error(c, id, TD_EPROTO, msg);
     }
 }
 
@@ -1153,7 +1022,7 @@ static void conn_close(td_conn *c)
         return;
     c->closing = 1;
     while (c->streams != NULL)
-        stream_free(c->streams);
+        td__stream_free(c->streams);
     td_work_free(c->xfer);
     c->xfer = NULL;
     uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
@@ -1175,24 +1044,28 @@ static void sample_bytes(char *out, size_t size, const char *p, size_t n)
     out[o] = '\0';
 }
 
-/* Handles the frames the reader holds, in order, until the connection closes or a request
- * makes it busy (the rest wait in the reader). bytes (n) are the last read, for the log. */
+/* Handles the frames the reader holds, in order, until the connection closes, a request
+ * makes it busy, or its unsent replies pass the high-water mark (the rest wait in the
+ * reader, and reading stops until they drain). bytes (n) are the last read, for the log. */
 static void serve_frames(td_conn *c, const char *bytes, size_t n)
 {
     td_proto_frame *f;
     td_error_t err;
     int rc = 0;
 
-    while (!c->closing && !c->busy && (rc = td_proto_reader_next(c->reader, &f, &err)) == 1) {
+    while (!c->closing && !c->busy && !c->paused &&
+           (rc = td_proto_reader_next(c->reader, &f, &err)) == 1) {
         handle_frame(c, f);
         td_proto_frame_free(f);
+        if (c->pending >= TD_CONN_HIGH_WATER)
+            c->paused = 1;
     }
     if (!c->closing && rc < 0) {
         char sample[40];
         sample_bytes(sample, sizeof(sample), bytes, n);
         td_log_warn("client pid %lld uid %lld: bad frame (%s), closing; bytes %s...",
                     (long long)c->pid, (long long)c->uid, err.msg, sample);
-        send_error(c, -1, rc, err.msg);
+        td__send_error(c, -1, rc, err.msg);
         conn_close(c);
     }
 }
@@ -1212,6 +1085,31 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     serve_frames(c, buf->base, (size_t)nread);
+    conn_want_read(c);
+}
+
+/* Reads from c while it may: not while an export or sample is under way (busy: replies keep
+ * the order of requests), nor while its unsent replies are over the high-water mark (paused:
+ * a client that sends requests and never reads the replies gets no more of them), nor once
+ * it is closing. What it sends meanwhile waits in the socket. */
+static void conn_want_read(td_conn *c)
+{
+    int want = !c->busy && !c->paused, rc;
+
+    if (c->closing || want == c->reading) /* a closing handle has stopped reading already */
+        return;
+    if (!want) {
+        uv_read_stop((uv_stream_t *)&c->pipe);
+        c->reading = 0;
+        return;
+    }
+    rc = uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+    if (rc != 0) {
+        td_log_warn("client pid %lld: cannot read: %s", (long long)c->pid, uv_strerror(rc));
+        conn_close(c);
+        return;
+    }
+    c->reading = 1;
 }
 
 static void peer_creds(td_conn *c)
@@ -1231,10 +1129,38 @@ static void peer_creds(td_conn *c)
     }
 }
 
+/* Why a new connection c may not stay, into msg; 0 when it may. Root always gets in, so that
+ * an administrator can look at a daemon other users have filled; anyone else is held to
+ * max_connections in all and max_connections_per_user of their own. */
+static int refuse_why(const td_server *s, const td_conn *c, char *msg, size_t size)
+{
+    int max = s->cfg.max_conns > 0 ? s->cfg.max_conns : TD_MAX_CONNS, mine = 0;
+
+    if (c->uid == 0)
+        return 0;
+    if (s->nconns > max) {
+        snprintf(msg, size, "too many connections: %d open, the limit (max_connections)",
+                 s->nconns - 1);
+        return 1;
+    }
+    if (s->cfg.max_conns_per_user <= 0)
+        return 0;
+    for (const td_conn *o = s->conns; o != NULL; o = o->next)
+        mine += !o->closing && o->uid == c->uid;
+    if (mine > s->cfg.max_conns_per_user) {
+        snprintf(msg, size,
+                 "too many connections: uid %lld has %d open, the limit "
+                 "(max_connections_per_user)",
+                 (long long)c->uid, mine - 1);
+        return 1;
+    }
+    return 0;
+}
+
 static void on_connection(uv_stream_t *listener, int status)
 {
     td_server *s = listener->data;
-    int max = s->cfg.max_conns > 0 ? s->cfg.max_conns : TD_MAX_CONNS, rc;
+    char why[160];
     td_conn *c;
 
     if (status < 0) {
@@ -1247,6 +1173,7 @@ static void on_connection(uv_stream_t *listener, int status)
         return;
     }
     c->s = s;
+    c->accepted_ms = c->since_ms = uv_now(s->loop);
     td_pw_init(&c->w);
     c->next = s->conns;
     s->conns = c;
@@ -1256,19 +1183,77 @@ static void on_connection(uv_stream_t *listener, int status)
         conn_close(c);
         return;
     }
+    /* Until it has said hello, a peer gets a hello's worth of buffer, not a whole frame's. */
+    td_proto_reader_limit_first(c->reader, TD_PROTO_MAX_HELLO);
     peer_creds(c);
-    if (s->nconns > max) {
-        td_log_warn("client pid %lld: refused, %d connections open", (long long)c->pid,
-                    s->nconns - 1);
-        send_error(c, -1, TD_E2BIG, "too many connections");
+    if (refuse_why(s, c, why, sizeof(why))) {
+        td_log_warn("client pid %lld uid %lld: refused, %s", (long long)c->pid, (long long)c->uid,
+                    why);
+        td__send_error(c, -1, TD_E2BIG, why);
         conn_close(c);
         return;
     }
-    rc = uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
-    if (rc != 0) {
-        td_log_warn("client pid %lld: cannot read: %s", (long long)c->pid, uv_strerror(rc));
+    conn_want_read(c);
+}
+
+/* ---- timeouts ---- */
+
+/* Closes the connections that have not said hello in time, and those idle for too long: no
+ * request read and no reply written for idle_timeout_s, and no stream, export or sample
+ * under way (a watcher of a queued job may wait for hours). Work per tick is one look at
+ * each connection: at most max_connections (plus root's). */
+static void on_sweep(uv_timer_t *t)
+{
+    td_server *s = t->data;
+    uint64_t now = uv_now(s->loop);
+    uint64_t hello_ms = (uint64_t)(s->cfg.hello_timeout_s * 1000);
+    uint64_t idle_ms = (uint64_t)(s->cfg.idle_timeout_s * 1000);
+    char msg[128];
+
+    for (td_conn *c = s->conns; c != NULL; c = c->next) {
+        uint64_t quiet = now - c->since_ms;
+        if (c->closing)
+            continue;
+        if (!c->hello && hello_ms > 0 && now - c->accepted_ms >= hello_ms) {
+            snprintf(msg, sizeof(msg), "no hello within %g s of connecting; closing",
+                     s->cfg.hello_timeout_s);
+        } else if (c->hello && idle_ms > 0 && quiet >= idle_ms && c->streams == NULL && !c->busy &&
+                   c->xfer == NULL) {
+            snprintf(msg, sizeof(msg), "idle for %g s; closing", s->cfg.idle_timeout_s);
+        } else {
+            continue;
+        }
+        td_log_info("client pid %lld uid %lld: %s", (long long)c->pid, (long long)c->uid, msg);
+        td__send_error(c, -1, TD_ECLOSED, msg);
         conn_close(c);
     }
+}
+
+/* Starts the sweep at a period that finds a timed-out connection within about a quarter of
+ * the shorter timeout. */
+static int sweep_start(td_server *s, td_error_t *err)
+{
+    double shortest = s->cfg.hello_timeout_s;
+    uint64_t period;
+    int rc;
+
+    if (s->cfg.idle_timeout_s > 0 && s->cfg.idle_timeout_s < shortest)
+        shortest = s->cfg.idle_timeout_s;
+    period = (uint64_t)(shortest * 1000 / 4);
+    period = period < TD_SWEEP_MIN_MS   ? TD_SWEEP_MIN_MS
+             : period > TD_SWEEP_MAX_MS ? TD_SWEEP_MAX_MS
+                                        : period;
+    rc = uv_timer_init(s->loop, &s->sweep);
+    if (rc != 0)
+        return td_error_set(err, rc, "uv_timer_init: %s", uv_strerror(rc));
+    s->sweeping = 1;
+    s->sweep.data = s;
+    rc = uv_timer_start(&s->sweep, on_sweep, period, period);
+    if (rc != 0)
+        return td_error_set(err, rc, "uv_timer_start: %s", uv_strerror(rc));
+    /* The sweep alone must not keep the loop turning once everything else has stopped. */
+    uv_unref((uv_handle_t *)&s->sweep);
+    return 0;
 }
 
 #define TD_LISTEN_BACKLOG   128  /* connections the kernel holds for traind before accept */
@@ -1426,7 +1411,14 @@ int td_server_new(td_server **out, uv_loop_t *loop, const td_config *cfg, td_dae
     s->cfg = *cfg;
     s->d = d;
     s->store = td_daemon_store(d);
-    rc = listen_socket(s, err);
+    td_pw_init(&s->scratch);
+    rc = sweep_start(s, err);
+    if (rc == 0)
+        rc = listen_socket(s, err);
+    if (rc != 0 && s->sweeping) {
+        uv_close((uv_handle_t *)&s->sweep, NULL);
+        s->sweeping = 0;
+    }
     /* Even on failure: a listener that failed after uv_pipe_init is closing, and its memory,
      * s, must outlive the close, which the caller's loop runs before td_server_free. */
     *out = s;
@@ -1445,6 +1437,10 @@ int td_server_close(td_server *s, int keep_listener)
 
     for (td_conn *c = s->conns; c != NULL; c = c->next)
         conn_close(c);
+    if (s->sweeping) {
+        uv_close((uv_handle_t *)&s->sweep, NULL);
+        s->sweeping = 0;
+    }
     if (!s->listening)
         return -1;
     if (keep_listener && s->inherited && uv_fileno((uv_handle_t *)&s->listener, &fd) == 0) {
@@ -1463,5 +1459,9 @@ int td_server_close(td_server *s, int keep_listener)
 
 void td_server_free(td_server *s)
 {
+    if (s == NULL)
+        return;
+    td_pw_free(&s->scratch);
+    free(s->keys.names);
     free(s);
 }

@@ -2,7 +2,12 @@
  * passed), the connections, their requests, and the streams that feed watchers from the
  * store. It turns requests into calls on the daemon (daemon.h) and learns that a job changed
  * from td_server_job_changed(), which main() wires to the daemon's hooks; the daemon never
- * reaches into it.
+ * reaches into it. It keeps the limits of PROTOCOL.md ("Limits"): the first frame's size,
+ * the hello and idle timeouts, connections in all and per user, streams per connection, keys
+ * per request, exports per user, unread replies, the pages of list and logs.
+ *
+ * Files: server.c (connections, requests), stream.c (watch, metrics), listing.c (job maps,
+ * status, list, logs); server_int.h is what they share.
  *
  * Threads: loop thread only. export and sample run their slow half on libuv's threadpool
  * (work.h). */

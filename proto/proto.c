@@ -10,6 +10,7 @@
 #include <msgpack.h>
 
 #include "proto.h"
+#include "td_text.h"
 
 /* A zone chunk never smaller or larger than these, so a small frame does not pay for a
  * large chunk and a large one does not make thousands of tiny ones. */
@@ -34,7 +35,9 @@ struct td_proto_reader {
     size_t hdr_at;    /* prefix of the first frame not yet fully buffered */
     size_t frame_end; /* end of that frame once its prefix passed the check, else 0 */
     uint32_t max_frame;
-    td_error_t err; /* sticky: once set, the stream is dead */
+    uint32_t first_max; /* the first frame's limit (td_proto_reader_limit_first), or 0 */
+    uint64_t nframes;   /* frames whose prefix passed the check */
+    td_error_t err;     /* sticky: once set, the stream is dead */
 };
 
 /* ---- the validator ---- */
@@ -371,6 +374,11 @@ int td_proto_reader_new(td_proto_reader **out, uint32_t max_frame)
     return 0;
 }
 
+void td_proto_reader_limit_first(td_proto_reader *r, uint32_t first_max)
+{
+    r->first_max = first_max;
+}
+
 void td_proto_reader_free(td_proto_reader *r)
 {
     if (r == NULL)
@@ -445,12 +453,15 @@ int td_proto_reader_feed(td_proto_reader *r, const void *data, size_t len)
         len -= take;
         if (r->frame_end == 0 && r->wpos - r->hdr_at == TD_PROTO_PREFIX) {
             uint32_t n = (uint32_t)be((const unsigned char *)r->buf + r->hdr_at, TD_PROTO_PREFIX);
-            if (n > r->max_frame) {
-                td_error_set(&r->err, TD_E2BIG, "frame of %u bytes exceeds the limit of %u bytes",
-                             n, r->max_frame);
+            int first = r->nframes == 0 && r->first_max > 0 && r->first_max < r->max_frame;
+            uint32_t max = first ? r->first_max : r->max_frame;
+            if (n > max) {
+                td_error_set(&r->err, TD_E2BIG, "frame of %u bytes exceeds the limit of %u bytes%s",
+                             n, max, first ? " before hello" : "");
                 r->wpos = r->hdr_at; /* the prefix is not a frame: forget it */
                 break;
             }
+            r->nframes++;
             r->frame_end = r->hdr_at + TD_PROTO_PREFIX + n;
         }
         if (r->frame_end != 0 && r->wpos == r->frame_end) {
@@ -927,18 +938,17 @@ const void *td_pw_body(const td_pw *w, size_t *len)
 
 void td_proto_write_error(td_pw *w, int64_t id, int code, const char *message)
 {
+    char text[ERROR_MSG_MAX + 1];
     const char *frame;
     size_t flen;
     size_t n;
 
     if (message == NULL || message[0] == '\0')
         message = td_strerror(code);
-    n = strlen(message);
-    if (n > ERROR_MSG_MAX) {
-        n = ERROR_MSG_MAX;
-        while (n > 0 && ((unsigned char)message[n] & 0xc0) == 0x80)
-            n--; /* do not cut a multi-byte character in two */
-    }
+    /* A message may quote what a client sent (a path, a request's type): what goes back is
+     * always UTF-8 without control characters but newlines, whatever the client sent, and it is
+     * cut at a character's boundary. */
+    n = td_text_escape(text, sizeof(text), message, strlen(message), TD_TEXT_KEEP_NEWLINES);
     td_pw_reset(w);
     td_pw_map(w, 5);
     td_pw_str(w, "type");
@@ -950,6 +960,6 @@ void td_proto_write_error(td_pw *w, int64_t id, int code, const char *message)
     td_pw_str(w, "name");
     td_pw_str(w, td_errname(code));
     td_pw_str(w, "message");
-    td_pw_strn(w, message, n);
+    td_pw_strn(w, text, n);
     td_pw_finish(w, &frame, &flen);
 }

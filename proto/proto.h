@@ -19,6 +19,9 @@
 #define TD_PROTO_MAX_ITEMS 65536         /* elements of one array, or pairs of one map */
 #define TD_PROTO_MAX_STR   (256u * 1024) /* bytes of one string or binary */
 #define TD_PROTO_PREFIX    4             /* bytes of the length prefix */
+#define TD_PROTO_MAX_HELLO 4096          /* bytes of a connection's first frame (its hello) */
+#define TD_PROTO_MAX_KEYS  256           /* metric names one metrics or watch request names */
+#define TD_PROTO_PAGE_MAX  1000          /* jobs of one list reply, lines of one logs reply */
 
 /* A decoded value. Points into its frame; valid until that frame is freed. */
 typedef struct msgpack_object td_pval;
@@ -47,6 +50,13 @@ typedef struct td_proto_reader td_proto_reader;
  * Caller frees with td_proto_reader_free(). */
 int td_proto_reader_new(td_proto_reader **out, uint32_t max_frame);
 void td_proto_reader_free(td_proto_reader *r);
+
+/* Holds the first frame of the stream to first_max bytes instead of max_frame (when smaller):
+ * a server reads a hello from a peer that has not yet shown it speaks the protocol, and such
+ * a peer gets no more than a small frame's worth of memory (PROTOCOL.md, "Limits"). The
+ * error then reads "frame of N bytes exceeds the limit of 4096 bytes before hello". Call it
+ * before the first feed. */
+void td_proto_reader_limit_first(td_proto_reader *r, uint32_t first_max);
 
 /* Copies len bytes of stream data into the reader. Each frame's length prefix is checked
  * against max_frame as soon as its 4 bytes are in, before any of its body is kept; from an
@@ -147,8 +157,10 @@ const void *td_pw_body(const td_pw *w, size_t *len);
 
 /* Builds a whole error frame: empties w (td_pw_reset), writes {type:"error", id, code,
  * name: td_errname(code), message} and fills the prefix. Get the bytes with td_pw_finish,
- * which then only returns them. A NULL or empty message becomes td_strerror(code); one over
- * 4096 bytes is cut there, at a UTF-8 character boundary. */
+ * which then only returns them. A NULL or empty message becomes td_strerror(code); control
+ * characters but newlines and malformed UTF-8 in it are escaped (td_text_escape), so the
+ * message is always UTF-8 whatever a client sent; past 4096 bytes it is cut at a character
+ * boundary. */
 void td_proto_write_error(td_pw *w, int64_t id, int code, const char *message);
 
 /* Writes a decoded value as JSON text: strings with quote, backslash and control characters

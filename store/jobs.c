@@ -177,8 +177,9 @@ int td_store_job_insert(td_store *s, const char *name, int devices, int priority
     if (ret < 0)
         goto out;
     ret = td__store_stmt(s, TD__ST_JOB_INSERT,
-                         "INSERT INTO jobs (name, state, devices, priority, uid, created, spec, "
-                         "spec_json) VALUES (?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7)",
+                         "INSERT INTO jobs (id, name, state, devices, priority, uid, created, "
+                         "spec, spec_json) VALUES (" TD__NEXT_JOB_ID
+                         ", ?1, 'queued', ?2, ?3, ?4, ?5, ?6, ?7)",
                          &st, err);
     if (ret < 0)
         goto out;
@@ -206,9 +207,10 @@ int td_store_job_get(td_store *s, int64_t id, td_job_row *row, td_error_t *err)
     int rc;
     int ret;
 
-    ret =
-        td__store_stmt(s, TD__ST_JOB_GET,
-                       "SELECT " JOB_COLUMNS ", spec, spec_json FROM jobs WHERE id = ?1", &st, err);
+    ret = td__store_stmt(s, TD__ST_JOB_GET,
+                         "SELECT " JOB_COLUMNS ", spec, spec_json FROM jobs WHERE id = ?1 "
+                         "AND " TD__NOT_DELETING,
+                         &st, err);
     if (ret < 0)
         goto out;
     sqlite3_bind_int64(st, 1, id);
@@ -266,11 +268,14 @@ int td_store_job_list(td_store *s, int with_spec, td_job_row **rows, size_t *n, 
     /* Two statements, so that a list without specs never reads the spec blobs' pages. */
     if (with_spec)
         ret = td__store_stmt(s, TD__ST_JOB_LIST_SPEC,
-                             "SELECT " JOB_COLUMNS ", spec, spec_json FROM jobs ORDER BY id", &st,
-                             err);
+                             "SELECT " JOB_COLUMNS
+                             ", spec, spec_json FROM jobs WHERE " TD__NOT_DELETING " ORDER BY id",
+                             &st, err);
     else
         ret = td__store_stmt(s, TD__ST_JOB_LIST,
-                             "SELECT " JOB_COLUMNS ", NULL, NULL FROM jobs ORDER BY id", &st, err);
+                             "SELECT " JOB_COLUMNS ", NULL, NULL FROM jobs WHERE " TD__NOT_DELETING
+                             " ORDER BY id",
+                             &st, err);
     while (ret == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW) {
         ret = rows_grow(&r, k, &cap, err);
         if (ret == 0)
@@ -507,4 +512,98 @@ int td_store_log_read(td_store *s, int64_t job, int64_t after_id, size_t limit, 
 out:
     *ndone = k;
     return ret;
+}
+
+/* ---- a page of a filtered listing ---- */
+
+#define PAGE_SQL_MAX 1024 /* bytes of the page statement's text, every filter included */
+
+/* The page statement for q: its WHERE holds only the filters q sets, its parameters are
+ * numbered in a fixed order (states ?1..?5, uid ?6, name ?7, since ?8, cursor ?9, limit ?10)
+ * so that binding does not depend on which are present. */
+static int page_sql(const td_job_query *q, char *sql, size_t size)
+{
+    size_t n = (size_t)snprintf(
+        sql, size, "SELECT " JOB_COLUMNS ", NULL, NULL FROM jobs WHERE " TD__NOT_DELETING);
+
+    if (q->nstates > 0) {
+        n += (size_t)snprintf(sql + n, size - n, " AND state IN (");
+        for (size_t i = 0; i < q->nstates; i++)
+            n += (size_t)snprintf(sql + n, size - n, "%s?%zu", i ? ", " : "", i + 1);
+        n += (size_t)snprintf(sql + n, size - n, ")");
+    }
+    if (q->by_uid)
+        n += (size_t)snprintf(sql + n, size - n, " AND uid = ?6");
+    if (q->name_glob != NULL)
+        n += (size_t)snprintf(sql + n, size - n, " AND name GLOB ?7");
+    if (q->since > 0)
+        n += (size_t)snprintf(sql + n, size - n, " AND created >= ?8");
+    if (q->after > 0)
+        n += (size_t)snprintf(sql + n, size - n, " AND id %s ?9", q->newest_first ? "<" : ">");
+    n += (size_t)snprintf(sql + n, size - n, " ORDER BY id%s LIMIT ?10",
+                          q->newest_first ? " DESC" : "");
+    return n < size ? 0 : -1;
+}
+
+int td_store_job_page(td_store *s, const td_job_query *q, size_t limit, td_job_row **rows,
+                      size_t *n, int *more, td_error_t *err)
+{
+    char sql[PAGE_SQL_MAX];
+    td_job_row *r = NULL;
+    sqlite3_stmt *st = NULL;
+    size_t cap = 0, k = 0;
+    int rc = SQLITE_DONE, final;
+    int ret = 0;
+
+    *rows = NULL;
+    *n = 0;
+    *more = 0;
+    if (limit == 0 || limit > INT32_MAX || q->nstates > TD_STORE_MAX_STATES ||
+        (q->nstates > 0 && q->states == NULL))
+        return td_error_set(err, TD_EINVAL, "store: job page: bad argument");
+    for (size_t i = 0; i < q->nstates; i++)
+        if (q->states[i] == NULL || !state_known(q->states[i], &final))
+            return td_error_set(err, TD_EINVAL, "store: job page: unknown state \"%s\"",
+                                q->states[i] != NULL ? q->states[i] : "(null)");
+    if (page_sql(q, sql, sizeof(sql)) != 0)
+        return td_error_set(err, TD_EINVAL, "store: job page: statement too long");
+    /* Not cached: the text depends on the filters, and one prepare is small next to a page. */
+    rc = sqlite3_prepare_v2(s->db, sql, -1, &st, NULL);
+    if (rc != SQLITE_OK)
+        return td__store_fail(s, rc, "preparing a page of jobs", err);
+    for (size_t i = 0; i < q->nstates; i++)
+        sqlite3_bind_text(st, (int)i + 1, q->states[i], -1, SQLITE_STATIC);
+    if (q->by_uid)
+        sqlite3_bind_int64(st, 6, q->uid);
+    if (q->name_glob != NULL)
+        sqlite3_bind_text(st, 7, q->name_glob, -1, SQLITE_STATIC);
+    if (q->since > 0)
+        sqlite3_bind_double(st, 8, q->since);
+    if (q->after > 0)
+        sqlite3_bind_int64(st, 9, q->after);
+    /* One row more than asked for says whether another page follows. */
+    sqlite3_bind_int64(st, 10, (int64_t)limit + 1);
+    while (ret == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (k == limit) {
+            *more = 1;
+            rc = SQLITE_DONE;
+            break;
+        }
+        ret = rows_grow(&r, k, &cap, err);
+        if (ret == 0)
+            ret = row_read(st, &r[k], err);
+        if (ret == 0)
+            k++;
+    }
+    if (ret == 0 && rc != SQLITE_DONE)
+        ret = td__store_fail(s, rc, "reading a page of jobs", err);
+    sqlite3_finalize(st);
+    if (ret != 0) {
+        rows_free(r, k);
+        *more = 0;
+        return ret;
+    }
+    *rows = r;
+    *n = k;
+    return 0;
 }

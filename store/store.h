@@ -1,11 +1,27 @@
 /* The SQLite store: schema and migrations (PRAGMA user_version), jobs, interned metric keys,
  * metric rows keyed (job, key, step) WITHOUT ROWID with a per-(job, key) summary, and job
- * log lines. WAL mode, a busy timeout, BEGIN IMMEDIATE for writes.
+ * log lines. WAL mode, BEGIN IMMEDIATE for writes, and a choice of how long a connection
+ * waits on a lock another connection holds (td_store_set_lock_wait).
  *
  * A td_store is one sqlite3 connection and belongs to one thread: the daemon opens one for
  * its loop thread (jobs, reads for status/list/watch) and one for its store thread (metric
  * batches). Reads never keep a transaction open between calls, so the WAL can checkpoint
- * while a watcher streams. Knows nothing of training or of the wire. */
+ * while a watcher streams. Knows nothing of training or of the wire.
+ *
+ * Locks. SQLite lets one connection write at a time; in WAL mode readers never wait. A
+ * connection in the default mode (TD_STORE_WAIT) waits up to TD_STORE_BUSY_MS for the write
+ * lock, as SQLite's busy timeout does. One in TD_STORE_NOWAIT mode waits only while another
+ * connection of this same process is inside a write transaction (the daemon's own, short by
+ * construction); a lock held by another process (an sqlite3 shell inside BEGIN IMMEDIATE, a
+ * backup tool) fails its write after TD_STORE_NOWAIT_MS, and td_store_locked() then says so,
+ * so that the caller can keep the write and try again later instead of blocking its thread.
+ *
+ * Files. The database, its -wal and its -shm are created with the process's umask (SQLite
+ * gives the -wal and -shm the database's own mode). A checkpoint copies the WAL back into the
+ * database; it cannot pass a page that a reader's open transaction still needs, so a reader
+ * that keeps a transaction open stops the WAL from being reused and it grows for as long as
+ * that transaction lasts (td_store_wal_checkpoint reports it). Once a checkpoint completes,
+ * the next write truncates the WAL file back to TD_STORE_WAL_KEEP_BYTES. */
 #ifndef TD_STORE_H
 #define TD_STORE_H
 
@@ -14,19 +30,60 @@
 
 #include "td_errno.h"
 
-#define TD_STORE_SCHEMA_VERSION 2
-#define TD_STORE_MAX_KEY        64    /* bytes of a metric name, NUL included */
-#define TD_STORE_MAX_NAME       128   /* bytes of a job name, NUL included */
-#define TD_STORE_MAX_STATE      16    /* bytes of a state word, NUL included */
-#define TD_STORE_BUSY_MS        10000 /* milliseconds a statement waits for a lock */
+#define TD_STORE_SCHEMA_VERSION 3
+#define TD_STORE_MAX_KEY        64         /* bytes of a metric name, NUL included */
+#define TD_STORE_MAX_NAME       128        /* bytes of a job name, NUL included */
+#define TD_STORE_MAX_STATE      16         /* bytes of a state word, NUL included */
+#define TD_STORE_BUSY_MS        10000      /* milliseconds a statement waits for a lock */
+#define TD_STORE_NOWAIT_MS      20         /* ms a TD_STORE_NOWAIT write waits on another process */
+#define TD_STORE_WAL_KEEP_BYTES (16 << 20) /* bytes the WAL file is truncated to once reset */
 
 typedef struct td_store td_store;
 
 /* Opens (creating or migrating) the database at path. A database whose user_version is newer
- * than TD_STORE_SCHEMA_VERSION is refused with TD_EVERSION. Caller closes with
- * td_store_close(). */
+ * than TD_STORE_SCHEMA_VERSION is refused with TD_EVERSION. A file that cannot be opened for
+ * writing is refused with TD_ESTORE and a message naming the reason: the directory is missing,
+ * is not a directory or is not writable, or the file is a directory or not writable. The
+ * connection starts in TD_STORE_WAIT mode. Caller closes with td_store_close(). */
 int td_store_open(td_store **out, const char *path, td_error_t *err);
 void td_store_close(td_store *s);
+
+/* How a connection waits for a lock another connection holds (see "Locks" above). */
+typedef enum td_store_lock_wait {
+    TD_STORE_WAIT,   /* up to TD_STORE_BUSY_MS, whoever holds it: the default */
+    TD_STORE_NOWAIT, /* only while this process's own other connection writes (at most
+                      * TD_STORE_BUSY_MS); another process's lock fails the call after
+                      * TD_STORE_NOWAIT_MS with TD_ESTORE ("database is locked") */
+} td_store_lock_wait;
+void td_store_set_lock_wait(td_store *s, td_store_lock_wait how);
+
+/* Whether the last call on s, which failed with TD_ESTORE, did so because another connection
+ * held a lock that it did not wait out (SQLITE_BUSY or SQLITE_LOCKED): the same call can
+ * succeed later. Read it right after the failed call; the next call resets it. */
+int td_store_locked(const td_store *s);
+
+/* ---- the WAL ---- */
+
+/* What a checkpoint found (td_store_wal_checkpoint). */
+typedef struct td_store_wal {
+    int64_t file_bytes;   /* the -wal file's size now; 0 when there is none */
+    int64_t frames;       /* pages written to the WAL since it was last reset */
+    int64_t checkpointed; /* of them, copied back into the database */
+    int64_t page_bytes;   /* the database's page size */
+} td_store_wal;
+
+/* Runs a passive checkpoint (it never waits for a lock, and never makes anyone wait) and
+ * fills *out. frames > checkpointed after it means a reader's open transaction holds the rest
+ * back, or a writer was busy. 0, or a td_ error (TD_EIO for a failed copy). */
+int td_store_wal_checkpoint(td_store *s, td_store_wal *out, td_error_t *err);
+
+/* How many WAL pages a commit on s may leave before it checkpoints them itself, on its own
+ * thread (SQLite's wal_autocheckpoint; 1000 by default); 0: never (another connection must
+ * then checkpoint, or the WAL grows). */
+void td_store_set_autocheckpoint(td_store *s, int pages);
+
+/* The size in bytes of the database's -wal file, 0 when there is none. */
+int64_t td_store_wal_bytes(const td_store *s);
 
 /* ---- jobs ---- */
 
@@ -72,6 +129,29 @@ int td_store_job_get(td_store *s, int64_t id, td_job_row *row, td_error_t *err);
 /* Reads every job, oldest first, into a malloc'd array (caller clears each row and frees the
  * array). with_spec = 0 leaves spec and spec_json NULL. */
 int td_store_job_list(td_store *s, int with_spec, td_job_row **rows, size_t *n, td_error_t *err);
+
+/* Which jobs td_store_job_page() reads, and from where. Zero it, then set the filters wanted;
+ * every filter set must hold. */
+#define TD_STORE_MAX_STATES 5 /* state words one query may name: there are five */
+typedef struct td_job_query {
+    const char *const *states; /* nstates TD_JOB_* words: the job is in one of them */
+    size_t nstates;            /* 0: any state */
+    int by_uid;                /* set: only jobs of uid */
+    int64_t uid;
+    const char *name_glob; /* NULL: any name; else SQLite's GLOB, case-sensitive: * ? [a-z] [^x] */
+    double since;          /* > 0: only jobs created at or after this unix time */
+    int64_t after;         /* > 0: only jobs past this id in the listing's order (the cursor) */
+    int newest_first;      /* descending id order (newest first) instead of ascending */
+} td_job_query;
+
+/* Reads up to limit jobs that match q, past its cursor, in its order, without their specs,
+ * into a malloc'd array (caller clears each row and frees the array); *more is set when more
+ * jobs match past the last one read. Pass the last row's id as the next query's after to
+ * read the next page. Each call is one statement: a listing of many pages holds no
+ * transaction between them, and a job inserted meanwhile appears in a later page when it
+ * falls past the cursor. TD_EINVAL for an unknown state word or limit 0. */
+int td_store_job_page(td_store *s, const td_job_query *q, size_t limit, td_job_row **rows,
+                      size_t *n, int *more, td_error_t *err);
 
 /* Moves a job to state. For running, sets started and device_list; for a final state
  * (succeeded/failed/cancelled) sets ended and the error (code 0 and msg NULL for none); for
@@ -179,6 +259,108 @@ typedef struct td_metric_summary {
  * no metrics, or no such job, calls cb never. cb must not call into the same td_store. */
 typedef int (*td_summary_cb)(void *ud, const td_metric_summary *row);
 int td_store_metrics_summary(td_store *s, int64_t job, td_summary_cb cb, void *ud, td_error_t *err);
+
+/* ---- deleting ended jobs (purge.c) ----
+ *
+ * A deletion has two halves. Marking lists jobs in jobs_deleting, in one short transaction:
+ * from then on no read of the store sees them (td_store_job_get says TD_ENOTFOUND, pages and
+ * lists leave them out), and a stop or a crash cannot bring them back. Purging then deletes
+ * the marked jobs' rows in bounded steps (td_store_purge_step), each its own short
+ * transaction, a job's row last. Only ended jobs are marked: succeeded, failed
+ * or cancelled. Job ids are never given twice: a new job's id is above every id ever given,
+ * deleted ones included.
+ *
+ * Space. A database with auto_vacuum=INCREMENTAL (every one created by this version) gives the
+ * pages that deleted rows leave free back to the file system, a bounded number at a time
+ * (td_store_vacuum_step). One created before keeps them on its freelist, where later writes
+ * reuse them, until it is converted (td_store_vacuum_convert, a VACUUM). */
+
+/* A job as a deletion lists it. */
+typedef struct td_job_brief {
+    int64_t id;
+    char name[TD_STORE_MAX_NAME];
+    char state[TD_STORE_MAX_STATE];
+    int64_t uid;
+    double ended;        /* unix seconds */
+    int64_t metric_rows; /* rows of its metrics (the summary's counts) */
+} td_job_brief;
+
+/* Called for each job a deletion lists, in id order; job is valid for the call only. A
+ * non-zero return stops the listing (not the marking: every job selected is marked). */
+typedef int (*td_job_brief_cb)(void *ud, const td_job_brief *job);
+
+/* What a deletion selected: jobs, and their metric rows. */
+typedef struct td_purge_totals {
+    int64_t jobs;
+    int64_t metric_rows;
+} td_purge_totals;
+
+/* Which ended jobs td_store_prune() selects. Zero it, then set what is wanted. */
+typedef struct td_prune_query {
+    const char *const *states; /* nstates of succeeded, failed, cancelled; 0: all three */
+    size_t nstates;
+    double ended_before; /* only jobs that ended at or before this unix time */
+    int by_uid;          /* set: only jobs of uid */
+    int64_t uid;
+} td_prune_query;
+
+/* Selects the ended jobs q names that are not being deleted already, calls cb for each (id
+ * order) and fills *tot; with mark set, marks them all for deletion in the same transaction,
+ * so that exactly the jobs listed are marked. TD_EINVAL for a state that is not an ended one. */
+int td_store_prune(td_store *s, const td_prune_query *q, int mark, td_job_brief_cb cb, void *ud,
+                   td_purge_totals *tot, td_error_t *err);
+
+/* Marks jobs ids[0..n) for deletion in one transaction, calling cb for each and filling *tot;
+ * all or none: TD_ENOTFOUND ("no job 12") for a job that does not exist or is being deleted
+ * already, TD_ESTATE ("job 12 is running") for one that has not ended, TD_EINVAL for an id
+ * named twice. */
+int td_store_jobs_mark(td_store *s, const int64_t *ids, size_t n, td_job_brief_cb cb, void *ud,
+                       td_purge_totals *tot, td_error_t *err);
+
+/* The lowest id among the jobs being deleted into *job (0 when none), and how many there are
+ * into *pending (may be NULL). */
+int td_store_purge_next(td_store *s, int64_t *job, int64_t *pending, td_error_t *err);
+
+/* Called for each job a purge step is about to finish, inside its transaction: the caller's
+ * own cleanup of the job (the daemon removes its checkpoints) before its row goes. */
+typedef void (*td_purge_gone_cb)(void *ud, int64_t job);
+
+/* One step of deleting the marked jobs, in one transaction: takes them lowest id first,
+ * deletes up to limit rows in all (metric rows, then log lines), and finishes each job that
+ * has none left: gone(ud, job) (may be NULL), then its metric summary, its row and its mark go,
+ * and its id stays given. Sets *jobs to the jobs finished and *rows to the rows deleted; both
+ * 0 when nothing is marked. TD_EINVAL for limit 0. */
+int td_store_purge_step(td_store *s, size_t limit, td_purge_gone_cb gone, void *ud, int64_t *jobs,
+                        size_t *rows, td_error_t *err);
+
+/* Sets *exists to whether job has a row and is not being deleted. */
+int td_store_job_exists(td_store *s, int64_t job, int *exists, td_error_t *err);
+
+/* Jobs per state, those being deleted left out: counts[i] for TD_JOB_QUEUED, RUNNING,
+ * SUCCEEDED, FAILED, CANCELLED in that order. One read; it never waits for a lock. */
+#define TD_STORE_NSTATES 5
+int td_store_job_counts(td_store *s, int64_t counts[TD_STORE_NSTATES], td_error_t *err);
+
+/* The database's size and how it gives space back. */
+typedef struct td_store_space {
+    int64_t page_bytes;
+    int64_t pages;      /* the database's size is pages * page_bytes */
+    int64_t free_pages; /* of them, unused (the freelist) */
+    int auto_vacuum;    /* 0 none (free pages stay in the file), 1 full, 2 incremental */
+} td_store_space;
+int td_store_space_get(td_store *s, td_store_space *out, td_error_t *err);
+
+/* Gives up to pages of the free pages back to the file system (PRAGMA incremental_vacuum) in
+ * one transaction, and sets *left to the free pages still in the database. With auto_vacuum
+ * other than incremental it gives nothing back (*left says what stays). In WAL mode the file
+ * itself shrinks at the next checkpoint. */
+int td_store_vacuum_step(td_store *s, int64_t pages, int64_t *left, td_error_t *err);
+
+/* A database created before auto_vacuum=INCREMENTAL gets it through a VACUUM, which rewrites
+ * the whole file (it needs as much room again, for a while, and holds the write lock). Sets
+ * *done to 1 when it converted now, 0 when there was nothing to do, -1 when the database is
+ * larger than max_bytes and was left as it is. The caller must hold no statement open. */
+int td_store_vacuum_convert(td_store *s, int64_t max_bytes, int *done, td_error_t *err);
 
 /* ---- logs ---- */
 

@@ -37,8 +37,31 @@ enum td__store_stmt_id {
     TD__ST_PAGE_ALL,
     TD__ST_PAGE_KEYS,
     TD__ST_SUMMARY_READ,
+    TD__ST_JOB_EXISTS,
+    TD__ST_JOB_COUNTS,
+    TD__ST_PURGE_MARK,
+    TD__ST_PURGE_BRIEF,
+    TD__ST_PURGE_NEXT,
+    TD__ST_PURGE_NEXT_AFTER,
+    TD__ST_PURGE_METRICS,
+    TD__ST_PURGE_LOGS,
+    TD__ST_PURGE_SUMMARY,
+    TD__ST_PURGE_JOB,
+    TD__ST_PURGE_UNMARK,
+    TD__ST_PURGE_MAX_ID,
     TD__ST_COUNT
 };
+
+/* SQL shared by the files that read and write jobs (jobs.c, purge.c). A job listed in
+ * jobs_deleting is gone for every reader from the moment it is listed (schema.c, version 3):
+ * TD__NOT_DELETING is the condition that leaves it out. A new job's id is one above both the
+ * highest id in jobs and the highest ever given (store_meta's max_job_id, kept by purge.c), so
+ * that a deleted job's id is never given again. */
+#define TD__NOT_DELETING "id NOT IN (SELECT id FROM jobs_deleting)"
+#define TD__NEXT_JOB_ID                                                  \
+    "max(coalesce((SELECT max(id) FROM jobs), 0), "                      \
+    "coalesce((SELECT value FROM store_meta WHERE key = 'max_job_id'), " \
+    "0)) + 1"
 
 /* One interned metric key in the open-addressing cache; id 0 marks an empty slot (SQLite
  * gives INTEGER PRIMARY KEYs from 1). */
@@ -75,6 +98,11 @@ struct td_store {
     size_t acc_used;
     /* Backs td_metric_row.key and td_metric_summary.key until the next call. */
     char row_key[TD_STORE_MAX_KEY];
+    /* Locks (store.c). */
+    td_store_lock_wait lock_wait;
+    double busy_since; /* monotonic ms when the current wait for a lock began */
+    int in_write;      /* a write transaction of this connection is open (counted) */
+    int locked;        /* the last failure was a lock not waited out (td_store_locked) */
 };
 
 /* Sets *out to the cached statement id, preparing sql on first use (it must be the same
@@ -88,7 +116,9 @@ int td__store_stmt(td_store *s, int id, const char *sql, sqlite3_stmt **out, td_
 int td__store_fail(td_store *s, int rc, const char *what, td_error_t *err);
 
 /* BEGIN IMMEDIATE / COMMIT / ROLLBACK. Rollback is safe to call when SQLite already rolled
- * back by itself (after SQLITE_FULL, say), never fails, and clears the key cache. */
+ * back by itself (after SQLITE_FULL, say), never fails, and clears the key cache. Between a
+ * BEGIN that succeeded and its COMMIT or ROLLBACK the connection counts as one of this
+ * process's writers, which TD_STORE_NOWAIT connections wait out. */
 int td__store_begin(td_store *s, td_error_t *err);
 int td__store_commit(td_store *s, td_error_t *err);
 void td__store_rollback(td_store *s);

@@ -1,9 +1,12 @@
 /* Unit tests of train/data.c (token data: text and llm.c shards, globs, refusals, llm.c's
- * window arithmetic, shuffling, cursors, splits, replica slices) and train/ckpt.c (checkpoint
- * round trip, pruning, torn and corrupt files, size checks, a full disk). Every test works in
- * its own temporary directory, removed at the end. */
+ * window arithmetic, shuffling, cursors, splits, replica slices), of how train/ opens a job's
+ * files (as the job's user, only regular files, a load that stops when asked, an IDX stream
+ * held to its header, headers read without loading) and train/ckpt.c (checkpoint round trip,
+ * pruning, torn and corrupt files, size checks, a full disk). Every test works in its own
+ * temporary directory, removed at the end. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -12,14 +15,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/fsuid.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cmocka.h>
 
 #include "ckpt.h"
 #include "data.h"
+#include "engine.h"
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
@@ -800,6 +806,379 @@ static void test_ckpt_disk_full(void **state)
     tmp_remove(&t);
 }
 
+/* ---- how a job's files are opened ---------------------------------------------------------- */
+
+#define NOBODY 65534 /* uid and gid the access tests read as */
+
+/* An IDX file: magic, ndim big-endian dims, then n bytes of body, gzipped when gz is set. */
+static void write_idx(const char *path, int gz, uint32_t magic, const uint32_t *dims, int ndim,
+                      const void *body, size_t n)
+{
+    unsigned char h[16];
+
+    for (int i = 0; i <= ndim; i++) {
+        uint32_t v = i == 0 ? magic : dims[i - 1];
+        h[4 * i] = (unsigned char)(v >> 24);
+        h[4 * i + 1] = (unsigned char)(v >> 16);
+        h[4 * i + 2] = (unsigned char)(v >> 8);
+        h[4 * i + 3] = (unsigned char)v;
+    }
+    if (gz) {
+        gzFile f = gzopen(path, "wb");
+        assert_non_null(f);
+        assert_int_equal(gzwrite(f, h, (unsigned)(4 * (ndim + 1))), 4 * (ndim + 1));
+        if (n > 0)
+            assert_int_equal(gzwrite(f, body, (unsigned)n), (int)n);
+        assert_int_equal(gzclose(f), Z_OK);
+        return;
+    }
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(h, 4, (size_t)(ndim + 1), f), (size_t)(ndim + 1));
+    if (n > 0)
+        assert_int_equal(fwrite(body, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* td_idx_load of images and labels: the code, the message in err. */
+static int idx_load(const char *images, const char *labels, td_error_t *err)
+{
+    td_idx_split split;
+    td_idx d;
+    int rc;
+
+    snprintf(split.images, sizeof(split.images), "%s", images);
+    snprintf(split.labels, sizeof(split.labels), "%s", labels);
+    rc = td_idx_load(&d, &split, err);
+    if (rc == 0)
+        td_idx_free(&d);
+    return rc;
+}
+
+static void expect_msg(const td_error_t *err, const char *needle)
+{
+    if (strstr(err->msg, needle) == NULL)
+        fail_msg("message \"%s\" lacks \"%s\"", err->msg, needle);
+}
+
+/* A FIFO or a device as a dataset is refused at once, never waited on: an open or a read of a
+ * FIFO without a writer blocks for good, and a job whose worker blocks cannot be cancelled
+ * nor the daemon stopped. A glob's FIFO is skipped like a directory. If an open does block,
+ * the alarm ends the test (and fails it). */
+static void test_fifo_and_device_refused(void **state)
+{
+    tmp t;
+    const char *paths[1];
+    char msg[700];
+    td_data_info info;
+    td_gpt_dims dims;
+    td_error_t err = {0};
+    td_data *d;
+    uint32_t ldims[1] = {3};
+
+    tmp_make(&t);
+    assert_int_equal(mkfifo(at(&t, "fifo"), 0644), 0);
+    write_text(at(&t, "text"), "abcdefghijklmnopqrstuvwxyz");
+    write_idx(at(&t, "labels"), 0, TD_IDX_MAGIC_LABELS, ldims, 1, "\1\2\3", 3);
+    alarm(30);
+    paths[0] = at(&t, "fifo");
+    td_data_spec s = spec_of(TD_DATA_FORMAT_TEXT, paths, 1, 1, 4);
+    snprintf(msg, sizeof(msg), "%s: not a regular file (a FIFO)", paths[0]);
+    open_refused(&s, TD_EDATA, msg);
+    paths[0] = "/dev/zero";
+    open_refused(&s, TD_EDATA, "/dev/zero: not a regular file (a character device)");
+    s.format = TD_DATA_FORMAT_SHARDS;
+    paths[0] = at(&t, "fifo");
+    open_refused(&s, TD_EDATA, msg);
+    s.format = TD_DATA_FORMAT_TEXT;
+    paths[0] = at(&t, "*");
+    d = open_ok(&s);
+    td_data_get_info(d, &info);
+    assert_int_equal(info.files, 1);
+    assert_int_equal(info.skipped_other, 1);
+    td_data_free(d);
+
+    assert_int_equal(idx_load(at(&t, "fifo"), at(&t, "labels"), &err), TD_EDATA);
+    expect_msg(&err, "not a regular file (a FIFO)");
+    assert_int_equal(td_llmc_peek(at(&t, "fifo"), &dims, &err), TD_EDATA);
+    expect_msg(&err, "not a regular file (a FIFO)");
+    assert_int_equal(td_data_peek_shard("/dev/null", &(int64_t){0}, &err), TD_EDATA);
+    expect_msg(&err, "/dev/null: not a regular file (a character device)");
+    alarm(0);
+    tmp_remove(&t);
+}
+
+/* Another thread's open while this one has an access set: its own rights. */
+static void *open_elsewhere(void *arg)
+{
+    td_error_t err = {0};
+    int fd = -1;
+    intptr_t rc = td_data_open_file(arg, &fd, &err);
+
+    if (fd >= 0)
+        close(fd);
+    return (void *)rc;
+}
+
+/* With an access set, every open is the user's: a symlink swapped in for a root-only file, a
+ * file in a directory the user cannot search, and a glob into that directory fail as they
+ * would for the user; a public file opens. The thread is root again after each open, and
+ * other threads are never affected. Needs root (to be another user). */
+static void test_opens_as_the_user(void **state)
+{
+    td_data_access as_nobody = {.uid = NOBODY, .gid = NOBODY};
+    td_error_t err = {0};
+    const char *paths[1];
+    char msg[700], inner[600], link[600];
+    td_gpt_dims dims;
+    pthread_t th;
+    void *other;
+    tmp t;
+
+    if (geteuid() != 0) {
+        print_message("needs root, to read as another user: skipped\n");
+        skip();
+    }
+    tmp_make(&t);
+    assert_int_equal(chmod(t.dir, 0755), 0);
+    write_text(at(&t, "secret"), "the root-only secret, which nobody may read");
+    assert_int_equal(chmod(at(&t, "secret"), 0600), 0);
+    write_text(at(&t, "public"), "text anyone may read, long enough for a batch");
+    assert_int_equal(chmod(at(&t, "public"), 0644), 0);
+    snprintf(link, sizeof(link), "%s", at(&t, "swapped"));
+    assert_int_equal(symlink(at(&t, "secret"), link), 0);
+    assert_int_equal(mkdir(at(&t, "private"), 0700), 0);
+    snprintf(inner, sizeof(inner), "%s/inner", at(&t, "private"));
+    write_text(inner, "public text in a private directory");
+    assert_int_equal(chmod(inner, 0644), 0);
+
+    paths[0] = link;
+    td_data_spec s = spec_of(TD_DATA_FORMAT_TEXT, paths, 1, 1, 4);
+    td_data_free(open_ok(&s)); /* the process's own rights: root reads it */
+
+    assert_int_equal(td_data_access_begin(&as_nobody, &err), 0);
+    snprintf(msg, sizeof(msg), "%s: Permission denied", link);
+    open_refused(&s, TD_EPERM, msg);
+    assert_int_equal(setfsuid((uid_t)-1), 0); /* root again after the open */
+    assert_int_equal(setfsgid((gid_t)-1), 0);
+    paths[0] = at(&t, "public");
+    td_data_free(open_ok(&s));
+    paths[0] = inner;
+    snprintf(msg, sizeof(msg), "%s: Permission denied", inner);
+    open_refused(&s, TD_EPERM, msg);
+    snprintf(inner, sizeof(inner), "%s/*", at(&t, "private"));
+    paths[0] = inner;
+    snprintf(msg, sizeof(msg), "no files match %s", inner);
+    open_refused(&s, TD_EDATA, msg);
+    assert_int_equal(idx_load(link, link, &err), TD_EPERM);
+    expect_msg(&err, "cannot open: Permission denied");
+    assert_int_equal(td_llmc_peek(link, &dims, &err), TD_EPERM);
+    expect_msg(&err, "Permission denied");
+    /* The access is this thread's alone. */
+    assert_int_equal(pthread_create(&th, NULL, open_elsewhere, link), 0);
+    assert_int_equal(pthread_join(th, &other), 0);
+    assert_int_equal((intptr_t)other, 0);
+    td_data_access_end();
+
+    paths[0] = link;
+    td_data_free(open_ok(&s)); /* ended: root's rights again */
+    tmp_remove(&t);
+}
+
+static int stop_after(void *ud)
+{
+    int *polls = ud;
+
+    return (*polls)-- <= 0;
+}
+
+/* A load polls the stop callback between files and chunks: a cancel ends a long read with
+ * TD_ECANCELLED, and nothing is kept. */
+static void test_load_stops_when_asked(void **state)
+{
+    int polls = 0;
+    td_data_access stoppable = {.uid = -1, .stop = stop_after, .ud = &polls};
+    td_error_t err = {0};
+    const char *paths[1];
+    char msg[700], *big;
+    uint32_t idims[3] = {4, 2, 2};
+    tmp t;
+
+    tmp_make(&t);
+    big = malloc(3u << 20);
+    assert_non_null(big);
+    memset(big, 'x', 3u << 20);
+    write_bytes(at(&t, "big"), big, 3u << 20);
+    free(big);
+    write_idx(at(&t, "images"), 1, TD_IDX_MAGIC_IMAGES, idims, 3, "0123456789abcdef", 16);
+    paths[0] = at(&t, "big");
+    td_data_spec s = spec_of(TD_DATA_FORMAT_TEXT, paths, 1, 1, 4);
+
+    assert_int_equal(td_data_access_begin(&stoppable, &err), 0);
+    snprintf(msg, sizeof(msg), "%s: reading stopped: the job was cancelled or traind is stopping",
+             paths[0]);
+    open_refused(&s, TD_ECANCELLED, msg); /* before the file */
+    polls = 2;
+    open_refused(&s, TD_ECANCELLED, msg); /* within it, after its first chunks */
+    polls = 0;
+    assert_int_equal(idx_load(at(&t, "images"), at(&t, "images"), &err), TD_ECANCELLED);
+    polls = 1000;
+    td_data_free(open_ok(&s));
+    td_data_access_end();
+    tmp_remove(&t);
+}
+
+/* The IDX reader holds a file to its header: a gzip stream (or a plain file) with more data
+ * than the header declares is refused, less is truncated, exactly that loads. */
+static void test_idx_held_to_header(void **state)
+{
+    uint32_t idims[3] = {10, 2, 2}, ldims[1] = {10};
+    uint8_t body[80] = {0};
+    td_error_t err = {0};
+    tmp t;
+
+    tmp_make(&t);
+    write_idx(at(&t, "labels"), 1, TD_IDX_MAGIC_LABELS, ldims, 1, body, 10);
+    for (int gz = 0; gz < 2; gz++) {
+        write_idx(at(&t, "images"), gz, TD_IDX_MAGIC_IMAGES, idims, 3, body, 80);
+        assert_int_equal(idx_load(at(&t, "images"), at(&t, "labels"), &err), TD_EDATA);
+        expect_msg(&err, "more data than its header declares: 40 bytes of pixels, then more");
+        write_idx(at(&t, "images"), gz, TD_IDX_MAGIC_IMAGES, idims, 3, body, 39);
+        assert_int_equal(idx_load(at(&t, "images"), at(&t, "labels"), &err), TD_EDATA);
+        expect_msg(&err, "truncated: expected 40 bytes of pixels, got 39");
+        write_idx(at(&t, "images"), gz, TD_IDX_MAGIC_IMAGES, idims, 3, body, 40);
+        assert_int_equal(idx_load(at(&t, "images"), at(&t, "labels"), &err), 0);
+    }
+    write_idx(at(&t, "labels"), 1, TD_IDX_MAGIC_LABELS, ldims, 1, body, 11);
+    assert_int_equal(idx_load(at(&t, "images"), at(&t, "labels"), &err), TD_EDATA);
+    expect_msg(&err, "more data than its header declares: 10 bytes of labels, then more");
+    tmp_remove(&t);
+}
+
+/* A header that claims gigabytes of pixels for a file that holds four bytes costs what the file
+ * holds, not what the header claims, before the file is found truncated (found by fuzz_idx:
+ * td_idx_load allocated the claim first, 13 GB for an 88-byte file). The address space is held
+ * to 1 GiB more than the test has, so an allocation of the 4 GiB claimed fails the load with
+ * TD_ENOMEM. Not under a sanitizer, whose allocator maps its own memory. */
+static void test_idx_claim_costs_nothing(void **state)
+{
+    uint32_t claim[3] = {1u << 20, 64, 64}; /* 4 GiB of pixels */
+    struct rlimit old, lim;
+    unsigned long pages = 0;
+    td_error_t err = {0};
+    FILE *statm;
+    tmp t;
+    int rc;
+
+    tmp_make(&t);
+    write_idx(at(&t, "labels"), 0, TD_IDX_MAGIC_LABELS, claim, 1, NULL, 0);
+    for (int gz = 0; gz < 2; gz++) {
+        write_idx(at(&t, "images"), gz, TD_IDX_MAGIC_IMAGES, claim, 3, "abcd", 4);
+        assert_int_equal(getrlimit(RLIMIT_AS, &old), 0);
+        lim = old;
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+        statm = fopen("/proc/self/statm", "r");
+        assert_non_null(statm);
+        assert_int_equal(fscanf(statm, "%lu", &pages), 1);
+        fclose(statm);
+        lim.rlim_cur = pages * (unsigned long)sysconf(_SC_PAGESIZE) + (1ul << 30);
+#else
+        (void)statm;
+        (void)pages;
+#endif
+        assert_int_equal(setrlimit(RLIMIT_AS, &lim), 0);
+        rc = idx_load(at(&t, "images"), at(&t, "labels"), &err);
+        assert_int_equal(setrlimit(RLIMIT_AS, &old), 0);
+        assert_int_equal(rc, TD_EDATA);
+        expect_msg(&err, "truncated: expected 4294967296 bytes of pixels, got 4");
+    }
+    tmp_remove(&t);
+}
+
+/* td_idx_peek reads a header without the data: counts, sizes, the other kind named, a plain
+ * file's size against its header, every label when asked, and a header that claims gigabytes
+ * from a small gzip file is counted as it claims (what the memory guard needs) or refused past
+ * the limit. */
+static void test_idx_peek(void **state)
+{
+    uint32_t idims[3] = {3, 2, 2}, ldims[1] = {3}, bomb[3] = {1u << 20, 64, 64};
+    uint32_t huge[3] = {1u << 28, 16, 16};
+    td_idx_header h;
+    td_error_t err = {0};
+    char msg[700];
+    tmp t;
+
+    tmp_make(&t);
+    write_idx(at(&t, "images.gz"), 1, TD_IDX_MAGIC_IMAGES, idims, 3, "0123456789ab", 12);
+    write_idx(at(&t, "labels"), 0, TD_IDX_MAGIC_LABELS, ldims, 1, "\0\7\3", 3);
+    assert_int_equal(td_idx_peek(at(&t, "images.gz"), TD_IDX_MAGIC_IMAGES, 0, &h, &err), 0);
+    assert_int_equal(h.n, 3);
+    assert_int_equal(h.rows, 2);
+    assert_int_equal(h.cols, 2);
+    assert_int_equal(h.bytes, 12);
+    assert_int_equal(h.max_label, -1);
+    assert_int_equal(td_idx_peek(at(&t, "labels"), TD_IDX_MAGIC_LABELS, 1, &h, &err), 0);
+    assert_int_equal(h.n, 3);
+    assert_int_equal(h.bytes, 3);
+    assert_int_equal(h.max_label, 7);
+
+    assert_int_equal(td_idx_peek(at(&t, "labels"), TD_IDX_MAGIC_IMAGES, 0, &h, &err), TD_EDATA);
+    snprintf(msg, sizeof(msg),
+             "%s: magic 0x00000801 is an IDX labels file, expected images (0x00000803)",
+             at(&t, "labels"));
+    assert_string_equal(err.msg, msg);
+
+    write_idx(at(&t, "short"), 0, TD_IDX_MAGIC_IMAGES, idims, 3, "01234", 5);
+    assert_int_equal(td_idx_peek(at(&t, "short"), TD_IDX_MAGIC_IMAGES, 0, &h, &err), TD_EDATA);
+    snprintf(msg, sizeof(msg),
+             "%s: truncated: 21 bytes, but its header declares 12 bytes of pixels after its "
+             "16-byte header",
+             at(&t, "short"));
+    assert_string_equal(err.msg, msg);
+
+    write_idx(at(&t, "bomb.gz"), 1, TD_IDX_MAGIC_IMAGES, bomb, 3, "x", 1);
+    assert_int_equal(td_idx_peek(at(&t, "bomb.gz"), TD_IDX_MAGIC_IMAGES, 0, &h, &err), 0);
+    assert_int_equal(h.bytes, 4ull << 30);
+    write_idx(at(&t, "huge.gz"), 1, TD_IDX_MAGIC_IMAGES, huge, 3, "x", 1);
+    assert_int_equal(td_idx_peek(at(&t, "huge.gz"), TD_IDX_MAGIC_IMAGES, 0, &h, &err), TD_EDATA);
+    expect_msg(&err, "68719476736 bytes of pixels (at most 17179869184 allowed)");
+
+    write_idx(at(&t, "long.gz"), 1, TD_IDX_MAGIC_LABELS, ldims, 1, "\1\2\3\4", 4);
+    assert_int_equal(td_idx_peek(at(&t, "long.gz"), TD_IDX_MAGIC_LABELS, 1, &h, &err), TD_EDATA);
+    expect_msg(&err, "more data than its header declares: 3 bytes of labels, then more");
+    write_idx(at(&t, "cut.gz"), 1, TD_IDX_MAGIC_LABELS, ldims, 1, "\1\2", 2);
+    assert_int_equal(td_idx_peek(at(&t, "cut.gz"), TD_IDX_MAGIC_LABELS, 1, &h, &err), TD_EDATA);
+    expect_msg(&err, "truncated: expected 3 labels, got 2");
+    tmp_remove(&t);
+}
+
+/* A shard's header read alone, with the loader's checks and messages. */
+static void test_shard_peek(void **state)
+{
+    uint16_t tok[10] = {0};
+    td_error_t err = {0};
+    int64_t count = -1;
+    char msg[700];
+    tmp t;
+
+    tmp_make(&t);
+    write_shard_raw(at(&t, "good.bin"), TD_DATA_SHARD_MAGIC, 1, 10, tok, 10);
+    assert_int_equal(td_data_peek_shard(at(&t, "good.bin"), &count, &err), 0);
+    assert_int_equal(count, 10);
+    write_shard_raw(at(&t, "bad.bin"), 12345, 1, 10, tok, 10);
+    assert_int_equal(td_data_peek_shard(at(&t, "bad.bin"), &count, &err), TD_EDATA);
+    snprintf(msg, sizeof(msg), "%s: bad magic 12345, expected 20240520 (llm.c token shard)",
+             at(&t, "bad.bin"));
+    assert_string_equal(err.msg, msg);
+    write_shard_raw(at(&t, "bad.bin"), TD_DATA_SHARD_MAGIC, 7, 10, tok, 10);
+    assert_int_equal(td_data_peek_shard(at(&t, "bad.bin"), &count, &err), TD_EDATA);
+    expect_msg(&err, "version 7, expected 1");
+    write_shard_raw(at(&t, "bad.bin"), TD_DATA_SHARD_MAGIC, 1, 10, tok, 9);
+    assert_int_equal(td_data_peek_shard(at(&t, "bad.bin"), &count, &err), TD_EDATA);
+    expect_msg(&err, "header says 10 tokens (1044 bytes) but the file has 1042 bytes");
+    tmp_remove(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -819,6 +1198,13 @@ int main(void)
         cmocka_unit_test(test_ckpt_skips_corrupt),
         cmocka_unit_test(test_ckpt_size_mismatch),
         cmocka_unit_test(test_ckpt_disk_full),
+        cmocka_unit_test(test_fifo_and_device_refused),
+        cmocka_unit_test(test_opens_as_the_user),
+        cmocka_unit_test(test_load_stops_when_asked),
+        cmocka_unit_test(test_idx_held_to_header),
+        cmocka_unit_test(test_idx_claim_costs_nothing),
+        cmocka_unit_test(test_idx_peek),
+        cmocka_unit_test(test_shard_peek),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

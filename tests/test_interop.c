@@ -121,8 +121,8 @@ static void write_gpt_job(td_pw *w, const char *corpus, const char *init_from, c
     td_pw_int(w, 5);
 }
 
-/* An MLP on the corpus's file as if it were IDX: never started here (it waits behind a
- * running job), so its data only has to exist. */
+/* An MLP on Fashion-MNIST: never started here (it waits behind a running job), but its files
+ * must be IDX ones, since a submit reads their headers (the corpus is refused). */
 static void write_mlp_job(td_pw *w, const char *corpus)
 {
     td_pw_map(w, 4);
@@ -143,9 +143,9 @@ static void write_mlp_job(td_pw *w, const char *corpus)
     td_pw_str(w, "train");
     td_pw_map(w, 2);
     td_pw_str(w, "images");
-    td_pw_str(w, corpus);
+    td_pw_str(w, "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
     td_pw_str(w, "labels");
-    td_pw_str(w, corpus);
+    td_pw_str(w, "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz");
     td_pw_str(w, "max_steps");
     td_pw_int(w, 10);
 }

@@ -868,6 +868,72 @@ static void test_reader_rejects_huge_prefix_at_once(void **state)
     td_pw_free(&w);
 }
 
+/* td_proto_reader_limit_first: the first frame is held to the smaller limit, with its own
+ * message; from the second frame on the reader's full limit applies. */
+static void test_reader_limits_the_first_frame(void **state)
+{
+    td_proto_reader *r;
+    td_proto_frame *f;
+    td_error_t err = {0};
+    char *big = calloc(1, 5000);
+    td_pw w;
+    const char *frame;
+    size_t len;
+
+    assert_non_null(big);
+    assert_int_equal(td_proto_reader_new(&r, 0), 0);
+    td_proto_reader_limit_first(r, 4096);
+    assert_int_equal(td_proto_reader_feed(r, "\x00\x00\x10\x01", 4), 0); /* 4097 bytes */
+    assert_int_equal(td_proto_reader_next(r, &f, &err), TD_E2BIG);
+    assert_string_equal(err.msg,
+                        "frame of 4097 bytes exceeds the limit of 4096 bytes before hello");
+    td_proto_reader_free(r);
+
+    assert_int_equal(td_proto_reader_new(&r, 0), 0);
+    td_proto_reader_limit_first(r, 4096);
+    td_pw_init(&w);
+    td_pw_map(&w, 1);
+    td_pw_str(&w, "pad");
+    td_pw_strn(&w, big, 4000);
+    assert_int_equal(td_pw_finish(&w, &frame, &len), 0);
+    assert_int_equal(td_proto_reader_feed(r, frame, len), 0);
+    td_pw_reset(&w);
+    td_pw_map(&w, 1);
+    td_pw_str(&w, "pad");
+    td_pw_strn(&w, big, 5000);
+    assert_int_equal(td_pw_finish(&w, &frame, &len), 0);
+    assert_int_equal(td_proto_reader_feed(r, frame, len), 0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(td_proto_reader_next(r, &f, &err), 1);
+        td_proto_frame_free(f);
+    }
+    td_proto_reader_free(r);
+    td_pw_free(&w);
+    free(big);
+}
+
+/* Error frames carry UTF-8 text whatever the message held: controls but newlines and
+ * malformed bytes escaped. */
+static void test_write_error_escapes(void **state)
+{
+    td_pw w;
+    const char *frame;
+    size_t len, n;
+    td_proto_frame *f = NULL;
+    td_error_t err = {0};
+    const char *s;
+
+    td_pw_init(&w);
+    td_proto_write_error(&w, 3, TD_EPROTO, "type: unknown request \"\xff\x1b[2J\"\nsecond line");
+    assert_int_equal(td_pw_finish(&w, &frame, &len), 0);
+    assert_int_equal(td_proto_decode(frame + 4, len - 4, &f, &err), 0);
+    s = td_pv_str(td_pv_get(td_proto_frame_root(f), "message"), &n);
+    assert_int_equal(n, strlen("type: unknown request \"\\xff\\x1b[2J\"\nsecond line"));
+    assert_memory_equal(s, "type: unknown request \"\\xff\\x1b[2J\"\nsecond line", n);
+    td_proto_frame_free(f);
+    td_pw_free(&w);
+}
+
 /* A bad body kills the stream after the good frames before it. */
 static void test_reader_bad_body(void **state)
 {
@@ -1718,6 +1784,8 @@ int main(void)
         cmocka_unit_test(test_reader_many_frames_per_feed),
         cmocka_unit_test(test_reader_rejects_huge_prefix_at_once),
         cmocka_unit_test(test_reader_bad_body),
+        cmocka_unit_test(test_reader_limits_the_first_frame),
+        cmocka_unit_test(test_write_error_escapes),
         cmocka_unit_test(test_frame_body),
     };
     const struct CMUnitTest limits[] = {

@@ -3,6 +3,7 @@
  * logs. Each test gets a fresh database in its own mkdtemp directory. Single-threaded; the
  * two-connection test drives both handles from this one thread, which WAL permits. */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -216,37 +219,6 @@ static void test_reopen_keeps_data_and_version(void **state)
     assert_string_equal(row.name, "keep me");
     td_job_row_clear(&row);
     assert_int_equal(raw_pragma_int(f->path, "PRAGMA user_version"), TD_STORE_SCHEMA_VERSION);
-}
-
-/* A version-1 database (before err_devices) is migrated on open, keeping its jobs; the new
- * column then round-trips. */
-static void test_migrates_v1_and_keeps_jobs(void **state)
-{
-    fixture *f = *state;
-    td_error_t err = {0};
-    td_job_row row = {0};
-    int64_t id = new_job(f->s, "old");
-
-    assert_int_equal(td__store_exec(f->s,
-                                    "ALTER TABLE jobs DROP COLUMN err_devices; "
-                                    "PRAGMA user_version = 1",
-                                    &err),
-                     0);
-    td_store_close(f->s);
-    f->s = NULL;
-    assert_int_equal(raw_pragma_int(f->path, "PRAGMA user_version"), 1);
-    assert_int_equal(td_store_open(&f->s, f->path, &err), 0);
-    assert_int_equal(raw_pragma_int(f->path, "PRAGMA user_version"), TD_STORE_SCHEMA_VERSION);
-    assert_int_equal(td_store_job_get(f->s, id, &row, &err), 0);
-    assert_string_equal(row.name, "old");
-    assert_null(row.err_devices);
-    td_job_row_clear(&row);
-    assert_int_equal(td_store_job_set_error_devices(f->s, id, "\x91\x80", 2, &err), 0);
-    assert_int_equal(td_store_job_get(f->s, id, &row, &err), 0);
-    assert_int_equal(row.err_devices_len, 2);
-    assert_memory_equal(row.err_devices, "\x91\x80", 2);
-    td_job_row_clear(&row);
-    assert_int_equal(td_store_job_set_error_devices(f->s, 999, NULL, 0, &err), TD_ENOTFOUND);
 }
 
 static void test_wal_mode(void **state)
@@ -1016,13 +988,475 @@ static void test_logs(void **state)
     assert_int_equal(ndone, 0);
 }
 
+/* ---- migrations from every released schema ---- */
+
+/* The version-1 schema exactly as the first traind created it (schema.c's step 0, frozen
+ * here: the test must not follow later edits of the migration list). */
+static const char v1_schema[] =
+    "CREATE TABLE jobs (id INTEGER PRIMARY KEY, name TEXT NOT NULL, state TEXT NOT NULL"
+    "  CHECK (state IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),"
+    "  step INTEGER NOT NULL DEFAULT 0, total_steps INTEGER NOT NULL DEFAULT 0,"
+    "  devices INTEGER NOT NULL, device_list TEXT NOT NULL DEFAULT '',"
+    "  priority INTEGER NOT NULL DEFAULT 0, uid INTEGER NOT NULL DEFAULT -1,"
+    "  err_code INTEGER NOT NULL DEFAULT 0, err_msg TEXT, created REAL NOT NULL,"
+    "  started REAL NOT NULL DEFAULT 0, ended REAL NOT NULL DEFAULT 0, spec BLOB,"
+    "  spec_json TEXT);"
+    "CREATE INDEX jobs_state ON jobs(state);"
+    "CREATE TABLE metric_keys (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);"
+    "CREATE TABLE metrics (job INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+    "  key INTEGER NOT NULL REFERENCES metric_keys(id), step INTEGER NOT NULL, value REAL,"
+    "  time REAL, PRIMARY KEY (job, key, step)) WITHOUT ROWID;"
+    "CREATE INDEX metrics_by_step ON metrics(job, step, key, value, time);"
+    "CREATE TABLE metric_summary (job INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+    "  key INTEGER NOT NULL REFERENCES metric_keys(id), count INTEGER NOT NULL,"
+    "  last_step INTEGER NOT NULL, last REAL, \"min\" REAL, \"max\" REAL,"
+    "  PRIMARY KEY (job, key)) WITHOUT ROWID;"
+    "CREATE TABLE job_logs (id INTEGER PRIMARY KEY,"
+    "  job INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE, time REAL NOT NULL,"
+    "  level INTEGER NOT NULL, message TEXT NOT NULL);"
+    "CREATE INDEX job_logs_by_job ON job_logs(job, id);";
+
+#define NEXT_ID   4   /* the id a new job gets in a migrated old file: one above its job 3 */
+#define OLD_STEPS 700 /* steps of each of two keys, per job with metrics */
+
+/* Fills an old file as an older traind left it (no auto_vacuum, WAL): three jobs in three
+ * states, each with OLD_STEPS steps of two keys and their summaries, log lines, and on a
+ * version-2 file the failed job's per-device errors. Job 3 is the highest id left. */
+static void write_old_file(const char *path, int version)
+{
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    char sql[64];
+
+    unlink(path);
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "PRAGMA journal_mode=WAL", NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, v1_schema, NULL, NULL, NULL), SQLITE_OK);
+    if (version >= 2)
+        assert_int_equal(
+            sqlite3_exec(db, "ALTER TABLE jobs ADD COLUMN err_devices BLOB", NULL, NULL, NULL),
+            SQLITE_OK);
+    assert_int_equal(
+        sqlite3_exec(db,
+                     "BEGIN;"
+                     "INSERT INTO jobs (id, name, state, step, total_steps, devices, device_list,"
+                     "  uid, created, started, ended, spec_json) VALUES"
+                     " (1, 'done', 'succeeded', 700, 700, 1, 'cpu:0', 1000, 1.7e9, 1.7e9 + 1,"
+                     "  1.7e9 + 60, '{\"model\":\"mlp\"}'),"
+                     " (2, 'broke', 'failed', 350, 700, 2, 'cpu:0,cpu:1', 1001, 1.7e9 + 100,"
+                     "  1.7e9 + 101, 1.7e9 + 130, NULL),"
+                     " (3, 'waits', 'queued', 0, 0, 1, '', 1000, 1.7e9 + 200, 0, 0, NULL);"
+                     "UPDATE jobs SET err_code = -4000, err_msg = 'worker on cpu:1 failed'"
+                     "  WHERE id = 2;"
+                     "INSERT INTO metric_keys (id, name) VALUES (1, 'train_loss'), (2, 'lr');"
+                     "WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s"
+                     "  WHERE n < 700)"
+                     " INSERT INTO metrics SELECT j.id, k.id, s.n, j.id * 1000.0 + k.id + s.n,"
+                     "  1.7e9 + s.n FROM s, (SELECT 1 AS id UNION SELECT 2) j, metric_keys k;"
+                     "INSERT INTO metric_summary SELECT job, key, count(*), max(step),"
+                     "  job * 1000.0 + key + 700, min(value), max(value) FROM metrics"
+                     "  GROUP BY job, key;"
+                     "INSERT INTO job_logs (job, time, level, message) VALUES"
+                     " (1, 1.7e9, 6, 'started on cpu:0'), (1, 1.7e9 + 60, 6, 'succeeded'),"
+                     " (2, 1.7e9 + 130, 3, 'failed: worker on cpu:1 failed');"
+                     "COMMIT;",
+                     NULL, NULL, NULL),
+        SQLITE_OK);
+    if (version >= 2) {
+        assert_int_equal(
+            sqlite3_prepare_v2(db, "UPDATE jobs SET err_devices = ?1 WHERE id = 2", -1, &st, NULL),
+            SQLITE_OK);
+        sqlite3_bind_blob(st, 1, "\x91\x80", 2, SQLITE_STATIC);
+        assert_int_equal(sqlite3_step(st), SQLITE_DONE);
+        sqlite3_finalize(st);
+    }
+    snprintf(sql, sizeof(sql), "PRAGMA user_version = %d", version);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_close(db), SQLITE_OK);
+}
+
+/* Checks every job, metric row, summary and log line write_old_file put in, through s. */
+static void check_old_data(td_store *s, int version)
+{
+    static const char *const names[] = {"done", "broke", "waits"};
+    static const char *const states[] = {TD_JOB_SUCCEEDED, TD_JOB_FAILED, TD_JOB_QUEUED};
+    collector *c = calloc(1, sizeof(*c));
+    td_error_t err = {0};
+    td_job_row row = {0};
+    summaries sum;
+    const td_metric_summary *ms;
+    log_lines l = {0};
+    size_t ndone = 0;
+    int64_t job;
+
+    assert_non_null(c);
+    for (job = 1; job <= 3; job++) {
+        assert_int_equal(td_store_job_get(s, job, &row, &err), 0);
+        assert_string_equal(row.name, names[job - 1]);
+        assert_string_equal(row.state, states[job - 1]);
+        assert_true(row.created >= 1.7e9);
+        if (job == 2) {
+            assert_int_equal(row.err_code, -4000);
+            assert_string_equal(row.err_msg, "worker on cpu:1 failed");
+            assert_string_equal(row.device_list, "cpu:0,cpu:1");
+            assert_int_equal(row.step, 350);
+            if (version >= 2) {
+                assert_int_equal(row.err_devices_len, 2);
+                assert_memory_equal(row.err_devices, "\x91\x80", 2);
+            } else {
+                assert_null(row.err_devices);
+            }
+        }
+        td_job_row_clear(&row);
+        c->n = 0;
+        page_all(s, job, 0, NULL, 0, 500, c);
+        assert_int_equal(c->n, job <= 2 ? 2 * OLD_STEPS : 0);
+        for (size_t i = 0; i < c->n; i++)
+            assert_true(c->rows[i].value ==
+                        (double)job * 1000.0 + c->rows[i].key_id + (double)c->rows[i].step);
+    }
+    ms = find_summary(s, 2, "train_loss", &sum);
+    assert_non_null(ms);
+    assert_int_equal(ms->count, OLD_STEPS);
+    assert_int_equal(ms->last_step, OLD_STEPS);
+    assert_int_equal(td_store_log_read(s, 1, 0, 8, collect_log, &l, &ndone, &err), 0);
+    assert_int_equal(ndone, 2);
+    assert_string_equal(l.msg[1], "succeeded");
+    free(c);
+}
+
+/* A database from each earlier schema version (1: the first; 2: before rm and prune) is
+ * migrated on open with every job, metric row, summary and log line kept; the new tables
+ * work (a job is deleted, its id not given again), err_devices round-trips, and the
+ * conversion to incremental auto-vacuum keeps everything too. */
+static void test_migrates_old_versions_keeps_everything(void **state)
+{
+    fixture *f = *state;
+    td_error_t err = {0};
+    td_purge_totals tot;
+    td_store_space sp;
+    td_store *s = NULL;
+    td_job_row row = {0};
+    char path[320];
+    int64_t one = 1, id = 0, jobs = 0;
+    size_t rows = 0;
+    int done = 0;
+
+    snprintf(path, sizeof(path), "%s/old.db", f->dir);
+    for (int version = 1; version < TD_STORE_SCHEMA_VERSION; version++) {
+        write_old_file(path, version);
+        assert_int_equal(raw_pragma_int(path, "PRAGMA user_version"), version);
+        assert_int_equal(td_store_open(&s, path, &err), 0);
+        assert_int_equal(raw_pragma_int(path, "PRAGMA user_version"), TD_STORE_SCHEMA_VERSION);
+        check_old_data(s, version);
+
+        /* An old file keeps its free pages until converted; converting keeps the data. */
+        assert_int_equal(td_store_space_get(s, &sp, &err), 0);
+        assert_int_equal(sp.auto_vacuum, 0);
+        assert_int_equal(td_store_vacuum_convert(s, (int64_t)1 << 30, &done, &err), 0);
+        assert_int_equal(done, 1);
+        check_old_data(s, version);
+
+        /* The new column and the deletion tables work on the migrated file. */
+        assert_int_equal(td_store_job_set_error_devices(s, 1, "\x90", 1, &err), 0);
+        assert_int_equal(td_store_job_get(s, 1, &row, &err), 0);
+        assert_int_equal(row.err_devices_len, 1);
+        td_job_row_clear(&row);
+        assert_int_equal(td_store_jobs_mark(s, &one, 1, NULL, NULL, &tot, &err), 0);
+        assert_int_equal(tot.metric_rows, 2 * OLD_STEPS);
+        do
+            assert_int_equal(td_store_purge_step(s, 500, NULL, NULL, &jobs, &rows, &err), 0);
+        while (rows > 0);
+        assert_int_equal(td_store_job_get(s, 1, &row, &err), TD_ENOTFOUND);
+        assert_int_equal(td_store_job_insert(s, "new", 1, 0, 1000, NULL, 0, NULL, &id, &err), 0);
+        assert_int_equal(id, NEXT_ID);
+        td_store_close(s);
+        s = NULL;
+
+        /* Reopening a migrated file changes nothing. */
+        assert_int_equal(td_store_open(&s, path, &err), 0);
+        assert_int_equal(td_store_job_get(s, 2, &row, &err), 0);
+        assert_string_equal(row.name, "broke");
+        td_job_row_clear(&row);
+        td_store_close(s);
+        s = NULL;
+    }
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/old.db-wal", f->dir);
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/old.db-shm", f->dir);
+    unlink(path);
+}
+
+/* Ids of a page into ids; returns how many, with *more. */
+static size_t page_ids(td_store *s, const td_job_query *q, size_t limit, int64_t *ids, int *more)
+{
+    td_job_row *rows = NULL;
+    td_error_t err = {0};
+    size_t n = 0;
+
+    assert_int_equal(td_store_job_page(s, q, limit, &rows, &n, more, &err), 0);
+    for (size_t i = 0; i < n; i++) {
+        ids[i] = rows[i].id;
+        assert_null(rows[i].spec); /* a page never reads the specs */
+        td_job_row_clear(&rows[i]);
+    }
+    free(rows);
+    return n;
+}
+
+/* A filtered, keyset-paginated listing: each filter, the order both ways, the cursor, and
+ * more only when a further job matches. */
+static void test_job_page(void **state)
+{
+    fixture *f = *state;
+    static const char *const failed[] = {TD_JOB_FAILED};
+    static const char *const two[] = {TD_JOB_QUEUED, TD_JOB_CANCELLED};
+    static const char *const bogus[] = {"done"};
+    td_error_t err = {0};
+    td_job_row *rows;
+    int64_t ids[16];
+    size_t n;
+    int more;
+
+    /* Jobs 1..10: "a-1".."a-5" then "b-6".."b-10"; uid 0 for even ids, 1000 for odd; ids 3 and
+     * 4 failed, 5 cancelled; created 100 s apart. */
+    for (int i = 1; i <= 10; i++) {
+        char name[16];
+        int64_t id;
+        snprintf(name, sizeof(name), "%s-%d", i <= 5 ? "a" : "b", i);
+        assert_int_equal(
+            td_store_job_insert(f->s, name, 1, 0, i % 2 ? 1000 : 0, NULL, 0, NULL, &id, &err), 0);
+        assert_int_equal(id, i);
+    }
+    assert_int_equal(td_store_job_set_state(f->s, 3, TD_JOB_FAILED, NULL, -4209, "nan", &err), 0);
+    assert_int_equal(td_store_job_set_state(f->s, 4, TD_JOB_FAILED, NULL, -4209, "nan", &err), 0);
+    assert_int_equal(td_store_job_set_state(f->s, 5, TD_JOB_CANCELLED, NULL, 0, NULL, &err), 0);
+    assert_int_equal(td__store_exec(f->s, "UPDATE jobs SET created = id * 100", &err), 0);
+
+    n = page_ids(f->s, &(td_job_query){0}, 4, ids, &more);
+    assert_int_equal(n, 4);
+    assert_true(more);
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(ids[3], 4);
+    n = page_ids(f->s, &(td_job_query){.after = 4}, 6, ids, &more);
+    assert_int_equal(n, 6);
+    assert_false(more); /* exactly the rest: no further page */
+    assert_int_equal(ids[5], 10);
+    n = page_ids(f->s, &(td_job_query){.newest_first = 1, .after = 8}, 3, ids, &more);
+    assert_int_equal(n, 3);
+    assert_true(more);
+    assert_int_equal(ids[0], 7);
+    assert_int_equal(ids[2], 5);
+    n = page_ids(f->s, &(td_job_query){.states = failed, .nstates = 1}, 10, ids, &more);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[1], 4);
+    n = page_ids(f->s, &(td_job_query){.states = two, .nstates = 2}, 10, ids, &more);
+    assert_int_equal(n, 8); /* 5 cancelled, and the seven still queued */
+    n = page_ids(f->s, &(td_job_query){.by_uid = 1, .uid = 0}, 10, ids, &more);
+    assert_int_equal(n, 5);
+    assert_int_equal(ids[0], 2);
+    n = page_ids(f->s, &(td_job_query){.name_glob = "b-1?"}, 10, ids, &more);
+    assert_int_equal(n, 1);
+    assert_int_equal(ids[0], 10);
+    n = page_ids(f->s, &(td_job_query){.name_glob = "[ab]-[2-4]"}, 10, ids, &more);
+    assert_int_equal(n, 3);
+    n = page_ids(f->s, &(td_job_query){.since = 750}, 10, ids, &more);
+    assert_int_equal(n, 3);
+    assert_int_equal(ids[0], 8);
+    n = page_ids(f->s,
+                 &(td_job_query){
+                     .by_uid = 1, .uid = 1000, .name_glob = "a-*", .since = 200, .newest_first = 1},
+                 10, ids, &more);
+    assert_int_equal(n, 2); /* 5 and 3 */
+    assert_int_equal(ids[0], 5);
+    assert_int_equal(ids[1], 3);
+
+    assert_int_equal(td_store_job_page(f->s, &(td_job_query){.states = bogus, .nstates = 1}, 10,
+                                       &rows, &n, &more, &err),
+                     TD_EINVAL);
+    assert_int_equal(td_store_job_page(f->s, &(td_job_query){0}, 0, &rows, &n, &more, &err),
+                     TD_EINVAL);
+}
+
+/* ---- locks, open errors, the WAL ---- */
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Another process's write lock (a plain sqlite3 handle here, as an sqlite3 shell's would be):
+ * a TD_STORE_NOWAIT connection's writes fail at once, well before TD_STORE_BUSY_MS, and say
+ * that it was a lock; its reads go on; once the lock is gone the writes go through. */
+static void test_nowait_fails_fast_on_another_lock(void **state)
+{
+    fixture *f = *state;
+    int64_t job = new_job(f->s, "locked"), id = 0;
+    td_metric m = sample(job, "loss", 0, 1.0);
+    td_job_row row = {0};
+    td_error_t err = {0};
+    sqlite3 *db = NULL;
+    long long t0;
+
+    td_store_set_lock_wait(f->s, TD_STORE_NOWAIT);
+    assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    t0 = now_ms();
+    assert_int_equal(td_store_job_insert(f->s, "x", 1, 0, 0, NULL, 0, NULL, &id, &err), TD_ESTORE);
+    assert_true(td_store_locked(f->s));
+    assert_non_null(strstr(err.msg, "locked"));
+    assert_int_equal(td_store_metrics_write(f->s, &m, 1, &err), TD_ESTORE);
+    assert_true(td_store_locked(f->s));
+    assert_int_equal(td_store_log(f->s, job, 6, "a line", &err), TD_ESTORE);
+    assert_true(now_ms() - t0 < TD_STORE_BUSY_MS / 10);
+    /* Reads do not wait on a writer. */
+    assert_int_equal(td_store_job_get(f->s, job, &row, &err), 0);
+    td_job_row_clear(&row);
+    /* Under the lock even a write that would fail for another reason fails on the lock... */
+    assert_int_equal(td_store_job_set_state(f->s, 999, TD_JOB_FAILED, NULL, 0, NULL, &err),
+                     TD_ESTORE);
+    assert_true(td_store_locked(f->s));
+    assert_int_equal(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    /* ...and without it, the other reason is no lock. */
+    assert_int_equal(td_store_job_set_state(f->s, 999, TD_JOB_FAILED, NULL, 0, NULL, &err),
+                     TD_ENOTFOUND);
+    assert_false(td_store_locked(f->s));
+    assert_int_equal(td_store_metrics_write(f->s, &m, 1, &err), 0);
+    assert_int_equal(td_store_job_insert(f->s, "x", 1, 0, 0, NULL, 0, NULL, &id, &err), 0);
+    /* Back to waiting: the same lock is waited out (here for 50 ms, then it fails). */
+    td_store_set_lock_wait(f->s, TD_STORE_WAIT);
+    assert_int_equal(count_rows(f->s, job), 1);
+}
+
+typedef struct holder {
+    const char *path;
+    int ms;          /* how long the write transaction stays open */
+    int began;       /* set once it is open */
+    long long ended; /* now_ms() at its commit */
+} holder;
+
+/* Another connection of this process holds a write transaction for h->ms, then commits. */
+static void *hold_write(void *arg)
+{
+    holder *h = arg;
+    td_store *s = NULL;
+    td_error_t err = {0};
+
+    assert_int_equal(td_store_open(&s, h->path, &err), 0);
+    assert_int_equal(td__store_begin(s, &err), 0);
+    __atomic_store_n(&h->began, 1, __ATOMIC_SEQ_CST);
+    usleep((useconds_t)h->ms * 1000);
+    h->ended = now_ms();
+    assert_int_equal(td__store_commit(s, &err), 0);
+    td_store_close(s);
+    return NULL;
+}
+
+/* This process's own writer (the daemon's store thread, say) is waited out by a
+ * TD_STORE_NOWAIT connection: its transactions are short, and the write must not fail. */
+static void test_nowait_waits_for_own_writer(void **state)
+{
+    fixture *f = *state;
+    holder h = {.path = f->path, .ms = 300};
+    td_error_t err = {0};
+    pthread_t t;
+    int64_t id = 0;
+
+    td_store_set_lock_wait(f->s, TD_STORE_NOWAIT);
+    assert_int_equal(pthread_create(&t, NULL, hold_write, &h), 0);
+    while (!__atomic_load_n(&h.began, __ATOMIC_SEQ_CST))
+        usleep(1000);
+    assert_int_equal(td_store_job_insert(f->s, "after", 1, 0, 0, NULL, 0, NULL, &id, &err), 0);
+    assert_true(now_ms() >= h.ended && h.ended > 0);
+    pthread_join(t, NULL);
+}
+
+/* A file that cannot be opened names its directory and the reason, not SQLite's bare "unable
+ * to open database file". */
+static void test_open_names_the_cause(void **state)
+{
+    fixture *f = *state;
+    td_error_t err = {0};
+    td_store *s = NULL;
+    char plain[400], path[500];
+
+    snprintf(plain, sizeof(plain), "%s/plain", f->dir);
+    fclose(fopen(plain, "w"));
+    snprintf(path, sizeof(path), "%s/traind.db", plain);
+    assert_int_equal(td_store_open(&s, path, &err), TD_ESTORE);
+    assert_null(s);
+    assert_non_null(strstr(err.msg, path));
+    if (strstr(err.msg, "is not a directory") == NULL)
+        fail_msg("%s", err.msg);
+    unlink(plain);
+
+    snprintf(path, sizeof(path), "%s/dir.db", f->dir);
+    assert_int_equal(mkdir(path, 0700), 0);
+    assert_int_equal(td_store_open(&s, path, &err), TD_ESTORE);
+    if (strstr(err.msg, "is a directory") == NULL)
+        fail_msg("%s", err.msg);
+    rmdir(path);
+
+    snprintf(path, sizeof(path), "%s/missing/traind.db", f->dir);
+    assert_int_equal(td_store_open(&s, path, &err), TD_ESTORE);
+    if (strstr(err.msg, "No such file or directory") == NULL)
+        fail_msg("%s", err.msg);
+}
+
+/* Writes n batches of 500 rows for job from step first on. */
+static void write_rows(td_store *s, int64_t job, int64_t first, int n)
+{
+    td_metric m[500];
+    td_error_t err = {0};
+
+    for (int b = 0; b < n; b++) {
+        for (int i = 0; i < 500; i++)
+            m[i] = sample(job, keys3[i % 3], first + b * 500 + i, i);
+        assert_int_equal(td_store_metrics_write(s, m, 500, &err), 0);
+    }
+}
+
+/* A reader's open transaction holds a checkpoint back, and td_store_wal_checkpoint says so;
+ * once it ends, a checkpoint copies everything back. */
+static void test_wal_checkpoint_held_by_reader(void **state)
+{
+    fixture *f = *state;
+    int64_t job = new_job(f->s, "wal");
+    td_store_wal w;
+    td_error_t err = {0};
+    sqlite3 *db = NULL;
+
+    write_rows(f->s, job, 0, 2);
+    assert_int_equal(td_store_wal_checkpoint(f->s, &w, &err), 0);
+    assert_int_equal(w.checkpointed, w.frames);
+    assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "BEGIN; SELECT count(*) FROM jobs;", NULL, NULL, NULL),
+                     SQLITE_OK);
+    write_rows(f->s, job, 1000, 20);
+    assert_int_equal(td_store_wal_checkpoint(f->s, &w, &err), 0);
+    assert_true(w.frames > 0);
+    assert_true(w.checkpointed < w.frames);
+    assert_true(w.page_bytes >= 512);
+    assert_true(w.file_bytes >= w.frames * w.page_bytes);
+    assert_int_equal(td_store_wal_bytes(f->s), w.file_bytes);
+    assert_int_equal(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    assert_int_equal(td_store_wal_checkpoint(f->s, &w, &err), 0);
+    assert_int_equal(w.checkpointed, w.frames);
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         T(test_reopen_keeps_data_and_version),
-        T(test_migrates_v1_and_keeps_jobs),
+        T(test_migrates_old_versions_keeps_everything),
         T(test_wal_mode),
         T(test_newer_version_refused),
         T(test_open_bad_path),
@@ -1030,6 +1464,7 @@ int main(void)
         T(test_job_lifecycle),
         T(test_job_set_spec),
         T(test_job_errors),
+        T(test_job_page),
         T(test_metrics_page_order),
         T(test_metrics_cursor_resume_and_stop),
         T(test_metrics_keys_filter),
@@ -1042,6 +1477,10 @@ int main(void)
         T(test_write_readonly),
         T(test_write_busy),
         T(test_logs),
+        T(test_nowait_fails_fast_on_another_lock),
+        T(test_nowait_waits_for_own_writer),
+        T(test_open_names_the_cause),
+        T(test_wal_checkpoint_held_by_reader),
     };
 
     return cmocka_run_group_tests_name("store", tests, NULL, NULL);

@@ -1,9 +1,10 @@
 /* Integration tests of trainctl (TRAINCTL_BIN) as a user drives it: exit statuses (64 usage,
  * 69 unreachable with the socket named, 77 for an EPERM error frame, 78 for an impossible
  * socket path), --help on every verb, -o json as a synonym of --json, info and logs, plot's
- * PNG and SVG files, the bash completion script sourced into a real bash, submit --dry-run's
- * estimate (and that it creates no job), and the GPU path's job keys refused with the field
- * named. A real traind
+ * PNG and SVG files (the SVG's text as <text> elements, --panels, --log), the completion
+ * scripts sourced into a real bash, zsh and fish and asked to complete, ls's filters refused
+ * by a traind too old for them, submit --dry-run's estimate (and that it creates no job), and
+ * the GPU path's job keys refused with the field named. A real traind
  * (TRAIND_BIN) runs a short job on a temporary socket; a fake one, forked here, answers every
  * request with an EPERM error frame. */
 #include <signal.h>
@@ -47,6 +48,17 @@ static void slurp(const char *path, char *buf, size_t size)
     buf[n] = '\0';
     if (f != NULL)
         fclose(f);
+}
+
+static char big[OUT_MAX]; /* a file's text, for checks */
+
+static size_t count_of(const char *hay, const char *needle)
+{
+    size_t n = 0;
+
+    for (const char *p = strstr(hay, needle); p != NULL; p = strstr(p + 1, needle))
+        n++;
+    return n;
 }
 
 /* Runs a shell command with TRAIND_SOCKET unset, its stdout and stderr kept in out and err;
@@ -251,7 +263,7 @@ static void test_usage_errors_are_64(void **state)
     assert_non_null(strstr(err, "missing -o FILE"));
     assert_int_equal(tc("--socket %s plot 1 -o chart.jpg", sock), 64);
     assert_int_equal(tc("--socket %s plot -o chart.png", sock), 64);
-    assert_int_equal(tc("completion zsh"), 64);
+    assert_int_equal(tc("completion tcsh"), 64); /* bash, zsh and fish only */
     assert_int_equal(tc("logs"), 64);
     assert_string_equal(out, "");
 }
@@ -351,6 +363,22 @@ static void test_info_and_logs(void **state)
     assert_int_equal(tc("--socket %s logs 999", sock), 1);
 }
 
+/* A PNG's signature and its IHDR width and height, w x h. */
+static void check_png_size(const char *path, int w, int h)
+{
+    static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    unsigned char b[24];
+    FILE *f = fopen(path, "rb");
+
+    assert_non_null(f);
+    assert_int_equal(fread(b, 1, sizeof(b), f), sizeof(b));
+    fclose(f);
+    assert_memory_equal(b, sig, sizeof(sig));
+    assert_memory_equal(b + 12, "IHDR", 4);
+    assert_int_equal((b[16] << 24) | (b[17] << 16) | (b[18] << 8) | b[19], w);
+    assert_int_equal((b[20] << 24) | (b[21] << 16) | (b[22] << 8) | b[23], h);
+}
+
 /* A PNG's signature and its IHDR width and height. */
 static void check_png(const char *path)
 {
@@ -415,7 +443,9 @@ static void test_completion_bash(void **state)
     snprintf(script, sizeof(script), "%s/trainctl.bash", dir);
     assert_int_equal(tc("completion bash >%s", script), 0);
     complete_words(script, "trainctl \"\"", 1);
-    assert_non_null(strstr(out, "submit watch status ls cancel metrics logs plot info completion"));
+    /* every verb, in the table's order (rm and prune sit between cancel and metrics) */
+    assert_non_null(strstr(out, "submit watch status ls cancel "));
+    assert_non_null(strstr(out, " metrics logs plot info completion "));
     assert_non_null(strstr(out, "complete -F _trainctl trainctl"));
     complete_words(script, "trainctl metrics 1 -o \"\"", 4);
     assert_non_null(strstr(out, "csv json"));
@@ -424,6 +454,237 @@ static void test_completion_bash(void **state)
     snprintf(words, sizeof(words), "trainctl --socket %s watch \"\"", sock);
     complete_words(script, words, 4);
     assert_string_equal(strtok(out, "\n"), "1"); /* job 1, asked from traind */
+}
+
+/* What python3's minidom makes of an SVG (which fails on one that is not well-formed XML):
+ * "svg WIDTH HEIGHT", "clips N", "uses N", then "text: CONTENT" for every <text> element, its
+ * tspans' text included. */
+static void svg_facts(const char *path)
+{
+    char cmd[1400];
+
+    snprintf(cmd, sizeof(cmd),
+             "python3 -c 'import sys, xml.dom.minidom as m\n"
+             "d = m.parse(sys.argv[1]); s = d.documentElement\n"
+             "def text(e): return \"\".join(c.data if c.nodeType == c.TEXT_NODE else text(c) "
+             "for c in e.childNodes)\n"
+             "print(\"svg\", s.getAttribute(\"width\"), s.getAttribute(\"height\"))\n"
+             "print(\"clips\", len(d.getElementsByTagName(\"clipPath\")))\n"
+             "print(\"uses\", len(d.getElementsByTagName(\"use\")) + "
+             "len(d.getElementsByTagName(\"symbol\")))\n"
+             "[print(\"text:\", text(e)) for e in d.getElementsByTagName(\"text\")]' %s",
+             path);
+    assert_int_equal(sh(cmd), 0);
+}
+
+/* Submits a short job whose lr falls to 0 at its last step (rsqrt's cooldown), and waits for
+ * it; returns its id. */
+static long long submit_lr_to_zero(void)
+{
+    char job[600];
+    long long id;
+
+    snprintf(job, sizeof(job), "%s/examples/fashion-mnist-mlp.json", env_or("TD_SOURCE_ROOT", "."));
+    assert_int_equal(tc("--socket %s submit %s --set max_steps=20 --set schedule.kind=rsqrt "
+                        "--set schedule.cooldown=0.5 --set name=to-zero",
+                        sock, job),
+                     0);
+    id = strtoll(out, NULL, 10);
+    assert_int_equal(tc("--socket %s watch %lld", sock, id), 0);
+    return id;
+}
+
+/* The SVG is written as SVG, text and all: well-formed XML whose axis titles, tick labels,
+ * legend and title are <text> elements (no glyph outlines); --panels gives a panel (a clip
+ * path, a y axis titled with its key) per key, one step axis, a taller chart; --log labels
+ * powers of ten (10 with a raised exponent) and leaves out, saying so, values <= 0. */
+static void test_plot_svg_text_panels_log(void **state)
+{
+    char svg[300], png[300];
+    long long zero;
+
+    snprintf(svg, sizeof(svg), "%s/text.svg", dir);
+    snprintf(png, sizeof(png), "%s/panels.png", dir);
+    assert_int_equal(
+        tc("--socket %s plot 1 --keys train_loss,test_loss,test_accuracy -o %s", sock, svg), 0);
+    svg_facts(svg);
+    assert_non_null(strstr(out, "svg 1200pt 700pt\n"));
+    assert_non_null(strstr(out, "clips 1\n"));
+    assert_non_null(strstr(out, "uses 0\n"));
+    assert_non_null(strstr(out, "text: step\n"));
+    assert_non_null(strstr(out, "text: value\n")); /* the y axis: loss and accuracy together */
+    assert_non_null(strstr(out, "text: job 1 train_loss\n"));
+    assert_non_null(strstr(out, "text: job 1 test_loss\n"));
+    assert_non_null(strstr(out, "text: job 1 test_accuracy\n"));
+    assert_non_null(strstr(out, "text: fashion-mnist-mlp \xe2\x80\x94 job 1\n"));
+    assert_non_null(strstr(out, "text: 0\n")); /* the first step tick */
+
+    assert_int_equal(tc("--socket %s plot 1 --keys train_loss,test_loss,test_accuracy --panels "
+                        "-o %s",
+                        sock, svg),
+                     0);
+    svg_facts(svg);
+    /* 3 panels of 220 (the least), 2 gaps of 28, 64 above and 74 below: taller than 700 */
+    assert_non_null(strstr(out, "svg 1200pt 854pt\n"));
+    assert_non_null(strstr(out, "clips 3\n"));
+    assert_non_null(strstr(out, "text: train_loss\n"));
+    assert_non_null(strstr(out, "text: test_loss\n"));
+    assert_non_null(strstr(out, "text: test_accuracy\n"));
+    assert_int_equal(count_of(out, "text: step\n"), 1); /* one shared step axis */
+    assert_non_null(strstr(out, "text: job 1 test_accuracy\n"));
+
+    assert_int_equal(
+        tc("--socket %s plot 1 --keys train_loss,test_loss --panels --log -o %s", sock, png), 0);
+    check_png_size(png, 1200, 700); /* 2 panels share the usual height */
+
+    assert_int_equal(tc("--socket %s plot 1 --keys train_loss --log -o %s", sock, svg), 0);
+    assert_string_equal(err, "");
+    svg_facts(svg);
+    assert_non_null(strstr(out, "text: 100\n")); /* 10 with exponent 0 */
+    assert_non_null(strstr(out, "text: 101\n")); /* and 1: train_loss runs 0.3 to 2.3 */
+    assert_non_null(strstr(out, "text: 10\xe2\x88\x92"
+                                "1\n")); /* 10^-1, a real minus */
+    slurp(svg, big, sizeof(big));
+    assert_non_null(strstr(big, ">10<tspan dy=\""));
+
+    /* An lr that falls to 0: that value is left out of a log axis, and trainctl says so. */
+    zero = submit_lr_to_zero();
+    assert_int_equal(tc("--socket %s plot %lld --keys lr --log -o %s", sock, zero, svg), 0);
+    assert_non_null(strstr(err, "lr: 1 value <= 0 left out"));
+    svg_facts(svg);
+    assert_non_null(strstr(out, "text: 10\xe2\x88\x92"
+                                "3\n")); /* lr starts at 1e-3 */
+    assert_int_equal(tc("--socket %s plot %lld --keys lr -o %s", sock, zero, svg), 0);
+    assert_string_equal(err, ""); /* a linear axis keeps the 0 */
+}
+
+/* A shell's completion test needs the shell: skipped (and said so) without it. */
+static void need_shell(const char *shell)
+{
+    char cmd[128];
+
+    snprintf(cmd, sizeof(cmd), "command -v %s", shell);
+    if (sh(cmd) != 0) {
+        print_message("%s is not installed (scripts/deps.sh installs it): skipped\n", shell);
+        skip();
+    }
+}
+
+/* Completes LINE in an interactive zsh (through zsh/zpty) whose $fpath starts with the
+ * directory of the generated _trainctl, compinit loaded as a user's .zshrc would, and prints
+ * every match compadd was given, one a line. */
+static const char zsh_driver[] =
+    "zmodload zsh/zpty || exit 2\n"
+    "zpty z zsh -f -i\n"
+    "zpty -w z \"PS1=''; fpath=(${(q)1} \\$fpath); autoload -Uz compinit; compinit -u -D\"\n"
+    "zpty -w z 'compadd() { if (( ${@[(I)-[OAD]]} )); then builtin compadd \"$@\"; return; fi; "
+    "local -a m; builtin compadd -O m \"$@\"; (( $#m )) && print -rl -- \"@@match \"${^m[@]}; "
+    "builtin compadd \"$@\"; }'\n"
+    "zpty -w z '_zc_done() { print -r -- \"@@\"\"end\"; exit }; comppostfuncs=(_zc_done); "
+    "print @@\"\"ready'\n"
+    "zpty -r z out '*@@ready*' || exit 3\n"
+    "zpty -w -n z \"$2\"$'\\t'\n"
+    "zpty -r z out '*@@end*' || exit 4\n"
+    "print -rl -- ${${(M)${(f)out//$'\\r'/}:#*@@match *}##*@@match }\n"
+    "zpty -d z\n";
+
+static void zsh_complete(const char *fndir, const char *line)
+{
+    char driver[300], cmd[2048];
+    FILE *f;
+
+    snprintf(driver, sizeof(driver), "%s/zcomplete.zsh", dir);
+    f = fopen(driver, "w");
+    assert_non_null(f);
+    assert_true(fputs(zsh_driver, f) >= 0);
+    assert_int_equal(fclose(f), 0);
+    /* trainctl on PATH: the script runs it by the name typed, for the job ids */
+    snprintf(cmd, sizeof(cmd), "PATH=$(dirname %s):$PATH timeout 60 zsh -f %s %s '%s'",
+             trainctl_bin(), driver, fndir, line);
+    assert_int_equal(sh(cmd), 0);
+}
+
+static void test_completion_zsh(void **state)
+{
+    char fndir[300], line[600];
+
+    need_shell("zsh");
+    snprintf(fndir, sizeof(fndir), "%s/zsh", dir);
+    assert_int_equal(mkdir(fndir, 0700), 0);
+    assert_int_equal(tc("completion zsh >%s/_trainctl", fndir), 0);
+    {
+        char cmd[400];
+        snprintf(cmd, sizeof(cmd), "zsh -n %s/_trainctl", fndir);
+        assert_int_equal(sh(cmd), 0);
+        assert_string_equal(err, "");
+        /* sourced after compinit, it registers itself */
+        snprintf(cmd, sizeof(cmd),
+                 "zsh -fc 'autoload -Uz compinit; compinit -u -D; source %s/_trainctl; "
+                 "print -r -- $_comps[trainctl]'",
+                 fndir);
+        assert_int_equal(sh(cmd), 0);
+        assert_string_equal(out, "_trainctl\n");
+    }
+    zsh_complete(fndir, "trainctl su");
+    assert_string_equal(out, "submit\n");
+    zsh_complete(fndir, "trainctl ls --st");
+    assert_string_equal(out, "--state\n");
+    zsh_complete(fndir, "trainctl ls --state queued,ru");
+    assert_string_equal(out, "running\n");
+    zsh_complete(fndir, "trainctl metrics 1 -o ");
+    assert_string_equal(out, "csv\njson\n");
+    snprintf(line, sizeof(line), "trainctl --socket %s watch ", sock);
+    zsh_complete(fndir, line);
+    assert_true(strncmp(out, "1\n", 2) == 0); /* job 1, asked from traind */
+}
+
+/* fish's own completion of LINE (complete -C), with the generated script sourced. */
+static void fish_complete(const char *script, const char *line)
+{
+    char cmd[2048];
+
+    snprintf(cmd, sizeof(cmd),
+             "PATH=$(dirname %s):$PATH timeout 60 fish --no-config -c 'source %s; complete "
+             "-C\"%s\"'",
+             trainctl_bin(), script, line);
+    assert_int_equal(sh(cmd), 0);
+}
+
+static void test_completion_fish(void **state)
+{
+    char script[300], cmd[400], line[600];
+
+    need_shell("fish");
+    snprintf(script, sizeof(script), "%s/trainctl.fish", dir);
+    assert_int_equal(tc("completion fish >%s", script), 0);
+    snprintf(cmd, sizeof(cmd), "fish --no-config --no-execute %s", script);
+    assert_int_equal(sh(cmd), 0);
+    assert_string_equal(err, "");
+    fish_complete(script, "trainctl su");
+    assert_string_equal(out, "submit\tsubmit a job; prints its id\n");
+    fish_complete(script, "trainctl ls --st");
+    assert_true(strncmp(out, "--state\t", 8) == 0);
+    fish_complete(script, "trainctl ls --state queued,ru");
+    assert_true(strncmp(out, "queued,running\t", 15) == 0);
+    fish_complete(script, "trainctl plot 1 --p");
+    assert_true(strncmp(out, "--panels\t", 9) == 0);
+    fish_complete(script, "trainctl completion ");
+    assert_non_null(strstr(out, "bash\n"));
+    assert_non_null(strstr(out, "fish\n"));
+    assert_non_null(strstr(out, "zsh\n"));
+    snprintf(line, sizeof(line), "trainctl --socket %s watch ", sock);
+    fish_complete(script, line);
+    assert_true(strncmp(out, "1\tfashion-mnist-mlp succeeded\n", 30) == 0);
+}
+
+/* A traind whose hello does not list list_pages ignores list's filters and would send every
+ * job: ls refuses to show that as the jobs that match. */
+static void test_ls_filters_need_list_pages(void **state)
+{
+    assert_int_equal(tc("--socket %s ls --state failed", fake), 69);
+    assert_non_null(strstr(err, "too old to filter or limit ls"));
+    assert_int_equal(tc("--socket %s ls --limit 3", fake), 69);
+    assert_string_equal(out, "");
 }
 
 /* ---- submit --dry-run ---- */
@@ -589,6 +850,10 @@ int main(void)
         cmocka_unit_test(test_info_and_logs),
         cmocka_unit_test(test_plot_png_and_svg),
         cmocka_unit_test(test_completion_bash),
+        cmocka_unit_test(test_completion_zsh),
+        cmocka_unit_test(test_completion_fish),
+        cmocka_unit_test(test_plot_svg_text_panels_log), /* after them: it adds job 2 */
+        cmocka_unit_test(test_ls_filters_need_list_pages),
         cmocka_unit_test(test_dry_run_estimates_and_creates_no_job),
         cmocka_unit_test(test_dry_run_needs_a_daemon_that_knows_it),
         cmocka_unit_test(test_bad_new_keys_name_the_field),

@@ -73,7 +73,8 @@ static int io_error(td_error_t *err, int errnum, const char *path, const char *w
 
 /* ---- the directory ------------------------------------------------------------------------- */
 
-/* mkdir -p: each missing component, 0755. */
+/* mkdir -p: each missing component, 0700: a checkpoint holds a job's weights, which only
+ * the daemon (and, through it, the job's owner) may read. */
 static int make_dir(const char *dir, td_error_t *err)
 {
     char p[TD_CKPT_PATH_MAX];
@@ -86,7 +87,7 @@ static int make_dir(const char *dir, td_error_t *err)
         if (p[i] != '/' && p[i] != '\0')
             continue;
         p[i] = '\0';
-        if (mkdir(p, 0755) != 0 && errno != EEXIST)
+        if (mkdir(p, 0700) != 0 && errno != EEXIST)
             return io_error(err, errno, p, "cannot create the checkpoint directory");
         p[i] = i < len ? '/' : '\0';
     }
@@ -345,7 +346,7 @@ int td_ckpt_write(const char *dir, int keep, const td_ckpt_meta *meta,
     if (rc != 0)
         return rc;
     build_header(h, meta, sections, n);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); /* the owner's only */
     if (fd < 0)
         return io_error(err, errno, tmp, "cannot create");
     rc = write_body(fd, h, sections, n, tmp, err);

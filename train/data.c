@@ -2,15 +2,21 @@
  * stream of uint16 tokens per td_data, splits it into train and valid, and fills (B, T) batches
  * of inputs and targets, in llm.c's order or shuffled by rows. Owns the text tokens, the shard
  * mappings and the shuffle's permutation; called from td_trainer_new() (open) and the step
- * loop (fill, advance), so it returns errors and never panics. */
+ * loop (fill, advance), so it returns errors and never panics. Also home of the rights every
+ * job file in train/ is opened with (data.h, "whose rights"): a per-thread access, set by the
+ * thread that opens. */
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
+#include <grp.h>
 #include <limits.h>
+#include <pwd.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/fsuid.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "data.h"
@@ -22,6 +28,211 @@
 
 #define MAX_BATCH_TOKENS (1 << 30)             /* B*T: one int buffer of inputs, 4 GiB */
 #define SHUFFLE_STREAM   0x6461746100000000ull /* "data" << 32, plus the epoch */
+/* Bytes of text read at a time; the stop callback is polled between chunks. */
+#define TEXT_CHUNK (1u << 20)
+
+/* glibc's setgroups() sets every thread's groups (it signals them all); the system call sets
+ * only the caller's, which is what a per-thread identity needs. 32-bit x86 names the call with
+ * 32-bit gids setgroups32. */
+#ifdef SYS_setgroups32
+#define SYS_SETGROUPS SYS_setgroups32
+#else
+#define SYS_SETGROUPS SYS_setgroups
+#endif
+
+/* ---- whose rights a job's files are read with (data.h) ------------------------------------- */
+
+/* The calling thread's access: set by td_data_access_begin, read by every open below. */
+typedef struct access_state {
+    int set;     /* between td_data_access_begin and td_data_access_end */
+    int as_user; /* opens change identity (or, where they cannot, check the file) */
+    uid_t uid;
+    gid_t gid;
+    gid_t groups[TD_DATA_MAX_GROUPS];
+    int ngroups;
+    int (*stop)(void *ud);
+    void *ud;
+} access_state;
+
+static _Thread_local access_state cur;
+
+/* The filesystem identity a thread had before it became the user, to go back to. */
+typedef struct saved_ids {
+    uid_t uid;
+    gid_t gid;
+    gid_t groups[TD_DATA_MAX_GROUPS];
+    int ngroups;
+} saved_ids;
+
+/* uid's groups into s: gid (or its passwd entry's primary group) and its supplementary ones. */
+static int user_groups(int64_t uid, int64_t gid, access_state *s, td_error_t *err)
+{
+    struct passwd pw, *found = NULL;
+    char buf[4096];
+    int n = TD_DATA_MAX_GROUPS;
+
+    s->uid = (uid_t)uid;
+    if (getpwuid_r((uid_t)uid, &pw, buf, sizeof(buf), &found) != 0 || found == NULL) {
+        s->gid = gid >= 0 ? (gid_t)gid : TD_DATA_NOGROUP;
+        s->groups[0] = s->gid;
+        s->ngroups = 1;
+        return 0;
+    }
+    s->gid = gid >= 0 ? (gid_t)gid : pw.pw_gid;
+    if (getgrouplist(pw.pw_name, s->gid, s->groups, &n) < 0)
+        return td_error_set(err, TD_EPERM, "uid %lld is in more than %d groups", (long long)uid,
+                            TD_DATA_MAX_GROUPS);
+    s->ngroups = n;
+    return 0;
+}
+
+int td_data_access_begin(const td_data_access *a, td_error_t *err)
+{
+    access_state s;
+    int rc;
+
+    memset(&s, 0, sizeof(s));
+    s.set = 1;
+    s.stop = a->stop;
+    s.ud = a->ud;
+    if (a->uid >= 0 && (uid_t)a->uid != geteuid()) {
+        rc = user_groups(a->uid, a->gid, &s, err);
+        if (rc != 0)
+            return rc;
+        s.as_user = 1;
+    }
+    cur = s;
+    return 0;
+}
+
+void td_data_access_end(void)
+{
+    memset(&cur, 0, sizeof(cur));
+}
+
+int td_data_should_stop(const char *path, td_error_t *err)
+{
+    if (cur.set && cur.stop != NULL && cur.stop(cur.ud))
+        return td_error_set(err, TD_ECANCELLED,
+                            "%s: reading stopped: the job was cancelled or traind is stopping",
+                            path);
+    return 0;
+}
+
+/* Back to the identity sv saved. */
+static void become_self(const saved_ids *sv)
+{
+    setfsuid(sv->uid);
+    setfsgid(sv->gid);
+    syscall(SYS_SETGROUPS, (size_t)sv->ngroups, sv->groups);
+}
+
+/* The calling thread takes the user's groups, fsgid and fsuid, in that order (the groups and
+ * the gid need CAP_SETGID, which a non-zero fsuid does not take away; it takes only the
+ * filesystem capabilities, which is the point). 0, or -1 when this process may not (nothing
+ * is left changed then). */
+static int become_user(saved_ids *sv)
+{
+    sv->ngroups = getgroups(TD_DATA_MAX_GROUPS, sv->groups);
+    if (sv->ngroups < 0)
+        return -1;
+    if (syscall(SYS_SETGROUPS, (size_t)cur.ngroups, cur.groups) != 0)
+        return -1;
+    sv->gid = (gid_t)setfsgid(cur.gid);
+    sv->uid = (uid_t)setfsuid(cur.uid);
+    /* setfsuid and setfsgid report no error; an invalid id (-1) asks for the current one. */
+    if ((uid_t)setfsuid((uid_t)-1) != cur.uid || (gid_t)setfsgid((gid_t)-1) != cur.gid) {
+        become_self(sv);
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether the user may read a file of st by its mode bits: the fallback where the thread
+ * cannot become the user. */
+static int user_may_read(const struct stat *st)
+{
+    if (st->st_uid == cur.uid)
+        return (st->st_mode & S_IRUSR) != 0;
+    for (int i = 0; i < cur.ngroups; i++)
+        if (st->st_gid == cur.groups[i])
+            return (st->st_mode & S_IRGRP) != 0;
+    return (st->st_mode & S_IROTH) != 0;
+}
+
+int td_data_open_fd(const char *path, struct stat *st)
+{
+    int switched = 0, fd, e;
+    saved_ids sv;
+
+    if (cur.set && cur.as_user)
+        switched = become_user(&sv) == 0;
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    e = errno;
+    if (switched)
+        become_self(&sv);
+    if (fd < 0)
+        return -e;
+    if (fstat(fd, st) != 0) {
+        e = errno;
+        close(fd);
+        return -e;
+    }
+    if (cur.set && cur.as_user && !switched && !user_may_read(st)) {
+        close(fd);
+        return -EACCES;
+    }
+    if (S_ISREG(st->st_mode))
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
+const char *td_data_file_kind(unsigned mode)
+{
+    if (S_ISDIR(mode))
+        return "a directory";
+    if (S_ISFIFO(mode))
+        return "a FIFO";
+    if (S_ISCHR(mode))
+        return "a character device";
+    if (S_ISBLK(mode))
+        return "a block device";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    return S_ISREG(mode) ? "a regular file" : "not a file";
+}
+
+int td_data_open_file(const char *path, int *fd, td_error_t *err)
+{
+    struct stat st;
+    int f = td_data_open_fd(path, &st);
+
+    *fd = -1;
+    if (f == -EACCES || f == -EPERM)
+        return td_error_set(err, TD_EPERM, "%s: %s", path, strerror(-f));
+    if (f < 0)
+        return td_error_set(err, TD_EDATA, "%s: %s", path, strerror(-f));
+    if (!S_ISREG(st.st_mode)) {
+        close(f);
+        return td_error_set(err, TD_EDATA, "%s: not a regular file (%s)", path,
+                            td_data_file_kind(st.st_mode));
+    }
+    *fd = f;
+    return 0;
+}
+
+int td_data_glob(const char *pattern, int flags, glob_t *g)
+{
+    int switched = 0, rc;
+    saved_ids sv;
+
+    if (cur.set && cur.as_user)
+        switched = become_user(&sv) == 0;
+    rc = glob(pattern, flags, NULL, g);
+    if (switched)
+        become_self(&sv);
+    return rc;
+}
 
 /* One file's tokens, at [start, start + n) of the td_data's stream. */
 typedef struct seg {
@@ -91,7 +302,8 @@ static int seen_add(seen_set *s, dev_t dev, ino_t ino)
 typedef struct loader {
     td_data *d;
     seen_set seen;
-    size_t text_cap; /* tokens d->text has room for */
+    size_t text_cap;      /* tokens d->text has room for */
+    unsigned char *chunk; /* TEXT_CHUNK bytes, read into and widened from */
     int files_in_split;
 } loader;
 
@@ -120,85 +332,91 @@ static int add_seg(td_data *d, const char *path, int64_t n, seg **out, td_error_
     return 0;
 }
 
-/* Reads all of fd (size bytes by fstat) into buf. */
-static int read_all(int fd, unsigned char *buf, size_t size, const char *path, td_error_t *err)
+/* Reads bytes [at, at + n) of fd's size bytes (by fstat) into buf. */
+static int read_chunk(int fd, unsigned char *buf, size_t n, size_t at, size_t size,
+                      const char *path, td_error_t *err)
 {
     size_t got = 0;
 
-    while (got < size) {
-        ssize_t r = read(fd, buf + got, size - got);
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0)
             return td_error_set(err, TD_EDATA, "%s: read error: %s", path, strerror(errno));
         if (r == 0)
             return td_error_set(err, TD_EDATA, "%s: file shrank while read: %zu of %zu bytes", path,
-                                got, size);
+                                at + got, size);
         got += (size_t)r;
     }
     return 0;
 }
 
-/* A text file: its bytes, widened to uint16, appended to d->text. A file holding a NUL byte
- * is binary: skipped when a glob found it, refused when it was named. */
+/* Room in d->text for tokens tokens in all: exactly that, so that the text takes what the
+ * memory estimate counts for it (2 bytes a byte), not a doubling's slack. */
+static int reserve_text(loader *L, size_t tokens, const char *path, td_error_t *err)
+{
+    uint16_t *grown;
+
+    if (tokens <= L->text_cap)
+        return 0;
+    grown = realloc(L->d->text, tokens * sizeof(uint16_t));
+    if (grown == NULL)
+        return td_error_set(err, TD_ENOMEM, "%s: no memory for %zu tokens", path, tokens);
+    L->d->text = grown;
+    L->text_cap = tokens;
+    return 0;
+}
+
+/* A text file: its bytes, widened to uint16, appended to d->text, TEXT_CHUNK bytes at a time
+ * (the stop callback is polled before each). A file holding a NUL byte is binary: skipped
+ * when a glob found it, refused when it was named. */
 static int load_text(loader *L, int fd, const struct stat *st, const char *path, int globbed,
                      td_error_t *err)
 {
     td_data *d = L->d;
     size_t size = (size_t)st->st_size;
-    unsigned char *buf;
-    const unsigned char *nul;
     seg *s;
     int rc;
 
     if ((uint64_t)d->total + size > TD_DATA_MAX_TEXT_BYTES)
         return td_error_set(err, TD_E2BIG, "%s: more than %llu bytes of text in all", path,
                             (unsigned long long)TD_DATA_MAX_TEXT_BYTES);
-    buf = malloc(size > 0 ? size : 1);
-    if (buf == NULL)
-        return td_error_set(err, TD_ENOMEM, "%s: no memory for %zu bytes", path, size);
-    rc = read_all(fd, buf, size, path, err);
-    if (rc != 0)
-        goto out;
-    nul = memchr(buf, 0, size);
-    if (nul != NULL && globbed) {
-        d->info.skipped_binary++;
-        goto out;
-    }
-    if (nul != NULL) {
-        rc = td_error_set(err, TD_EDATA, "%s: a NUL byte at offset %td: binary, not text", path,
-                          nul - buf);
-        goto out;
-    }
-    if ((size_t)d->total + size > L->text_cap) {
-        size_t cap =
-            L->text_cap * 2 > (size_t)d->total + size ? L->text_cap * 2 : (size_t)d->total + size;
-        uint16_t *grown = realloc(d->text, (cap > 0 ? cap : 1) * sizeof(uint16_t));
-        if (grown == NULL) {
-            rc = td_error_set(err, TD_ENOMEM, "%s: no memory for %zu tokens", path, cap);
-            goto out;
+    if (L->chunk == NULL && (L->chunk = malloc(TEXT_CHUNK)) == NULL)
+        return td_error_set(err, TD_ENOMEM, "%s: no memory for a %u-byte read buffer", path,
+                            TEXT_CHUNK);
+    if ((rc = reserve_text(L, (size_t)d->total + size, path, err)) != 0)
+        return rc;
+    for (size_t at = 0; at < size;) {
+        size_t n = size - at < TEXT_CHUNK ? size - at : TEXT_CHUNK;
+        const unsigned char *nul;
+        if ((rc = td_data_should_stop(path, err)) != 0 ||
+            (rc = read_chunk(fd, L->chunk, n, at, size, path, err)) != 0)
+            return rc;
+        nul = memchr(L->chunk, 0, n);
+        if (nul != NULL && globbed) {
+            d->info.skipped_binary++;
+            return 0;
         }
-        d->text = grown;
-        L->text_cap = cap;
+        if (nul != NULL)
+            return td_error_set(err, TD_EDATA, "%s: a NUL byte at offset %zu: binary, not text",
+                                path, at + (size_t)(nul - L->chunk));
+        for (size_t i = 0; i < n; i++)
+            d->text[d->total + (int64_t)(at + i)] = L->chunk[i];
+        at += n;
     }
-    for (size_t i = 0; i < size; i++)
-        d->text[d->total + (int64_t)i] = buf[i];
     rc = add_seg(d, path, (int64_t)size, &s, err); /* s->tok set once d->text stops moving */
     if (rc == 0)
         L->files_in_split++;
-out:
-    free(buf);
     return rc;
 }
 
-/* An llm.c shard: its header checked against its size, its tokens mapped read-only. */
-static int load_shard(loader *L, int fd, const struct stat *st, const char *path, td_error_t *err)
+/* An llm.c shard's header, read from fd, checked against the file's size: its token count. */
+static int shard_header(int fd, const struct stat *st, const char *path, int64_t *out,
+                        td_error_t *err)
 {
     int32_t h[3];
     int64_t count, want;
-    void *map = NULL;
-    seg *s;
-    int rc;
 
     if (st->st_size < TD_DATA_SHARD_HEADER)
         return td_error_set(err, TD_EDATA,
@@ -219,6 +437,35 @@ static int load_shard(loader *L, int fd, const struct stat *st, const char *path
         return td_error_set(err, TD_EDATA,
                             "%s: header says %lld tokens (%lld bytes) but the file has %lld bytes",
                             path, (long long)count, (long long)want, (long long)st->st_size);
+    *out = count;
+    return 0;
+}
+
+int td_data_peek_shard(const char *path, int64_t *count, td_error_t *err)
+{
+    struct stat st;
+    int fd, rc;
+
+    *count = 0;
+    if ((rc = td_data_open_file(path, &fd, err)) != 0)
+        return rc;
+    rc = fstat(fd, &st) != 0 ? td_error_set(err, TD_EDATA, "%s: %s", path, strerror(errno))
+                             : shard_header(fd, &st, path, count, err);
+    close(fd);
+    return rc;
+}
+
+/* An llm.c shard: its header checked against its size, its tokens mapped read-only. */
+static int load_shard(loader *L, int fd, const struct stat *st, const char *path, td_error_t *err)
+{
+    int64_t count = 0, want;
+    void *map = NULL;
+    seg *s;
+    int rc = shard_header(fd, st, path, &count, err);
+
+    if (rc != 0)
+        return rc;
+    want = TD_DATA_SHARD_HEADER + 2 * count;
     if (count > 0) {
         map = mmap(NULL, (size_t)want, PROT_READ, MAP_PRIVATE, fd, 0);
         if (map == MAP_FAILED)
@@ -238,24 +485,25 @@ static int load_shard(loader *L, int fd, const struct stat *st, const char *path
     return 0;
 }
 
-/* One name from a pattern: opened, checked to be a regular file not read before, then read. */
+/* One name from a pattern: opened as the thread's access says (without blocking, so a FIFO
+ * cannot hold the worker), checked to be a regular file not read before, then read. */
 static int load_file(loader *L, const char *path, int globbed, td_error_t *err)
 {
     struct stat st;
     int fd, rc = 0;
 
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if ((rc = td_data_should_stop(path, err)) != 0)
+        return rc;
+    fd = td_data_open_fd(path, &st);
     if (fd < 0)
-        return td_error_set(err, TD_EDATA, "%s: %s", path, strerror(errno));
-    if (fstat(fd, &st) != 0) {
-        rc = td_error_set(err, TD_EDATA, "%s: %s", path, strerror(errno));
-        goto out;
-    }
+        return td_error_set(err, fd == -EACCES || fd == -EPERM ? TD_EPERM : TD_EDATA, "%s: %s",
+                            path, strerror(-fd));
     if (!S_ISREG(st.st_mode)) {
         if (globbed)
             L->d->info.skipped_other++;
         else
-            rc = td_error_set(err, TD_EDATA, "%s: not a regular file", path);
+            rc = td_error_set(err, TD_EDATA, "%s: not a regular file (%s)", path,
+                              td_data_file_kind(st.st_mode));
         goto out;
     }
     if (seen_add(&L->seen, st.st_dev, st.st_ino)) {
@@ -284,7 +532,7 @@ static int load_pattern(loader *L, const char *pattern, td_error_t *err)
 
     if (strpbrk(pattern, "*?[") == NULL)
         return load_file(L, pattern, 0, err);
-    rc = glob(pattern, GLOB_NOSORT, NULL, &g);
+    rc = td_data_glob(pattern, GLOB_NOSORT, &g);
     if (rc == GLOB_NOMATCH)
         return td_error_set(err, TD_EDATA, "no files match %s", pattern);
     if (rc == GLOB_NOSPACE)
@@ -574,11 +822,13 @@ int td_data_open(td_data **out, const td_data_spec *spec, td_error_t *err)
     if (rc != 0)
         goto fail;
     free(L.seen.slot);
+    free(L.chunk);
     *out = d;
     return 0;
 
 fail:
     free(L.seen.slot);
+    free(L.chunk);
     td_data_free(d);
     return rc;
 }

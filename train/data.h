@@ -8,14 +8,19 @@
  * (*, ?, [) is a path: a missing one is "PATH: No such file or directory". A pattern with them
  * that matches nothing is "no files match PATTERN". Each file is read once: a name that
  * reaches a file already taken (same device and inode: fortunes' `art.u8 -> art`) is skipped
- * and counted. A glob match that is not a regular file (a directory) is skipped and counted.
+ * and counted. A glob match that is not a regular file (a directory, a FIFO, a device) is
+ * skipped and counted; a file named without a glob must be a regular one. Every file is opened
+ * as the thread's access says (below: the job's user), without blocking.
  *   - text: a file's bytes are its tokens. A glob match that holds a NUL byte is binary (a
  *     fortune `.dat` index) and is skipped and counted; a file named without a glob that holds
  *     one is refused. So the glob `*` in /usr/share/games/fortunes/ reads each fortune once.
  *   - shards (llm.c): int32 header[256], little-endian: header[0] = 20240520 (magic),
  *     header[1] = 1 (version), header[2] = token count; then count uint16 tokens. The file size
  *     must be exactly 1024 + 2 * count. Shards are mapped read-only, never copied.
- * Every refusal is TD_EDATA with a message naming the file (or pattern) and what was wrong.
+ * Text is read a chunk at a time, the access's stop callback polled between chunks (a cancel
+ * ends the load with TD_ECANCELLED), into one array sized exactly: 2 bytes a byte of text.
+ * Every refusal is TD_EDATA with a message naming the file (or pattern) and what was wrong
+ * (TD_EPERM for a file the job's user may not open).
  *
  * Splits. train comes from spec->train. valid comes from spec->valid when given; otherwise,
  * when valid_fraction > 0, valid is the LAST floor(N * valid_fraction) tokens of the N train
@@ -56,8 +61,10 @@
 #ifndef TD_DATA_H
 #define TD_DATA_H
 
+#include <glob.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "td_errno.h"
 
@@ -69,6 +76,10 @@
 #define TD_DATA_MAX_FILES      65536        /* files in one td_data, all splits together */
 #define TD_DATA_MAX_TEXT_BYTES (1ull << 31) /* bytes of text in all; 2 bytes each in memory */
 #define TD_DATA_MAX_ROWS       (1ll << 31)  /* row windows of the train split when shuffling */
+/* Bytes of dataset one replica of a job holds in memory, all its files together (16 GiB): IDX
+ * pixels and labels as their headers declare them, text as 2-byte tokens, the shuffle's order.
+ * A job past it is refused at submit. */
+#define TD_DATA_MAX_BYTES (1ull << 34)
 
 typedef enum {
     TD_DATA_FORMAT_TEXT = 1,  /* bytes are tokens, vocabulary 256 */
@@ -150,5 +161,93 @@ int td_data_next(td_data *d, int *inputs, int *targets, td_error_t *err);
  * TD_EDATA for a token outside the vocabulary. */
 int td_data_valid_fill(const td_data *d, int64_t i, int r0, int r1, int *inputs, int *targets,
                        td_error_t *err);
+
+/* ---- whose rights a job's files are read with ---------------------------------------------- */
+
+/* traind runs as root and reads files for other users. A check when the job is submitted is
+ * not enough: the path can be swapped for a symlink to a root-only file before the job opens
+ * it, at its start or at a resume after a restart. So every open of a job's file by train/
+ * (td_data_open, td_data_peek_shard, td_idx_load, td_idx_peek, td_llmc_peek, td_llmc_load) and
+ * by the daemon's checks (td_data_open_file, td_data_glob) is made with the rights of the
+ * user the calling thread named with td_data_access_begin. For that one open (or glob) the
+ * thread's filesystem uid and gid (setfsuid, setfsgid) and its supplementary groups (the raw
+ * setgroups system call: glibc's setgroups() changes every thread of the process) become the
+ * user's, and are restored right after. Linux keeps these per thread, so no other thread of
+ * the daemon is affected, and the kernel checks the open as it would the user's own: every
+ * directory on the path, every symlink's target, ACLs. That is why this and not "open as root
+ * with O_NOFOLLOW, then check the descriptor": a swapped directory higher up the path, ACLs
+ * and group membership would then be ours to get right, and the kernel already does.
+ *
+ * A process that may not change its filesystem ids (traind started as an ordinary user) opens
+ * as itself and then checks the opened file's owner, group and mode bits against the user:
+ * weaker (directories on the path and ACLs are not checked), and said so here.
+ *
+ * Every open is also non-blocking, so a FIFO or a device is opened and refused (fstat on the
+ * descriptor), never waited on; only regular files are read. Long reads poll the thread's
+ * stop callback between chunks, so a cancel or a shutdown ends a load of many gigabytes. */
+
+#define TD_DATA_MAX_GROUPS 256   /* groups of a job's user taken into account, at most */
+#define TD_DATA_NOGROUP    65534 /* the group of a uid with no passwd entry and no known gid */
+
+/* Who a thread's reads are for, and when to stop them. Copied by td_data_access_begin. */
+typedef struct td_data_access {
+    int64_t uid; /* the job's user; < 0: the process's own rights (no change) */
+    int64_t gid; /* the group it submitted with; < 0: its passwd entry's (TD_DATA_NOGROUP for
+                  * a uid without one) */
+    int (*stop)(void *ud); /* polled between chunks of long reads; nonzero ends the read with
+                            * TD_ECANCELLED. NULL: never */
+    void *ud;
+} td_data_access;
+
+/* Sets the calling thread's access until td_data_access_end(): the user's groups are looked
+ * up here, once (getpwuid_r, getgrouplist). A uid equal to the process's effective uid needs no
+ * change and gets none. TD_EPERM when the user is in more than TD_DATA_MAX_GROUPS groups. */
+int td_data_access_begin(const td_data_access *a, td_error_t *err);
+void td_data_access_end(void);
+
+/* TD_ECANCELLED ("PATH: reading stopped: the job was cancelled or traind is stopping") when
+ * the thread's stop callback says so; else 0. */
+int td_data_should_stop(const char *path, td_error_t *err);
+
+/* Opens path read-only, close-on-exec, without blocking, as the thread's access says, and
+ * fstats the descriptor into *st. Returns the descriptor (>= 0; O_NONBLOCK cleared on a
+ * regular file), or -errno (-ENOENT, -EACCES, ...). A descriptor of something that is not a
+ * regular file is returned too, so that a caller can skip it or name it: check st. */
+int td_data_open_fd(const char *path, struct stat *st);
+
+/* td_data_open_fd for a file that must be regular: 0 with *fd open, else *fd = -1 and TD_EPERM
+ * ("PATH: Permission denied"), TD_EDATA ("PATH: No such file or directory", "PATH: not a
+ * regular file (a FIFO)"). */
+int td_data_open_file(const char *path, int *fd, td_error_t *err);
+
+/* What kind of file st_mode is, for a message: "a FIFO", "a directory", ... */
+const char *td_data_file_kind(unsigned mode);
+
+/* glob(3) of pattern with flags, as the thread's access says (directories are read with the
+ * user's rights). glob's return value; caller frees with globfree(). */
+int td_data_glob(const char *pattern, int flags, glob_t *g);
+
+/* ---- IDX files (idx.c): a header read without loading the file ------------------------------ */
+
+/* An IDX file's header, as td_idx_peek read it. */
+typedef struct td_idx_header {
+    uint32_t n;          /* items: images or labels */
+    uint32_t rows, cols; /* an image's size; 0 for a labels file */
+    uint64_t bytes;      /* the data after the header: n*rows*cols pixels or n labels */
+    int max_label;       /* a scanned labels file's largest label; -1 when not scanned */
+} td_idx_header;
+
+/* Reads path's IDX header (gzipped or not; opened as the thread's access says) and checks it
+ * as td_idx_load would, without reading the data: the magic against want (TD_IDX_MAGIC_IMAGES
+ * or TD_IDX_MAGIC_LABELS; the other kind is named: "PATH: magic 0x00000801 is an IDX labels
+ * file, expected images (0x00000803)"), the counts against the TD_IDX_MAX_* limits, and a
+ * plain file's size against what the header declares. With scan (labels only) it reads every
+ * label, a chunk at a time, for the largest, and checks the stream holds exactly n of them.
+ * TD_EDATA naming the file and the field; TD_EPERM; TD_ECANCELLED (the stop callback). */
+int td_idx_peek(const char *path, uint32_t want, int scan, td_idx_header *h, td_error_t *err);
+
+/* Reads path's llm.c token shard header as td_data_open does (magic, version, the size the
+ * count implies against the file's) into *count. TD_EDATA naming the file and the field. */
+int td_data_peek_shard(const char *path, int64_t *count, td_error_t *err);
 
 #endif

@@ -4,13 +4,16 @@
  * rest zero. Then the parameters as float32 in llm.c's order, each tensor whole and the
  * tensors back to back: our td_params holds the same tensors in the same order with
  * alignment padding between them, so reading and writing is one copy per tensor.
- * Blocking file I/O on the caller's thread; errors are returned, never panicked. */
+ * A job's model file is opened as data.h's access says (the job's user; only a regular file),
+ * and the stop callback is polled between tensors. Blocking file I/O on the caller's thread;
+ * errors are returned, never panicked. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "data.h"
 #include "engine.h"
 
 #define HEADER_INTS       256 /* int32 words of the header */
@@ -35,13 +38,26 @@ static int open_checked(const char *path, FILE **f, td_gpt_dims *d, td_error_t *
     td_error_t e = {0};
     struct stat st;
     size_t want;
-    int rc;
+    int rc, fd = td_data_open_fd(path, &st);
 
-    *f = fopen(path, "rb");
-    if (*f == NULL)
-        return td_error_set(err, errno == ENOENT ? TD_ENOTFOUND : TD_EIO, "%s: %s", path,
-                            strerror(errno));
-    if (fstat(fileno(*f), &st) != 0 || fread(h, sizeof(h), 1, *f) != 1) {
+    *f = NULL;
+    if (fd < 0)
+        return td_error_set(err,
+                            fd == -ENOENT                   ? TD_ENOTFOUND
+                            : fd == -EACCES || fd == -EPERM ? TD_EPERM
+                                                            : TD_EIO,
+                            "%s: %s", path, strerror(-fd));
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return td_error_set(err, TD_EDATA, "%s: not a regular file (%s)", path,
+                            td_data_file_kind(st.st_mode));
+    }
+    *f = fdopen(fd, "rb");
+    if (*f == NULL) {
+        close(fd);
+        return td_error_set(err, TD_ENOMEM, "%s: %s", path, strerror(errno));
+    }
+    if (fread(h, sizeof(h), 1, *f) != 1) {
         rc = td_error_set(err, TD_EDATA,
                           "%s: not an llm.c model file: shorter than its %d-byte header", path,
                           TD_LLMC_HEADER);
@@ -53,9 +69,11 @@ static int open_checked(const char *path, FILE **f, td_gpt_dims *d, td_error_t *
         goto fail;
     }
     if (h[1] != TD_LLMC_VERSION && h[1] != LLMC_VERSION_OLD) {
-        rc = td_error_set(
-            err, TD_EDATA, "%s: unsupported version %d: only version %d (fp32) is read%s", path,
-            (int)h[1], TD_LLMC_VERSION, h[1] == LLMC_VERSION_BF16 ? " (version 5 is bf16)" : "");
+        rc = td_error_set(err, TD_EDATA,
+                          "%s: unsupported version %d%s: traind reads version %d (fp32) and the "
+                          "older fp32 version %d",
+                          path, (int)h[1], h[1] == LLMC_VERSION_BF16 ? " (bf16)" : "",
+                          TD_LLMC_VERSION, LLMC_VERSION_OLD);
         goto fail;
     }
     dims_of(h, d);
@@ -106,11 +124,14 @@ int td_llmc_load(const char *path, td_gpt *m, td_error_t *err)
                           m->d.NH, m->d.C, m->d.Vp);
         goto out;
     }
-    for (int i = 0; i < TD_GPT_TENSORS; i++)
+    for (int i = 0; i < TD_GPT_TENSORS; i++) {
+        if ((rc = td_data_should_stop(path, err)) != 0)
+            goto out;
         if (fread(m->p[i].data, sizeof(float), m->p[i].n, f) != m->p[i].n) {
             rc = td_error_set(err, TD_EIO, "%s: read error in tensor %d", path, i);
             goto out;
         }
+    }
 out:
     fclose(f);
     return rc;

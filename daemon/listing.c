@@ -1,0 +1,432 @@
+/* The server's replies that list or describe jobs (server_int.h): the JOB map, status, and
+ * the pages of list and logs. A page is written into the server's scratch writer first, so
+ * that it stops before its frame would pass TD_REPLY_BUDGET, and goes out with more and next
+ * saying where the following page starts (PROTOCOL.md, "list", "logs"). Loop thread only. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server_int.h"
+#include "td_log.h"
+#include "td_text.h"
+
+typedef struct last_vals {
+    char (*keys)[TD_STORE_MAX_KEY];
+    double *vals;
+    size_t n, cap;
+} last_vals;
+
+static int collect_last(void *ud, const td_metric_summary *row)
+{
+    last_vals *lv = ud;
+
+    if (lv->n == lv->cap) {
+        size_t cap = lv->cap ? lv->cap * 2 : 16;
+        void *k = realloc(lv->keys, cap * sizeof(*lv->keys));
+        if (k == NULL)
+            return 1;
+        lv->keys = k;
+        void *v = realloc(lv->vals, cap * sizeof(*lv->vals));
+        if (v == NULL)
+            return 1;
+        lv->vals = v;
+        lv->cap = cap;
+    }
+    snprintf(lv->keys[lv->n], TD_STORE_MAX_KEY, "%s", row->key);
+    lv->vals[lv->n++] = row->last;
+    return 0;
+}
+
+void td__write_text(td_pw *w, const char *s, size_t len, int keep_nl, size_t out_max)
+{
+    char buf[4 * TD_STORE_MAX_NAME + 1];
+    char *out = out_max < sizeof(buf) ? buf : malloc(out_max + 1);
+    size_t n;
+
+    if (out == NULL) {
+        td_pw_str(w, "");
+        return;
+    }
+    n = td_text_escape(out, out_max + 1, s, len, keep_nl ? TD_TEXT_KEEP_NEWLINES : 0);
+    td_pw_strn(w, out, n);
+    if (out != buf)
+        free(out);
+}
+
+/* Whether every string (and map key) in v is text (td_text_check). */
+static int all_text(const td_pval *v)
+{
+    size_t len;
+    const char *s;
+
+    switch (td_pv_type_of(v)) {
+    case TD_PV_STR:
+        s = td_pv_str(v, &len);
+        return td_text_check(s, len, NULL) == TD_TEXT_OK;
+    case TD_PV_ARRAY:
+        for (size_t i = 0; i < td_pv_len(v); i++)
+            if (!all_text(td_pv_at(v, i)))
+                return 0;
+        return 1;
+    case TD_PV_MAP:
+        for (size_t i = 0; i < td_pv_len(v); i++)
+            if (!all_text(td_pv_key_at(v, i)) || !all_text(td_pv_val_at(v, i)))
+                return 0;
+        return 1;
+    default:
+        return 1;
+    }
+}
+
+/* Writes v with every string escaped (td__write_text): a stored spec or list of device errors
+ * from before submit checked strings. */
+static void write_escaped(td_pw *w, const td_pval *v)
+{
+    size_t len;
+    const char *s;
+
+    switch (td_pv_type_of(v)) {
+    case TD_PV_STR:
+        s = td_pv_str(v, &len);
+        td__write_text(w, s, len, 0, 4 * len < TD_PROTO_MAX_STR ? 4 * len : TD_PROTO_MAX_STR);
+        break;
+    case TD_PV_ARRAY:
+        td_pw_array(w, (uint32_t)td_pv_len(v));
+        for (size_t i = 0; i < td_pv_len(v); i++)
+            write_escaped(w, td_pv_at(v, i));
+        break;
+    case TD_PV_MAP:
+        td_pw_map(w, (uint32_t)td_pv_len(v));
+        for (size_t i = 0; i < td_pv_len(v); i++) {
+            write_escaped(w, td_pv_key_at(v, i));
+            write_escaped(w, td_pv_val_at(v, i));
+        }
+        break;
+    default:
+        td_pw_val(w, v);
+        break;
+    }
+}
+
+/* Writes a msgpack value the daemon stored (a job's spec, its device errors) as it is when
+ * its strings are text, else with them escaped: traind never sends a client's control
+ * characters or malformed UTF-8 on to another client. */
+static void write_stored(td_pw *w, const void *blob, size_t len)
+{
+    td_proto_frame *f = NULL;
+    const void *body;
+    td_error_t err;
+    size_t n;
+    td_pw tmp;
+
+    /* td_proto_decode wants a map at the top: the value goes in as {"v": value}. */
+    td_pw_init(&tmp);
+    td_pw_map(&tmp, 1);
+    td_pw_str(&tmp, "v");
+    td_pw_raw(&tmp, blob, len);
+    body = td_pw_body(&tmp, &n);
+    if (body != NULL && td_proto_decode(body, n, &f, &err) == 0 &&
+        !all_text(td_pv_get(td_proto_frame_root(f), "v")))
+        write_escaped(w, td_pv_get(td_proto_frame_root(f), "v"));
+    else
+        td_pw_raw(w, blob, len);
+    td_proto_frame_free(f);
+    td_pw_free(&tmp);
+}
+
+/* Writes the JOB map of PROTOCOL.md for row, with live figures for a job in memory. */
+void td__write_job(td_server *s, td_pw *w, td_job_row *row, int with_spec)
+{
+    td_job_live jl, *live = td_daemon_job_live(s->d, row->id, &jl) ? &jl : NULL;
+    /* An ended job whose final state the store cannot take yet shows the error it will get. */
+    int err_code = live != NULL && live->err.code != 0 ? live->err.code : row->err_code;
+    const char *msg = live != NULL && live->err.code != 0
+                          ? live->err.msg
+                          : (row->err_msg != NULL ? row->err_msg : td_strerror(row->err_code));
+    last_vals lv = {0};
+    td_error_t err;
+
+    if (td_store_metrics_summary(s->store, row->id, collect_last, &lv, &err) != 0)
+        td_log_warn("job %lld: cannot read metric summary: %s", (long long)row->id, err.msg);
+    td_pw_map(w, with_spec ? 14 : 13);
+    td_pw_str(w, "id");
+    td_pw_int(w, row->id);
+    td_pw_str(w, "name");
+    td__write_text(w, row->name, strlen(row->name), 0, 4 * TD_STORE_MAX_NAME);
+    td_pw_str(w, "uid"); /* the submitter, so that a client can show an owner */
+    td_pw_int(w, row->uid);
+    td_pw_str(w, "state");
+    td_pw_str(w, live != NULL ? live->state : row->state);
+    td_pw_str(w, "step");
+    td_pw_int(w, live != NULL ? live->step : row->step);
+    td_pw_str(w, "total_steps");
+    td_pw_int(w, live != NULL && live->total_steps ? live->total_steps : row->total_steps);
+    td_pw_str(w, "devices");
+    td_pw_int(w, row->devices);
+    td_pw_str(w, "device_list");
+    td_pw_str(w, live != NULL && live->running ? live->device_list : row->device_list);
+    td_pw_str(w, "created");
+    td_pw_double(w, row->created);
+    td_pw_str(w, "started");
+    td_pw_double(w, row->started);
+    td_pw_str(w, "ended");
+    td_pw_double(w, row->ended);
+    td_pw_str(w, "error");
+    if (err_code == 0) {
+        td_pw_nil(w);
+    } else {
+        td_pw_map(w, 4);
+        td_pw_str(w, "code");
+        td_pw_int(w, err_code);
+        td_pw_str(w, "name");
+        td_pw_str(w, td_errname(err_code));
+        td_pw_str(w, "message");
+        td__write_text(w, msg, strlen(msg), 1, TD_LOG_LINE_WIRE);
+        td_pw_str(w, "devices");
+        if (row->err_devices != NULL)
+            write_stored(w, row->err_devices, row->err_devices_len);
+        else
+            td_pw_array(w, 0);
+    }
+    td_pw_str(w, "metrics");
+    td_pw_map(w, (uint32_t)lv.n);
+    for (size_t i = 0; i < lv.n; i++) {
+        td_pw_str(w, lv.keys[i]);
+        td_pw_double(w, lv.vals[i]);
+    }
+    if (with_spec) {
+        td_pw_str(w, "spec");
+        if (row->spec != NULL)
+            write_stored(w, row->spec, row->spec_len);
+        else
+            td_pw_nil(w);
+    }
+    free(lv.keys);
+    free(lv.vals);
+}
+
+/* ---- status and list ---- */
+
+void td__req_status(td_conn *c, const td_pval *root, int64_t id)
+{
+    td_job_row row = {0};
+    int64_t job;
+
+    if (td__get_job_id(c, root, id, &job) != 0 || td__get_job_row(c, id, job, &row) != 0)
+        return;
+    td__reply_begin(c, "job", id, 1);
+    td_pw_str(&c->w, "job");
+    td__write_job(c->s, &c->w, &row, 1);
+    td_job_row_clear(&row);
+    td__conn_send(c);
+}
+
+static int is_state(const char *w)
+{
+    static const char *const words[] = {TD_JOB_QUEUED, TD_JOB_RUNNING, TD_JOB_SUCCEEDED,
+                                        TD_JOB_FAILED, TD_JOB_CANCELLED};
+
+    for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++)
+        if (strcmp(w, words[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* The filters and cursor of a list request (PROTOCOL.md, "list") into *q; states and glob
+ * hold what q points at. -1 after an error frame naming the bad field. */
+static int list_query(td_conn *c, const td_pval *root, int64_t id, td_job_query *q,
+                      const char **states, char (*state_buf)[TD_STORE_MAX_STATE], char *glob,
+                      size_t glob_size)
+{
+    const td_pval *v;
+    int64_t uid = -1;
+    size_t len;
+    const char *p;
+    double since = 0;
+    int b = 0;
+
+    if (td__opt_int(c, root, id, "after", 0, INT64_MAX, &q->after) != 0 ||
+        td__opt_int(c, root, id, "uid", 0, UINT32_MAX, &uid) != 0)
+        return -1;
+    q->by_uid = uid >= 0;
+    q->uid = uid;
+    if ((v = td_pv_get(root, "newest_first")) != NULL && td_pv_bool(v, &b) != 0) {
+        td__send_error(c, id, TD_EPROTO, "newest_first: must be true or false");
+        return -1;
+    }
+    q->newest_first = b;
+    if ((v = td_pv_get(root, "since")) != NULL &&
+        (td_pv_double(v, &since) != 0 || !isfinite(since) || since < 0)) {
+        td__send_error(c, id, TD_EPROTO, "since: must be a unix time in seconds, >= 0");
+        return -1;
+    }
+    q->since = since;
+    if ((v = td_pv_get(root, "states")) != NULL) {
+        if (td_pv_type_of(v) != TD_PV_ARRAY || td_pv_len(v) > TD_STORE_MAX_STATES) {
+            td__send_error(c, id, TD_EPROTO,
+                           "states: must be a list of at most 5 of queued, running, succeeded, "
+                           "failed, cancelled");
+            return -1;
+        }
+        for (size_t i = 0; i < td_pv_len(v); i++) {
+            if (td_pv_strcpy(td_pv_at(v, i), state_buf[i], TD_STORE_MAX_STATE) != 0 ||
+                !is_state(state_buf[i])) {
+                td__send_error(
+                    c, id, TD_EPROTO,
+                    "states: each must be queued, running, succeeded, failed or cancelled");
+                return -1;
+            }
+            states[i] = state_buf[i];
+        }
+        q->states = states;
+        q->nstates = td_pv_len(v);
+    }
+    if ((v = td_pv_get(root, "name")) != NULL) {
+        p = td_pv_str(v, &len);
+        if (p == NULL || len == 0 || len >= glob_size || td_text_check(p, len, NULL) != 0) {
+            td__send_error(c, id, TD_EPROTO,
+                           "name: must be a pattern of 1 to 255 bytes of text (* ? [a-z] [^x])");
+            return -1;
+        }
+        memcpy(glob, p, len);
+        glob[len] = '\0';
+        q->name_glob = glob;
+    }
+    return 0;
+}
+
+/* list: one page of jobs (PROTOCOL.md). As many of the page's jobs as fit TD_REPLY_BUDGET
+ * go out; more and next tell the client where the following page starts. */
+void td__req_list(td_conn *c, const td_pval *root, int64_t id)
+{
+    td_server *s = c->s;
+    td_job_query q = {0};
+    const char *states[TD_STORE_MAX_STATES];
+    char state_buf[TD_STORE_MAX_STATES][TD_STORE_MAX_STATE], glob[2 * TD_STORE_MAX_NAME];
+    int64_t limit = TD_PROTO_PAGE_MAX, next;
+    td_job_row *rows = NULL;
+    size_t n = 0, fit = 0, len;
+    const void *body;
+    td_error_t err;
+    int more = 0;
+
+    if (list_query(c, root, id, &q, states, state_buf, glob, sizeof(glob)) != 0 ||
+        td__opt_int(c, root, id, "limit", 1, TD_PROTO_PAGE_MAX, &limit) != 0)
+        return;
+    if (td_store_job_page(s->store, &q, (size_t)limit, &rows, &n, &more, &err) != 0) {
+        td__send_error(c, id, err.code, err.msg);
+        return;
+    }
+    /* The jobs go to scratch first: how many of them fit is known once they are written. */
+    td_pw_reset(&s->scratch);
+    next = q.after;
+    for (size_t i = 0; i < n; i++) {
+        size_t before = s->scratch.len;
+        td__write_job(s, &s->scratch, &rows[i], 0);
+        if (fit > 0 && s->scratch.len > TD_REPLY_BUDGET) {
+            s->scratch.len = before;
+            more = 1;
+            break;
+        }
+        fit++;
+        next = rows[i].id;
+    }
+    for (size_t i = 0; i < n; i++)
+        td_job_row_clear(&rows[i]);
+    free(rows);
+    body = td_pw_body(&s->scratch, &len);
+    if (body == NULL) {
+        td__send_error(c, id, TD_ENOMEM, "out of memory");
+        return;
+    }
+    td__reply_begin(c, "jobs", id, 3);
+    td_pw_str(&c->w, "jobs");
+    td_pw_array(&c->w, (uint32_t)fit);
+    td_pw_raw(&c->w, body, len);
+    td_pw_str(&c->w, "more");
+    td_pw_bool(&c->w, more);
+    td_pw_str(&c->w, "next");
+    td_pw_int(&c->w, next);
+    td__conn_send(c);
+}
+
+/* ---- logs ---- */
+
+/* A page of a job's log as it is written into a writer. */
+typedef struct log_page {
+    td_pw *w;
+    size_t limit, n; /* lines asked for, lines written */
+    int64_t next;    /* the last line written's id */
+    int more;        /* a line past the last one written exists */
+} log_page;
+
+static int write_log_line(void *ud, const td_job_log_row *row)
+{
+    log_page *l = ud;
+    const char *msg = row->msg != NULL ? row->msg : "";
+
+    /* A line takes at most its escaped message plus ~30 bytes: stop before the budget. */
+    if (l->n == l->limit || l->w->len + TD_LOG_LINE_WIRE + 64 > TD_REPLY_BUDGET) {
+        l->more = 1;
+        return 1;
+    }
+    td_pw_array(l->w, 3);
+    td_pw_double(l->w, row->time);
+    td_pw_int(l->w, row->level);
+    td__write_text(l->w, msg, strlen(msg), 1, TD_LOG_LINE_WIRE);
+    l->n++;
+    l->next = row->id;
+    return 0;
+}
+
+/* logs: one page of a job's log (PROTOCOL.md), for its owner or root only: lines carry paths
+ * and error messages. */
+void td__req_logs(td_conn *c, const td_pval *root, int64_t id)
+{
+    td_server *s = c->s;
+    td_job_row row = {0};
+    int64_t job, after = 0, limit = TD_PROTO_PAGE_MAX;
+    log_page l = {.w = &s->scratch};
+    size_t ndone = 0, len;
+    const void *body;
+    td_error_t err;
+    int rc;
+
+    if (td__get_job_id(c, root, id, &job) != 0 ||
+        td__opt_int(c, root, id, "after", 0, INT64_MAX, &after) != 0 ||
+        td__opt_int(c, root, id, "limit", 1, TD_PROTO_PAGE_MAX, &limit) != 0 ||
+        td__get_job_row(c, id, job, &row) != 0)
+        return;
+    rc = td_daemon_check_owner(job, row.uid, c->uid, &err);
+    td_job_row_clear(&row);
+    if (rc != 0) {
+        td__send_error(c, id, rc, err.msg);
+        return;
+    }
+    td_pw_reset(&s->scratch);
+    l.limit = (size_t)limit;
+    l.next = after;
+    /* One line more than asked for says whether another page follows. */
+    if (td_store_log_read(s->store, job, after, l.limit + 1, write_log_line, &l, &ndone, &err) !=
+        0) {
+        td__send_error(c, id, err.code, err.msg);
+        return;
+    }
+    body = td_pw_body(&s->scratch, &len);
+    if (body == NULL) {
+        td__send_error(c, id, TD_ENOMEM, "out of memory");
+        return;
+    }
+    td__reply_begin(c, "logs", id, 4);
+    td_pw_str(&c->w, "job_id");
+    td_pw_int(&c->w, job);
+    td_pw_str(&c->w, "lines");
+    td_pw_array(&c->w, (uint32_t)l.n);
+    td_pw_raw(&c->w, body, len);
+    td_pw_str(&c->w, "more");
+    td_pw_bool(&c->w, l.more);
+    td_pw_str(&c->w, "next");
+    td_pw_int(&c->w, l.next);
+    td__conn_send(c);
+}

@@ -1,0 +1,379 @@
+/* The server's metric streams (server_int.h): watch and metrics. A stream never holds rows
+ * beyond one page: it reads a page from the store while its connection's output is below
+ * TD_CONN_HIGH_WATER, and otherwise waits for the client to drain it, so a stalled client
+ * costs at most the high-water mark and catches up from the store when it reads again. While
+ * a job runs, a watch delivers only rows of steps before the newest durable step, so a step
+ * whose rows span two store batches is never split across the cursor (rows come in (step,
+ * key) order). A stream names at most TD_PROTO_MAX_KEYS keys, held with it in one
+ * allocation, and asks the store only for those the job has rows of. Loop thread only. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server_int.h"
+#include "td_log.h"
+#include "td_text.h"
+
+typedef struct page_row {
+    char key[TD_STORE_MAX_KEY];
+    int key_id;
+    int64_t step;
+    double value, time;
+} page_row;
+
+typedef struct page_ctx {
+    page_row rows[TD_STREAM_PAGE];
+    size_t n;
+    int64_t bound; /* rows at or past this step wait */
+    int held;      /* a row was held back by bound */
+} page_ctx;
+
+static page_ctx page; /* loop thread only */
+
+static int collect_row(void *ud, const td_metric_row *row)
+{
+    page_ctx *p = ud;
+    page_row *r;
+
+    if (row->step >= p->bound) {
+        p->held = 1;
+        return 1;
+    }
+    r = &p->rows[p->n++];
+    snprintf(r->key, sizeof(r->key), "%s", row->key);
+    r->key_id = row->key_id;
+    r->step = row->step;
+    r->value = row->value;
+    r->time = row->time;
+    return 0;
+}
+
+void td__stream_free(td_stream *st)
+{
+    td_conn *c = st->c;
+
+    for (td_stream **p = &c->streams; *p != NULL; p = &(*p)->next)
+        if (*p == st) {
+            *p = st->next;
+            c->nstreams--;
+            break;
+        }
+    free(st); /* its keys are in the same allocation */
+}
+
+/* ---- the metric names a job has ---- */
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(a, b);
+}
+
+static int collect_name(void *ud, const td_metric_summary *row)
+{
+    key_set *k = ud;
+
+    if (k->n == k->cap) {
+        size_t cap = k->cap ? k->cap * 2 : 16;
+        void *p = realloc(k->names, cap * sizeof(*k->names));
+        if (p == NULL)
+            return 1;
+        k->names = p;
+        k->cap = cap;
+    }
+    snprintf(k->names[k->n++], TD_STORE_MAX_KEY, "%s", row->key);
+    return 0;
+}
+
+/* The metric names job has rows of, sorted; read again only when some job changed since
+ * (s->gen), or when fresh is set. NULL when they cannot be read: every name then counts as
+ * unknown for now. */
+static const key_set *job_keys(td_server *s, int64_t job, int fresh)
+{
+    key_set *k = &s->keys;
+    td_error_t err;
+
+    if (!fresh && k->job == job && k->gen == s->gen)
+        return k;
+    k->job = 0;
+    k->n = 0;
+    if (td_store_metrics_summary(s->store, job, collect_name, k, &err) != 0) {
+        td_log_warn("job %lld: cannot read its metric names: %s", (long long)job, err.msg);
+        return NULL;
+    }
+    if (k->n > 1)
+        qsort(k->names, k->n, sizeof(*k->names), by_name);
+    k->job = job;
+    k->gen = s->gen;
+    return k;
+}
+
+/* Brings st->known up to date with the names its job has rows of: at most once per change
+ * of a job, so that names the job never wrote cost a watcher nothing per batch of rows. A
+ * watch reads only what the daemon has been told is durable, and that news is a change of
+ * the job; a metrics stream of a running job reads whatever the store holds, so it looks
+ * again before each page (fresh) while some of its names are still unknown. */
+static void stream_known(td_stream *st, int fresh)
+{
+    td_server *s = st->c->s;
+    const key_set *k;
+
+    if (st->nkeys == 0 || st->nknown == st->nkeys ||
+        (!fresh && st->known_valid && st->known_gen == s->gen))
+        return;
+    if ((k = job_keys(s, st->job, fresh)) == NULL || k->n == 0)
+        return; /* nothing known yet (and bsearch may not be given a NULL array) */
+    /* A job's names are only ever added to: the same count is the same set. */
+    if (st->known_valid && st->known_n == k->n) {
+        st->known_gen = s->gen;
+        return;
+    }
+    for (size_t i = 0; i < st->nkeys; i++)
+        if (!st->is_known[i] &&
+            bsearch(st->keys[i], k->names, k->n, sizeof(*k->names), by_name) != NULL) {
+            st->is_known[i] = 1;
+            st->known[st->nknown++] = st->keys[i];
+        }
+    st->known_gen = s->gen;
+    st->known_n = k->n;
+    st->known_valid = 1;
+}
+
+/* The end frame of a metrics stream that named keys the job has no rows of: which ones, and
+ * which names the job has (the first TD_PROTO_MAX_KEYS), so a client can say both. */
+static void write_missing(td_stream *st)
+{
+    td_conn *c = st->c;
+    const key_set *k = job_keys(c->s, st->job, 0);
+    size_t navail = k == NULL ? 0 : k->n < TD_PROTO_MAX_KEYS ? k->n : TD_PROTO_MAX_KEYS;
+
+    td_pw_str(&c->w, "missing");
+    td_pw_array(&c->w, (uint32_t)(st->nkeys - st->nknown));
+    for (size_t i = 0; i < st->nkeys; i++)
+        if (!st->is_known[i])
+            td_pw_str(&c->w, st->keys[i]);
+    td_pw_str(&c->w, "available");
+    td_pw_array(&c->w, (uint32_t)navail);
+    for (size_t i = 0; i < navail; i++)
+        td_pw_str(&c->w, k->names[i]);
+}
+
+/* Ends a stream: metrics streams with a bare end frame (naming the keys asked for that the
+ * job has no rows of, when there are any), watches with the job's final map. */
+static void stream_end(td_stream *st)
+{
+    td_conn *c = st->c;
+    td_server *s = c->s;
+    td_job_row row = {0};
+    td_error_t err;
+    int with_job = st->watch && td_store_job_get(s->store, st->job, &row, &err) == 0;
+    int missing = 0;
+
+    if (!st->watch) {
+        stream_known(st, 0);
+        missing = st->nknown < st->nkeys;
+    }
+    td__reply_begin(c, "end", st->req_id, 1 + (with_job ? 1 : 0) + (missing ? 2 : 0));
+    td_pw_str(&c->w, "job_id");
+    td_pw_int(&c->w, st->job);
+    if (with_job) {
+        td_pw_str(&c->w, "job");
+        td__write_job(s, &c->w, &row, 0);
+    }
+    if (missing)
+        write_missing(st);
+    td_job_row_clear(&row);
+    td__conn_send(c);
+    td__stream_free(st);
+}
+
+/* Sends pages of stored rows while the client keeps up; ends the stream when it is done. */
+void td__stream_pump(td_stream *st)
+{
+    td_conn *c = st->c;
+    td_server *s = c->s;
+    td_job_live live;
+    int ended = !td_daemon_job_live(s->d, st->job, &live);
+
+    while (!c->closing && c->pending < TD_CONN_HIGH_WATER) {
+        td_metric_cursor before = st->cur;
+        td_error_t err;
+        size_t ndone = 0;
+
+        page.n = 0;
+        page.held = 0;
+        page.bound = st->watch && !ended ? live.durable_step : INT64_MAX;
+        stream_known(st, !st->watch && !ended);
+        if (st->nkeys > 0 && st->nknown == 0) {
+            /* None of the names has a row yet: nothing to ask the store. */
+        } else if (td_store_metrics_page(s->store, st->job, &st->cur, st->known, st->nknown,
+                                         TD_STREAM_PAGE, collect_row, &page, &ndone, &err) != 0) {
+            td__send_error(c, st->req_id, err.code, err.msg);
+            td__stream_free(st);
+            return;
+        }
+        if (page.held) {
+            /* The held row was counted as delivered: rewind to the last row kept. */
+            st->cur = before;
+            if (page.n > 0) {
+                st->cur.step = page.rows[page.n - 1].step;
+                st->cur.key_id = page.rows[page.n - 1].key_id;
+            }
+        }
+        if (page.n > 0) {
+            td__reply_begin(c, "rows", st->req_id, 2);
+            td_pw_str(&c->w, "job_id");
+            td_pw_int(&c->w, st->job);
+            td_pw_str(&c->w, "rows");
+            td_pw_array(&c->w, (uint32_t)page.n);
+            for (size_t i = 0; i < page.n; i++) {
+                td_pw_array(&c->w, 4);
+                td_pw_str(&c->w, page.rows[i].key);
+                td_pw_int(&c->w, page.rows[i].step);
+                td_pw_double(&c->w, page.rows[i].value);
+                td_pw_double(&c->w, page.rows[i].time);
+            }
+            td__conn_send(c);
+        }
+        if (page.n == TD_STREAM_PAGE)
+            continue;
+        /* Caught up with what the store holds. */
+        if (!st->watch || ended)
+            stream_end(st);
+        return;
+    }
+}
+
+static void send_state(td_stream *st, const td_job_live *job)
+{
+    td_conn *c = st->c;
+
+    td__reply_begin(c, "state", st->req_id, 4);
+    td_pw_str(&c->w, "job_id");
+    td_pw_int(&c->w, st->job);
+    td_pw_str(&c->w, "state");
+    td_pw_str(&c->w, job->state);
+    td_pw_str(&c->w, "step");
+    td_pw_int(&c->w, job->step);
+    td_pw_str(&c->w, "total_steps");
+    td_pw_int(&c->w, job->total_steps);
+    td__conn_send(c);
+}
+
+void td_server_job_changed(td_server *s, int64_t job, const char *state)
+{
+    td_job_live live;
+    int held = td_daemon_job_live(s->d, job, &live);
+
+    s->gen++; /* the job may have rows of metric names it had none of */
+
+    for (td_conn *c = s->conns; c != NULL; c = c->next) {
+        td_stream *st = c->streams;
+        while (st != NULL && !c->closing) {
+            td_stream *next = st->next;
+            if (st->job == job) {
+                if (st->watch && state != NULL && held)
+                    send_state(st, &live);
+                td__stream_pump(st);
+            }
+            st = next;
+        }
+    }
+}
+
+/* ---- the requests ---- */
+
+/* The stream for a request naming keys (an array of metric names, or NULL for every key):
+ * the names checked (each 1 to 63 bytes of text, at most TD_PROTO_MAX_KEYS, repeats dropped) and
+ * copied with the stream into one allocation. NULL after an error frame. */
+static td_stream *stream_new(td_conn *c, int64_t id, const td_pval *keys)
+{
+    size_t n = td_pv_len(keys), text = 0, len, k = 0;
+    char msg[128];
+    td_stream *st;
+    char *p;
+
+    if (keys != NULL && td_pv_type_of(keys) != TD_PV_ARRAY) {
+        td__send_error(c, id, TD_EPROTO, "keys: must be a list of metric names");
+        return NULL;
+    }
+    if (n > TD_PROTO_MAX_KEYS) {
+        snprintf(msg, sizeof(msg), "keys: %zu names; a request may name at most %d", n,
+                 TD_PROTO_MAX_KEYS);
+        td__send_error(c, id, TD_E2BIG, msg);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *s = td_pv_str(td_pv_at(keys, i), &len);
+        if (s == NULL || len == 0 || len >= TD_STORE_MAX_KEY || td_text_check(s, len, NULL) != 0) {
+            td__send_error(c, id, TD_EPROTO,
+                           "keys: each must be a metric name of 1 to 63 bytes of text");
+            return NULL;
+        }
+        text += len + 1;
+    }
+    st = calloc(1, sizeof(*st) + n * (2 * sizeof(char *) + 1) + text);
+    if (st == NULL) {
+        td__send_error(c, id, TD_ENOMEM, "out of memory");
+        return NULL;
+    }
+    st->keys = (char **)(st + 1);
+    st->known = (const char **)(st->keys + n);
+    st->is_known = (unsigned char *)(st->known + n);
+    p = (char *)(st->is_known + n);
+    for (size_t i = 0; i < n; i++) {
+        const char *s = td_pv_str(td_pv_at(keys, i), &len);
+        int seen = 0;
+        for (size_t j = 0; j < k && !seen; j++)
+            seen = strlen(st->keys[j]) == len && memcmp(st->keys[j], s, len) == 0;
+        if (seen)
+            continue;
+        memcpy(p, s, len);
+        p[len] = '\0';
+        st->keys[k++] = p;
+        p += len + 1;
+    }
+    st->nkeys = k;
+    st->c = c;
+    return st;
+}
+
+/* metrics and watch: both start a stream; watch follows the job until it ends. */
+void td__req_stream(td_conn *c, const td_pval *root, int64_t id, int watch)
+{
+    td_job_live live;
+    td_stream *st;
+    td_job_row row = {0};
+    int64_t job, since = 0;
+    char msg[160];
+
+    if (td__get_job_id(c, root, id, &job) != 0)
+        return;
+    if (td_pv_get(root, "since") != NULL &&
+        (td_pv_int(td_pv_get(root, "since"), &since) != 0 || since < 0)) {
+        td__send_error(c, id, TD_EPROTO, "since: must be an integer >= 0");
+        return;
+    }
+    if (c->nstreams >= c->s->cfg.max_streams_per_conn) {
+        snprintf(msg, sizeof(msg),
+                 "this connection has %d streams open, the limit (max_streams_per_connection); "
+                 "end one, or open another connection",
+                 c->nstreams);
+        td__send_error(c, id, TD_E2BIG, msg);
+        return;
+    }
+    if (td__get_job_row(c, id, job, &row) != 0)
+        return;
+    td_job_row_clear(&row);
+    if ((st = stream_new(c, id, td_pv_get(root, "keys"))) == NULL)
+        return;
+    st->req_id = id;
+    st->job = job;
+    st->watch = watch;
+    td_metric_cursor_init(&st->cur, since);
+    st->next = c->streams;
+    c->streams = st;
+    c->nstreams++;
+    if (watch && td_daemon_job_live(c->s->d, job, &live))
+        send_state(st, &live);
+    td__stream_pump(st);
+}
