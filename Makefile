@@ -3,7 +3,7 @@
 BUILD ?= build
 MESON_OPTS ?= -Dwerror=true
 
-.PHONY: all deps build test demo bench clean
+.PHONY: all deps build test fuzz demo bench clean
 
 all: build
 
@@ -14,11 +14,19 @@ build: deps
 	@[ -f $(BUILD)/build.ninja ] || meson setup $(BUILD) $(MESON_OPTS)
 	@ninja -C $(BUILD)
 
-# Every suite, then the integration suite again against a thread-sanitizer build of traind.
-test: build
-	meson test -C $(BUILD) --print-errorlogs
-	tests/tsan.sh $(BUILD)-tsan
-	@scripts/test-summary.py $(BUILD) $(BUILD)-tsan
+# The format check, every suite of the plain build, unit+fuzz+integration on an ASan+UBSan
+# build, integration on a ThreadSanitizer build; always ends with "tests: N passed, N failed,
+# N skipped" (scripts/test.sh). It builds the plain tree itself, so that a build that fails
+# still gets that closing line.
+test: deps
+	@MESON_OPTS="$(MESON_OPTS)" scripts/test.sh $(BUILD)
+
+# The libFuzzer targets (tests/fuzz/), one after another, FUZZ_SECONDS each; FUZZ_TARGETS names
+# some (proto json jobspec idx llmc tokens sensor), else all. make test runs each for 12 s.
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS ?=
+fuzz: deps
+	@tests/fuzz/fuzz.sh $(BUILD)-fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 demo: build
 	@scripts/demo.sh $(BUILD)
@@ -28,4 +36,4 @@ bench: build
 	@bench/all.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-tsan
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-fuzz

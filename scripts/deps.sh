@@ -10,12 +10,23 @@ packages=(
   libmsgpack-dev     # the wire format
   libsqlite3-dev sqlite3  # the store; the sqlite3 shell for users and benchmarks
   libcmocka-dev      # tests
+  python3-prometheus-client  # tests/test_ops.c parses traind's Prometheus file with its parser
+                             # (promtool, in the 96 MB prometheus package, also lints it when
+                             # installed; not needed)
+  clang-format       # make test's formatting check (scripts/check-format.sh, .clang-format)
+  clang libclang-rt-14-dev  # libFuzzer and its sanitizers: make test's fuzz stage, make fuzz
+  llvm               # llvm-symbolizer: file and line in a fuzzer's crash report
   libopenblas-dev    # sgemm
   zlib1g-dev         # gzipped IDX datasets
   libjansson-dev     # trainctl: job files, --json
   libinih-dev        # traind: its configuration file
   scdoc              # the man pages (built when scdoc is found)
   libcairo2-dev      # trainctl plot: PNG and SVG charts
+  libmicrohttpd-dev  # trainctl dashboard: its HTTP server
+  libjs-dygraphs     # trainctl dashboard: the page's charts (served from /usr/share/javascript)
+  chromium           # tests: the dashboard loaded in headless Chromium (tests/test_dashboard.c)
+  fonts-dejavu-core  # the text in Chromium's screenshot of the dashboard (doc/dashboard.png)
+  zsh fish           # tests: trainctl's zsh and fish completion scripts, loaded and asked
   dataset-fashion-mnist  # the demo's data
   fortunes           # English text for language-model jobs
 )

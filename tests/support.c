@@ -78,14 +78,33 @@ void ts_daemon_start(ts_daemon *d, const char *devices)
     ts_daemon_start_in(d, devices);
 }
 
+/* Starts traind on d->dir as ts_daemon_start_in() does, with d->dir/traind.conf holding conf
+ * (an INI text, e.g. "[server]\nidle_timeout_s = 2\n") as its --config. */
+void ts_daemon_start_conf(ts_daemon *d, const char *devices, const char *conf)
+{
+    char path[320];
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s/traind.conf", d->dir);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    assert_true(fputs(conf, f) >= 0);
+    assert_int_equal(fclose(f), 0);
+    ts_daemon_start_in(d, devices);
+}
+
 /* Starts traind (TRAIND_BIN) on d->dir, which exists (a restart finds its state there), with
- * its log in d->dir/traind.log; returns once its socket accepts, or fails the test after
+ * its log in d->dir/traind.log (and d->dir/traind.conf as its --config when there is one, as
+ * ts_daemon_start_conf() writes it); returns once its socket accepts, or fails the test after
  * 10 s. */
 void ts_daemon_start_in(ts_daemon *d, const char *devices)
 {
     const char *bin = ts_env_or("TRAIND_BIN", "build/daemon/traind");
-    char log[320];
+    char log[320], conf[320];
+    int has_conf;
 
+    snprintf(conf, sizeof(conf), "%s/traind.conf", d->dir);
+    has_conf = access(conf, F_OK) == 0;
     snprintf(d->sock, sizeof(d->sock), "%s/traind.sock", d->dir);
     snprintf(d->db, sizeof(d->db), "%s/traind.db", d->dir);
     snprintf(log, sizeof(log), "%s/traind.log", d->dir);
@@ -94,8 +113,13 @@ void ts_daemon_start_in(ts_daemon *d, const char *devices)
     if (d->pid == 0) {
         if (freopen(log, "a", stderr) == NULL || freopen("/dev/null", "w", stdout) == NULL)
             _exit(126);
-        execl(bin, bin, "--socket", d->sock, "--state-dir", d->dir, "--devices", devices,
-              "--log-level", "debug", (char *)NULL);
+        if (has_conf) {
+            execl(bin, bin, "--config", conf, "--socket", d->sock, "--state-dir", d->dir,
+                  "--devices", devices, "--log-level", "debug", (char *)NULL);
+        } else {
+            execl(bin, bin, "--socket", d->sock, "--state-dir", d->dir, "--devices", devices,
+                  "--log-level", "debug", (char *)NULL);
+        }
         _exit(127);
     }
     ts_live_pid = d->pid;

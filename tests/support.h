@@ -63,6 +63,7 @@ int ts_can_connect(const char *sock);
 /* A traind of the tests' own. */
 void ts_daemon_start(ts_daemon *d, const char *devices);
 void ts_daemon_start_in(ts_daemon *d, const char *devices);
+void ts_daemon_start_conf(ts_daemon *d, const char *devices, const char *conf);
 int ts_daemon_stop(ts_daemon *d);
 void ts_daemon_kill9(ts_daemon *d);
 int ts_log_count(const ts_daemon *d, const char *needle);
