@@ -1,5 +1,5 @@
 /* bench_gpt: trains the reference GPT (L=4, C=256, NH=4, T=256, B=8, V=256: byte-level text,
- * AdamW, 2 BLAS threads) through train.h and prints figures, never pass/fail. Three modes:
+ * AdamW, 2 threads) through train.h and prints figures, never pass/fail. Three modes:
  *
  *   bench_gpt [STEPS]
  *       STEPS timed steps (default 20, after WARMUP_STEPS untimed ones): ms per step,
@@ -19,14 +19,14 @@
  *   bench_gpt --world W [STEPS]
  *       data parallelism (issue 5): the daemon's cpu:1 against its cpu:W on the same global
  *       batch, alternating blocks of --block steps of one against the other, STEPS timed steps
- *       each (default 16): W replicas on W threads, each with threads/W BLAS threads and
+ *       each (default 16): W replicas on W threads, each with threads/W threads and
  *       pinned to its share of the cores as the daemon pins its workers, agreeing at every
  *       step boundary and averaging gradients through the daemon's host all-reduce (see
  *       "The daemon's host all-reduce" below). Prints tokens/s of both, the speed-up, the
  *       all-reduce's ms and share of the step (split into averaging and waiting at its
  *       barriers), and both runs' losses, which must agree.
  *
- *   options: --threads T (BLAS threads in all; default 2), --data PATTERN (text files;
+ *   options: --threads T (threads in all; default 2), --data PATTERN (text files;
  *            default the fortunes, else a generated text), --batch B, --layers L,
  *            --block N (steps per block in --metrics and --world; default 3 and 4) */
 #include <cblas.h>
@@ -43,6 +43,7 @@
 
 #include "engine.h"
 #include "hostreduce.h"
+#include "kernels.h"
 #include "metricq.h"
 #include "store.h"
 #include "td_clock.h"
@@ -160,7 +161,7 @@ static double time_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, i
 /* The step's linear layers (qkv, attproj, fc, fcproj, lm head) as kernels/cpu.c calls sgemm:
  * forward, dinp, dweight. Returns GFLOP/s over all of them, weighted by how often a step
  * makes each call; prints each call's figures when verbose. */
-static double bench_sgemm(int BT, int C, int Vp, int L, int verbose)
+static double bench_sgemm(int BT, int C, int Vp, int L, int threads, int verbose)
 {
     struct {
         const char *name;
@@ -175,6 +176,9 @@ static double bench_sgemm(int BT, int C, int Vp, int L, int verbose)
     float *Cm = malloc(big * sizeof(float));
     double total_ms = 0, total_flops = 0;
 
+    /* OpenBLAS's own threads, as many as the trainer has; the trainer's team keeps OpenBLAS
+     * single-threaded (kernels/cpu.c), and gets it back so after this */
+    openblas_set_num_threads(threads);
     for (size_t i = 0; i < big; i++) {
         A[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
         B[i] = (float)((i * 40503u) % 1000) / 1000.0f - 0.5f;
@@ -213,6 +217,7 @@ static double bench_sgemm(int BT, int C, int Vp, int L, int verbose)
     free(A);
     free(B);
     free(Cm);
+    openblas_set_num_threads(1);
     return total_flops / (total_ms * 1e6);
 }
 
@@ -230,15 +235,15 @@ static int run_headline(const opts *o)
     t0 = td_mono_ms();
     if (trainer_new(&t, &cfg, &hooks) != 0)
         return 1;
-    printf("gpt L=%d C=256 NH=4 T=256 B=%d V=256 (%.2fM parameters), adamw, BLAS threads %d\n",
-           o->layers, o->batch, n_params / 1e6, openblas_get_num_threads());
-    printf("data %s; trainer build %.0f ms; %.2f GFLOP a step (nanoGPT's count)\n", o->data,
-           td_mono_ms() - t0, flops / 1e9);
+    printf("gpt L=%d C=256 NH=4 T=256 B=%d V=256 (%.2fM parameters), adamw, threads %d\n",
+           o->layers, o->batch, n_params / 1e6, o->threads);
+    printf("data %s; trainer build %.0f ms; %.2f GFLOP a step (nanoGPT's count); %s\n", o->data,
+           td_mono_ms() - t0, flops / 1e9, td_kernels_cpu_blas());
 
     /* sgemm is timed before the training and after it: on a shared machine a burst of other
      * work during one of them would otherwise decide the ratio. The faster of the two counts,
      * which can only make the ratio look worse. */
-    sgemm_before = bench_sgemm(o->batch * cfg.seq_len, 256, 256, o->layers, 0);
+    sgemm_before = bench_sgemm(o->batch * cfg.seq_len, 256, 256, o->layers, o->threads, 0);
     t0 = td_mono_ms();
     c0 = cpu_ms();
     while (td_trainer_step(t) == 0)
@@ -262,10 +267,10 @@ static int run_headline(const opts *o)
     printf("  wall time of the whole loop: %.2f s; %.2f of %ld cores busy\n", wall / 1e3, busy,
            sysconf(_SC_NPROCESSORS_ONLN));
 
-    sgemm_after = bench_sgemm(o->batch * cfg.seq_len, 256, 256, o->layers, 1);
+    sgemm_after = bench_sgemm(o->batch * cfg.seq_len, 256, 256, o->layers, o->threads, 1);
     printf("  the same before the training: %.1f GFLOP/s\n", sgemm_before);
-    printf("\nachieved / sgemm: %.2f (goal >= 0.5; the faster sgemm figure); PyTorch 1.13 on "
-           "this config: ~800 ms/step (bench/pytorch_ref.py measures it)\n",
+    printf("\nachieved / sgemm: %.2f (goal >= 0.5; the faster sgemm figure); PyTorch on this "
+           "config: bench/pytorch_ref.py\n",
            flops / (s.ms / s.steps * 1e6) /
                (sgemm_before > sgemm_after ? sgemm_before : sgemm_after));
     return 0;
@@ -402,9 +407,9 @@ static int run_metrics(const opts *o)
     gpt_config(&cfg, o, WARMUP_STEPS + (int64_t)nblocks * block);
     if (trainer_new(&t, &cfg, &hooks) != 0)
         goto out;
-    printf("gpt L=%d B=%d, BLAS threads %d: metrics through the pipeline (on) or dropped (off), "
+    printf("gpt L=%d B=%d, threads %d: metrics through the pipeline (on) or dropped (off), "
            "%d blocks of %d steps, off on on off ...\n",
-           o->layers, o->batch, openblas_get_num_threads(), nblocks, block);
+           o->layers, o->batch, o->threads, nblocks, block);
     m.on = 1;
     for (int i = 0; i < WARMUP_STEPS; i++)
         td_trainer_step(t);
@@ -476,6 +481,7 @@ typedef struct replica {
     int cores_from, cores_to; /* the cores the daemon would pin this worker to; to < 0: none */
     td_trainer *t;
     int64_t block;                /* steps to take in the current block */
+    int threads;                  /* the worker's threads: its team (kernels.h set_threads) */
     int timed;                    /* count the all-reduce in the sums below */
     double reduce_ms, average_ms; /* the all-reduce, and its averaging between the barriers */
     double loss;
@@ -513,6 +519,7 @@ static void *replica_block(void *arg)
             CPU_SET(c, &set);
         pthread_setaffinity_np(pthread_self(), sizeof(set), &set); /* best effort, as daemon.c */
     }
+    td_kernels_cpu()->set_threads(p->threads); /* this thread's team, as a worker's */
     for (int64_t i = 0; i < p->block; i++) {
         td_hostreduce_barrier(p->g, NULL, NULL);
         td_trainer_step(p->t);
@@ -554,10 +561,9 @@ static double world_block(replica *reps, int world, int threads, int64_t steps, 
     pthread_t th[MAX_WORLD];
     double t0, c0 = cpu_ms();
 
-    /* OpenBLAS has one thread count per process: the last trainer built set it. */
-    openblas_set_num_threads(threads);
     t0 = td_mono_ms();
     for (int k = 0; k < world; k++) {
+        reps[k].threads = threads;
         reps[k].block = steps;
         reps[k].timed = timed;
         pthread_create(&th[k], NULL, replica_block, &reps[k]);
@@ -599,7 +605,7 @@ static int run_world(const opts *o, int world)
     if (world_new(&g[0], reps[0], 1, &cfg, threads[0]) != 0 ||
         world_new(&g[1], reps[1], world, &cfg, threads[1]) != 0)
         goto out;
-    printf("gpt L=%d B=%d (global batch), %d BLAS threads in all: cpu:1 against cpu:%d, "
+    printf("gpt L=%d B=%d (global batch), %d threads in all: cpu:1 against cpu:%d, "
            "blocks of %d steps in turn\n",
            o->layers, o->batch, o->threads, world, block);
     for (int w = 0; w < 2; w++)

@@ -60,7 +60,7 @@ static const td_kernels *K;
 
 /* One layer's forward tensors, and the same again for their gradients. */
 typedef struct layer_acts {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *attproj, *res2;
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *attproj, *res2;
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *fcproj, *res3;
 } layer_acts;
 
@@ -78,7 +78,8 @@ typedef struct model {
     acts a, g;                     /* activations and their gradients, device */
     float *acts_block, *grads_block;
     size_t acts_n;         /* floats in each block */
-    float *scratch;        /* (T,T): attention backward's */
+    td_attn_dims ad;       /* the fused attention's shape: packed qkv, causal, auto chunk */
+    float *scratch;        /* td_attn_scratch(&ad, 1) floats: the attention's transient block */
     int *tokens, *targets; /* (B,T) */
     float *loss, *dloss;   /* (1) */
     double *norm;          /* (1) */
@@ -103,7 +104,7 @@ static size_t lay_out(acts *a, float *base, const td_gpt_dims *d, int B, int T)
         carve(&x->ln1_rstd, base, &at, BT);
         carve(&x->qkv, base, &at, BT * 3 * C);
         carve(&x->atty, base, &at, BT * C);
-        carve(&x->att, base, &at, (size_t)B * d->NH * T * T);
+        carve(&x->lse, base, &at, (size_t)B * d->NH * T);
         carve(&x->attproj, base, &at, BT * C);
         carve(&x->res2, base, &at, BT * C);
         carve(&x->ln2, base, &at, BT * C);
@@ -174,7 +175,11 @@ static int model_new(model *m, int B, int T)
     m->grads_block = dalloc(m->acts_n * sizeof(float));
     lay_out(&m->a, m->acts_block, &m->d, B, T);
     lay_out(&m->g, m->grads_block, &m->d, B, T);
-    m->scratch = dalloc((size_t)T * T * sizeof(float));
+    m->ad = (td_attn_dims){.B = B, .NH = m->d.NH, .Nq = T, .Nk = T, .hs = m->d.C / m->d.NH};
+    m->ad.ldq = m->ad.ldk = m->ad.ldv = 3 * m->d.C; /* llm.c's packed qkv */
+    m->ad.causal = 1;
+    m->ad.chunk = td_attn_chunk(0, B, m->d.NH, T, T);
+    m->scratch = dalloc(td_attn_scratch(&m->ad, 1) * sizeof(float));
     m->tokens = dalloc(BT * sizeof(int));
     m->targets = dalloc(BT * sizeof(int));
     m->loss = dalloc(sizeof(float));
@@ -213,7 +218,8 @@ static void forward(model *m)
                              P(m, p, TD_GPT_LN1B, l), BT, C);
         K->matmul_forward(x->qkv, x->ln1, P(m, p, TD_GPT_QKVW, l), P(m, p, TD_GPT_QKVB, l), BT, C,
                           3 * C);
-        K->attention_forward(x->atty, x->att, x->qkv, B, T, C, d->NH);
+        K->attention_forward(x->atty, x->lse, m->scratch, x->qkv, x->qkv + C, x->qkv + 2 * C,
+                             &m->ad);
         K->matmul_forward(x->attproj, x->atty, P(m, p, TD_GPT_ATTPROJW, l),
                           P(m, p, TD_GPT_ATTPROJB, l), BT, C, C);
         K->residual_forward(x->res2, res, x->attproj, (size_t)BT * C);
@@ -265,7 +271,8 @@ static void backward(model *m)
         K->residual_backward(gres, gx->attproj, gx->res2, (size_t)BT * C);
         K->matmul_backward(gx->atty, P(m, gp, TD_GPT_ATTPROJW, l), P(m, gp, TD_GPT_ATTPROJB, l),
                            gx->attproj, x->atty, P(m, p, TD_GPT_ATTPROJW, l), BT, C, C);
-        K->attention_backward(gx->qkv, m->scratch, gx->atty, x->qkv, x->att, B, T, C, d->NH);
+        K->attention_backward(gx->qkv, gx->qkv + C, gx->qkv + 2 * C, m->scratch, gx->atty, x->qkv,
+                              x->qkv + C, x->qkv + 2 * C, x->atty, x->lse, &m->ad);
         K->matmul_backward(gx->ln1, P(m, gp, TD_GPT_QKVW, l), P(m, gp, TD_GPT_QKVB, l), gx->qkv,
                            x->ln1, P(m, p, TD_GPT_QKVW, l), BT, C, 3 * C);
         K->layernorm_backward(gres, P(m, gp, TD_GPT_LN1W, l), P(m, gp, TD_GPT_LN1B, l), gx->ln1,

@@ -1,6 +1,6 @@
 /* The verbs that take a model out of traind: export (the job's latest checkpoint as an llm.c
- * model file, received as a run of chunk frames and written here, with the user's own
- * permissions, as FILE.tmp renamed to FILE once whole) and sample (text generated from it).
+ * or a safetensors model file, received as a run of chunk frames and written here, with the user's
+ * own permissions, as FILE.tmp renamed to FILE once whole) and sample (text generated from it).
  * Both may keep traind busy for a while before the first byte of the reply (a large model to
  * write, a long generation), so their first wait has no time limit. */
 #include <errno.h>
@@ -138,6 +138,11 @@ int tc_export(const tc_opts *o)
     outfile out = {0};
     tc_conn *c = NULL;
     char size[32];
+    size_t len = strlen(o->output), sfx = strlen(".safetensors");
+    /* --format wins; else the name says: FILE.safetensors */
+    int safetensors = o->export_format != NULL
+                          ? strcmp(o->export_format, "safetensors") == 0
+                          : len > sfx && strcmp(o->output + len - sfx, ".safetensors") == 0;
     td_pw *w;
     int rc;
 
@@ -146,9 +151,18 @@ int tc_export(const tc_opts *o)
     if ((rc = outfile_open(&out, o->output)) != TC_OK ||
         (rc = tc_conn_open(&c, o->socket)) != TC_OK)
         goto out;
-    w = tc_conn_request(c, "export", 3);
+    if (safetensors && !tc_conn_has(c, "safetensors")) {
+        rc = tc_err(TC_UNAVAILABLE, "traind at %s is too old to export safetensors", o->socket);
+        goto out;
+    }
+    /* The default format goes without a field, so that an older daemon still answers. */
+    w = tc_conn_request(c, "export", 3 + safetensors);
     td_pw_str(w, "job_id");
     td_pw_int(w, o->job);
+    if (safetensors) {
+        td_pw_str(w, "format");
+        td_pw_str(w, "safetensors");
+    }
     if ((rc = tc_conn_send(c)) != TC_OK || (rc = receive_export(c, o->socket, &out)) != TC_OK ||
         (rc = outfile_commit(&out)) != TC_OK)
         goto out;

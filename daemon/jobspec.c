@@ -12,7 +12,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "data.h"
 #include "jobspec.h"
+#include "td_text.h"
 
 typedef struct field {
     const char *name;
@@ -120,6 +122,11 @@ static int get_choice(const td_pval *m, const char *path, const char *key,
     return bad(err, path, key, why);
 }
 
+/* Paths are resolved where the user is, not where the daemon runs (its working directory is
+ * nobody's): trainctl makes a job file's relative paths absolute before it sends them. */
+#define TD_JOB_RELATIVE_PATH \
+    "must be an absolute path; trainctl resolves relative paths where you run it"
+
 /* A readable file path: the daemon refuses a missing dataset at submit, naming it. files 0:
  * a stored spec, whose files were checked at submit (and may have gone since): not checked. */
 static int get_path(const td_pval *m, const char *path, const char *key, char *out, size_t size,
@@ -132,6 +139,8 @@ static int get_path(const td_pval *m, const char *path, const char *key, char *o
         return bad(err, path, key, "is required");
     if (td_pv_strcpy(v, out, size) != 0 || out[0] == '\0')
         return bad(err, path, key, "must be a file path (a non-empty string)");
+    if (files && out[0] != '/')
+        return bad(err, path, key, TD_JOB_RELATIVE_PATH);
     if (files && access(out, R_OK) != 0) {
         snprintf(why, sizeof(why), "cannot read %s: %s", out, strerror(errno));
         return bad(err, path, key, why);
@@ -178,11 +187,11 @@ static int parse_mlp(const td_pval *m, td_train_config *c, td_error_t *err)
 }
 
 /* GPT dimensions. With init_from they may be left out (the file has them); any given must
- * agree with the file, which the trainer checks when it opens it. */
+ * agree with the file, which the trainer checks when it opens it. And model.attn_chunk. */
 static int parse_gpt(const td_pval *m, td_train_config *c, int files, td_error_t *err)
 {
-    static const char *const keys[] = {"kind",    "n_layer",    "n_head",    "n_embd",
-                                       "seq_len", "vocab_size", "init_from", NULL};
+    static const char *const keys[] = {"kind",       "n_layer",   "n_head",     "n_embd", "seq_len",
+                                       "vocab_size", "init_from", "attn_chunk", NULL};
     static const char *const dims[] = {"n_layer", "n_head", "n_embd", "seq_len", "vocab_size"};
     int *vals[] = {&c->n_layer, &c->n_head, &c->n_embd, &c->seq_len, &c->vocab_size};
     const td_pval *from = td_pv_get(m, "init_from");
@@ -202,6 +211,9 @@ static int parse_gpt(const td_pval *m, td_train_config *c, int files, td_error_t
         if (*vals[i] == 0 && from == NULL)
             return bad(err, "model", dims[i], "is required (or give model.init_from)");
     }
+    if ((rc = get_int32(m, "model", "attn_chunk", 0, 1 << 20,
+                        "must be an integer >= 0 (0: automatic)", &c->attn_chunk, err)) != 0)
+        return rc;
     if (c->vocab_size > 65536)
         return bad(err, "model", "vocab_size", "must be at most 65536 (tokens are uint16)");
     if (c->n_head > 0 && c->n_embd > 0 && c->n_embd % c->n_head != 0)
@@ -210,15 +222,83 @@ static int parse_gpt(const td_pval *m, td_train_config *c, int files, td_error_t
     return 0;
 }
 
+/* One sensorlm tower's keys into the four dimensions (0 where absent: the preset's). */
+static int parse_tower(const td_pval *m, const char *key, const char *const *keys, int *const *vals,
+                       int n, td_error_t *err)
+{
+    char path[16];
+    int rc;
+
+    snprintf(path, sizeof(path), "model.%s", key);
+    if ((rc = need_map(m, "model", key, err)) != 0 || (rc = check_keys(m, path, keys, err)) != 0)
+        return rc;
+    for (int i = 0; i < n; i++)
+        if ((rc = get_int32(m, path, keys[i], 1, 1 << 20, "must be a positive integer", vals[i],
+                            err)) != 0)
+            return rc;
+    return 0;
+}
+
+/* sensorlm: model.size, model.sensor.*, model.text.*, model.embed_dim, model.attn_chunk. Each
+ * dimension given overrides the preset's; T and C default to the shards', against which the
+ * files' check (td_train_check_files) holds them, with every other dimension. */
+static int parse_sensorlm(const td_pval *m, td_train_config *c, int files, td_error_t *err)
+{
+    static const char *const keys[] = {"kind",      "size",       "sensor",    "text",
+                                       "embed_dim", "attn_chunk", "init_from", NULL};
+    static const char *const skeys[] = {"time_steps", "channels", "patch_t", "patch_c", "d_model",
+                                        "depth",      "n_head",   "mlp_dim", "pool",    NULL};
+    static const char *const tkeys[] = {"text_len", "d_model", "depth", "n_head", "mlp_dim", NULL};
+    static const char *const sizes[] = {"tiny", "small", "base", NULL};
+    static const char *const pools[] = {"map", "gap", NULL};
+    td_sensorlm_config *s = &c->slm;
+    int *sv[] = {&s->time_steps, &s->channels, &s->patch_t, &s->patch_c,
+                 &s->s_width,    &s->s_depth,  &s->s_heads, &s->s_mlp};
+    int *tv[] = {&s->text_len, &s->t_width, &s->t_depth, &s->t_heads, &s->t_mlp};
+    const td_pval *sensor = td_pv_get(m, "sensor"), *text = td_pv_get(m, "text");
+    int size = 0, pool = 0, rc;
+
+    if ((rc = check_keys(m, "model", keys, err)) != 0)
+        return rc;
+    c->model = TD_MODEL_SENSORLM;
+    memset(s, 0, sizeof(*s));
+    if (td_pv_get(m, "init_from") != NULL && (rc = get_path(m, "model", "init_from", c->init_from,
+                                                            sizeof(c->init_from), files, err)) != 0)
+        return rc;
+    if ((rc = get_choice(m, "model", "size", sizes, 0, &size, err)) != 0 ||
+        (rc = get_int32(m, "model", "embed_dim", 1, 1 << 14, "must be a positive integer",
+                        &s->embed_dim, err)) != 0 ||
+        (rc = get_int32(m, "model", "attn_chunk", 0, 1 << 20,
+                        "must be an integer >= 0 (0: automatic)", &c->attn_chunk, err)) != 0)
+        return rc;
+    s->size = (td_slm_size)size;
+    if (sensor != NULL) {
+        if ((rc = parse_tower(sensor, "sensor", skeys, sv, 8, err)) != 0 ||
+            (rc = get_choice(sensor, "model.sensor", "pool", pools, 0, &pool, err)) != 0)
+            return rc;
+        s->pool = pool == 0 ? TD_SLM_POOL_MAP : TD_SLM_POOL_GAP;
+    }
+    if (text != NULL && (rc = parse_tower(text, "text", tkeys, tv, 5, err)) != 0)
+        return rc;
+    if (s->time_steps > 0 && s->patch_t > 0 && s->time_steps % s->patch_t != 0)
+        return td_error_set(err, TD_EJOB,
+                            "model.sensor.patch_t: %d does not divide time_steps %d (a window "
+                            "must be whole patches)",
+                            s->patch_t, s->time_steps);
+    return 0;
+}
+
 static int parse_model(const td_pval *m, td_train_config *c, int files, td_error_t *err)
 {
-    static const char *const kinds[] = {"mlp", "gpt", NULL};
+    static const char *const kinds[] = {"mlp", "gpt", "sensorlm", NULL};
     int kind = 0, rc;
 
     if ((rc = need_map(m, "", "model", err)) != 0)
         return rc;
     if ((rc = get_choice(m, "model", "kind", kinds, 1, &kind, err)) != 0)
         return rc;
+    if (kind == 2)
+        return parse_sensorlm(m, c, files, err);
     return kind == 0 ? parse_mlp(m, c, err) : parse_gpt(m, c, files, err);
 }
 
@@ -288,6 +368,8 @@ static int parse_files(const td_pval *d, const char *key, char (*out)[TD_PATH_MA
         if (td_pv_strcpy(p, out[i], TD_PATH_MAX) != 0 || out[i][0] == '\0')
             return td_error_set(err, TD_EJOB, "%s: must be a path or glob (a non-empty string)",
                                 where);
+        if (files && out[i][0] != '/')
+            return td_error_set(err, TD_EJOB, "%s: %s", where, TD_JOB_RELATIVE_PATH);
         if (files && (rc = check_pattern(where, out[i], err)) != 0)
             return rc;
         (*n)++;
@@ -300,7 +382,8 @@ static int parse_data(const td_pval *d, td_train_config *c, int files, td_error_
     static const char *const idx_keys[] = {"kind", "train", "test", "shuffle", NULL};
     static const char *const tok_keys[] = {"kind",    "train",          "valid",
                                            "shuffle", "valid_fraction", NULL};
-    static const char *const kinds[] = {"idx", "text", "tokens", NULL};
+    static const char *const kinds[] = {"idx", "text", "tokens", "sensor", NULL};
+    static const td_data_kind map[] = {TD_DATA_IDX, TD_DATA_TEXT, TD_DATA_TOKENS, TD_DATA_SENSOR};
     int kind = 0, rc;
 
     if ((rc = need_map(d, "", "data", err)) != 0)
@@ -319,7 +402,7 @@ static int parse_data(const td_pval *d, td_train_config *c, int files, td_error_
             return rc;
         return 0;
     }
-    c->data = kind == 1 ? TD_DATA_TEXT : TD_DATA_TOKENS;
+    c->data = map[kind];
     if ((rc = check_keys(d, "data", tok_keys, err)) != 0)
         return rc;
     if (td_pv_get(d, "train") == NULL)
@@ -450,6 +533,7 @@ static int parse_debug(const td_pval *dbg, td_jobspec *out, td_error_t *err)
 static int parse_batch(const td_pval *job, td_jobspec *out, td_error_t *err)
 {
     const td_pval *v = td_pv_get(job, "batch_size");
+    int64_t n;
     char s[8];
 
     if (td_pv_type_of(v) == TD_PV_STR) {
@@ -459,6 +543,9 @@ static int parse_batch(const td_pval *job, td_jobspec *out, td_error_t *err)
         out->train.batch_size = 0;
         return 0;
     }
+    if (td_pv_int(v, &n) == 0 && n > TD_JOB_MAX_BATCH)
+        return td_error_set(err, TD_EJOB, "batch_size: %lld is more than the limit, %d rows",
+                            (long long)n, TD_JOB_MAX_BATCH);
     return get_int32(job, "", "batch_size", 1, TD_JOB_MAX_BATCH, "must be a positive integer",
                      &out->train.batch_size, err);
 }
@@ -485,6 +572,27 @@ static int parse_device_keys(const td_pval *job, td_jobspec *out, td_error_t *er
         return bad(err, "", "nccl_timeout_s",
                    "must be a number of seconds > 0 (at most 86400, a day)");
     out->nccl_timeout_s = x;
+    return 0;
+}
+
+/* The schedule a sensorlm takes when its job names none: the seed learner's recipe (AdamW, the
+ * optimizer's default anyway, and rsqrt with these fractions of the steps). */
+#define TD_SLM_WARMUP   0.1f
+#define TD_SLM_COOLDOWN 0.1f
+
+/* sensorlm reads sensor data and only it does; its default schedule. */
+static int sensorlm_pairing(const td_pval *job, td_train_config *c, td_error_t *err)
+{
+    if (c->model == TD_MODEL_SENSORLM && c->data != TD_DATA_SENSOR)
+        return td_error_set(err, TD_EJOB, "data.kind: a sensorlm model reads \"sensor\" data");
+    if (c->model != TD_MODEL_SENSORLM && c->data == TD_DATA_SENSOR)
+        return td_error_set(err, TD_EJOB,
+                            "data.kind: \"sensor\" data is read by a \"sensorlm\" model only");
+    if (c->model == TD_MODEL_SENSORLM && td_pv_get(job, "schedule") == NULL) {
+        c->schedule = TD_SCHED_RSQRT;
+        c->warmup = TD_SLM_WARMUP;
+        c->cooldown = TD_SLM_COOLDOWN;
+    }
     return 0;
 }
 
@@ -519,6 +627,7 @@ static int parse_job(const td_pval *job, td_jobspec *out, int files, td_error_t 
     int rc;
 
     memset(out, 0, sizeof(*out));
+    out->uid = out->gid = -1; /* the daemon names the submitter */
     td_train_config_defaults(c);
     snprintf(out->name, sizeof(out->name), "job");
     out->devices = 1;
@@ -534,7 +643,8 @@ static int parse_job(const td_pval *job, td_jobspec *out, int files, td_error_t 
         (rc = parse_data(td_pv_get(job, "data"), c, files, err)) != 0 ||
         (rc = parse_optim(td_pv_get(job, "optim"), c, err)) != 0 ||
         (rc = parse_schedule(td_pv_get(job, "schedule"), c, err)) != 0 ||
-        (rc = parse_debug(td_pv_get(job, "debug"), out, err)) != 0)
+        (rc = parse_debug(td_pv_get(job, "debug"), out, err)) != 0 ||
+        (rc = sensorlm_pairing(job, c, err)) != 0)
         return rc;
     if ((rc = get_choice(job, "", "on_nan", nan_policies, 0, &on_nan, err)) != 0)
         return rc;
@@ -707,7 +817,7 @@ int td_jobspec_check_access(const td_jobspec *spec, int64_t uid, int64_t gid, td
     char name[48];
 
     if (uid == 0)
-        return 0;
+        return td_jobspec_check_files(spec, uid, gid, err);
     if (uid < 0 || gid < 0)
         return td_error_set(err, TD_EPERM, "permission denied: the submitter is unknown");
     if (user_groups(uid, gid, groups, &ngroups) != 0)
@@ -732,7 +842,80 @@ int td_jobspec_check_access(const td_jobspec *spec, int64_t uid, int64_t gid, td
     }
     if (rc == 0 && c->init_from[0] != '\0')
         rc = check_one("model.init_from", c->init_from, uid, groups, ngroups, err);
+    if (rc == 0)
+        rc = td_jobspec_check_files(spec, uid, gid, err);
     return rc;
+}
+
+int td_jobspec_check_files(const td_jobspec *spec, int64_t uid, int64_t gid, td_error_t *err)
+{
+    td_data_access as_user = {.uid = uid, .gid = gid};
+    td_error_t e = {0};
+    int rc = td_data_access_begin(&as_user, &e);
+
+    if (rc == 0) {
+        rc = td_train_check_files(&spec->train, &e);
+        td_data_access_end();
+    }
+    if (rc == 0)
+        return 0;
+    return td_error_set(err, rc == TD_EPERM ? TD_EPERM : TD_EJOB, "%s", e.msg);
+}
+
+/* ---- text from the submitter ---- */
+
+#define TEXT_PATH_MAX 160 /* bytes of a field's dotted path in a message */
+
+/* Refuses a str at path that is not UTF-8 text without control characters, naming the
+ * offending byte. */
+static int check_str(const td_pval *v, const char *path, const char *what, td_error_t *err)
+{
+    size_t len, at = 0;
+    const char *s = td_pv_str(v, &len);
+    int bad_text = s != NULL ? td_text_check(s, len, &at) : TD_TEXT_OK;
+
+    if (bad_text == TD_TEXT_OK)
+        return 0;
+    return td_error_set(err, TD_EJOB, "%s%s: must be %s (byte %zu is 0x%02x)", path, what,
+                        bad_text == TD_TEXT_CONTROL ? "text without control characters"
+                                                    : "valid UTF-8 text",
+                        at, (unsigned char)s[at]);
+}
+
+/* Walks v, the value at path, checking every string in it and every map key. */
+static int check_text(const td_pval *v, char *path, size_t used, td_error_t *err)
+{
+    int rc = 0;
+
+    if (td_pv_type_of(v) == TD_PV_ARRAY) {
+        for (size_t i = 0; i < td_pv_len(v) && rc == 0; i++) {
+            snprintf(path + used, TEXT_PATH_MAX - used, "[%zu]", i);
+            rc = check_text(td_pv_at(v, i), path, strlen(path), err);
+        }
+    } else if (td_pv_type_of(v) == TD_PV_MAP) {
+        for (size_t i = 0; i < td_pv_len(v) && rc == 0; i++) {
+            const td_pval *k = td_pv_key_at(v, i);
+            size_t klen = 0;
+            const char *ks = td_pv_str(k, &klen);
+            path[used] = '\0';
+            if ((rc = check_str(k, used > 0 ? path : "job", ": a key", err)) != 0)
+                break;
+            snprintf(path + used, TEXT_PATH_MAX - used, "%s%.*s", used > 0 ? "." : "", (int)klen,
+                     ks != NULL ? ks : "?");
+            rc = check_text(td_pv_val_at(v, i), path, strlen(path), err);
+        }
+    } else {
+        rc = check_str(v, used > 0 ? path : "job", "", err);
+    }
+    path[used] = '\0';
+    return rc;
+}
+
+int td_jobspec_check_text(const td_pval *job, td_error_t *err)
+{
+    char path[TEXT_PATH_MAX] = "";
+
+    return check_text(job, path, 0, err);
 }
 
 int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err)

@@ -27,7 +27,20 @@ typedef struct td_jobspec {
     td_fail_kind fail_kind; /* TD_FAIL_NONE when the job has no debug.fail */
     int64_t fail_step;
     uint64_t fail_devices; /* bit d set: device d fails */
+    /* Whose rights the job's files are opened with (train/data.h, td_data_access), at every
+     * open: at submit's checks, at the memory guard and when a run loads them, a resume after
+     * a restart included. Not job-file keys: the daemon sets them from the submitter (uid and
+     * the gid it connected with; after a restart, the stored uid, gid -1: its passwd entry's
+     * primary group). -1 after td_jobspec_parse: unknown, and a run refuses to start. */
+    int64_t uid, gid;
 } td_jobspec;
+
+/* Refuses a job holding a string, or a map key, that is not valid UTF-8 without control
+ * characters (C0, DEL, C1): names and paths from a submitter end up on other users' terminals
+ * and in traind's log. TD_EJOB naming the field and the byte, e.g. `name: must be text without
+ * control characters (byte 3 is 0x0a)`. Submit checks this before td_jobspec_parse; jobs
+ * stored before it was checked are still read. */
+int td_jobspec_check_text(const td_pval *job, td_error_t *err);
 
 /* Fills *out from job. Returns 0, or TD_EJOB with err naming the field. */
 int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err);
@@ -48,7 +61,18 @@ int td_jobspec_set_batch(const void *spec, size_t len, int batch, void **out, si
  * datasets and init_from files itself, so it checks, as the submitting user (uid, gid and the
  * user's supplementary groups), the read bit of each file and the search bit of every
  * directory on its resolved path. ACLs are not consulted: a file readable only through an
- * ACL is refused, never the reverse. uid 0 may read anything. TD_EPERM naming the field. */
+ * ACL is refused, never the reverse. uid 0 may read anything. TD_EPERM naming the field.
+ * Then td_jobspec_check_files. This check names the field early; what protects the files is
+ * that every later open is made with the user's rights (td_jobspec.uid). */
 int td_jobspec_check_access(const td_jobspec *spec, int64_t uid, int64_t gid, td_error_t *err);
+
+/* Reads the job's files as the user (uid, gid) would and checks them against the model, as
+ * the start would (train.h td_train_check_files): every file regular, the headers' magics,
+ * versions, counts and sizes, the labels' range against the last layer, init_from's
+ * dimensions, the dataset's bytes in memory against TD_DATA_MAX_BYTES. TD_EJOB naming the
+ * field, the file and what is wrong ("data.train.images: /x/labels.gz: magic 0x00000801 is an
+ * IDX labels file, expected images (0x00000803)"); TD_EPERM for a file the user may not
+ * open. */
+int td_jobspec_check_files(const td_jobspec *spec, int64_t uid, int64_t gid, td_error_t *err);
 
 #endif

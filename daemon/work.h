@@ -1,6 +1,7 @@
-/* The slow half of the export and sample requests: a job's training config rebuilt for its
- * checkpoints, and td_export_llmc() or td_sample() run on libuv's threadpool, so that the loop
- * thread never waits on a model file or a generation.
+/* The slow half of the export, sample, classify and retrieve requests: a job's training config
+ * rebuilt for its checkpoints, and td_export_llmc(), td_export_safetensors(), td_sample() or a
+ * sensorlm embedder over a sensor shard run on libuv's threadpool, so that the loop thread
+ * never waits on a model file, a generation or a forward pass.
  *
  * Threads: td_work_new(), td_work_start(), the done callback and td_work_free() run on the
  * loop thread; only the work itself runs on a threadpool thread, and it touches nothing but
@@ -16,7 +17,30 @@
 #define TD_SAMPLE_MAX_TOKENS     4096 /* tokens one sample request may ask for */
 #define TD_SAMPLE_DEFAULT_TOKENS 256  /* tokens when the request names none */
 
-typedef enum { TD_WORK_EXPORT = 1, TD_WORK_SAMPLE = 2 } td_work_kind;
+#define TD_CLASSIFY_MAX_WINDOWS 4096 /* windows one classify reply carries (a page) */
+#define TD_RETRIEVE_MAX_TOP                                       \
+    100 /* windows one retrieve reply carries: 100 captions of at \
+         * most 4096 bytes stay well inside a frame */
+#define TD_RETRIEVE_DEFAULT_TOP 5
+#define TD_CLASSIFY_MAX_LABELS  256  /* labels one classify request may name (a shard's limit) */
+#define TD_LABEL_PROMPT_MAX     4096 /* bytes of one label's prompt or a retrieve query */
+
+typedef enum {
+    TD_WORK_EXPORT = 1, /* an llm.c model file */
+    TD_WORK_SAMPLE = 2,
+    TD_WORK_EXPORT_ST = 3, /* a safetensors file (gpt or sensorlm) */
+    TD_WORK_CLASSIFY = 4,  /* sensorlm: zero-shot labels of a page of a shard's windows */
+    TD_WORK_RETRIEVE = 5   /* sensorlm: a shard's windows nearest a query */
+} td_work_kind;
+
+/* One window's result: classify's label (an index into the labels) and score, or retrieve's
+ * score and caption (malloc'd). */
+typedef struct td_work_hit {
+    int64_t index; /* the window in the shard */
+    int label;
+    float score; /* s_i . u: the cosine similarity of the unit embeddings */
+    char *caption;
+} td_work_hit;
 
 typedef struct td_work td_work;
 
@@ -33,13 +57,20 @@ struct td_work {
 
     /* the caller's: set them before td_work_start() */
     void *ud;
-    int64_t req_id;         /* the request this answers */
-    char *prompt;           /* sample: malloc'd, NUL-terminated; td_work_free() frees it */
-    int tokens;             /* sample: 1 to TD_SAMPLE_MAX_TOKENS */
-    float temperature;      /* sample: >= 0, 0 is greedy */
-    uint64_t seed;          /* sample */
-    const atomic_int *stop; /* the daemon's work_stop, set by td_work_new: a sample stops early
-                             * when the daemon stops */
+    int64_t req_id;          /* the request this answers */
+    char *prompt;            /* sample: malloc'd, NUL-terminated; td_work_free() frees it */
+    int tokens;              /* sample: 1 to TD_SAMPLE_MAX_TOKENS */
+    float temperature;       /* sample: >= 0, 0 is greedy */
+    uint64_t seed;           /* sample */
+    const atomic_int *stop;  /* the daemon's work_stop, set by td_work_new: a sample stops early
+                              * when the daemon stops */
+    int64_t uid, gid;        /* classify, retrieve: the requester, whose rights open data */
+    char *data;              /* classify, retrieve: the shard's absolute path (malloc'd) */
+    char **names, **prompts; /* classify: nlabels names and prompts (malloc'd), or 0 labels:
+                              * the shard's own */
+    int nlabels;
+    int64_t first; /* classify: the page's first window */
+    int limit;     /* classify: windows at most (1 to TD_CLASSIFY_MAX_WINDOWS); retrieve: top K */
 
     /* the results, valid in the done callback */
     int rc; /* 0, or a negative code with err saying why ("job 3 has no checkpoint yet") */
@@ -49,6 +80,9 @@ struct td_work {
     char *text;   /* sample: what was generated (not the prompt), text_len bytes, which
                    * may hold NULs: a text job's tokens are raw bytes */
     size_t text_len;
+    int64_t windows;   /* classify, retrieve: windows in the shard */
+    td_work_hit *hits; /* classify: the page's windows in order; retrieve: best first */
+    int nhits;
 
     td_work_cb cb;
 };
@@ -57,8 +91,9 @@ struct td_work {
  * memory, or else the spec the store keeps, with checkpoint_dir where every run keeps them);
  * an export's temp file goes in state_dir. Loop thread. Errors: TD_ENOTFOUND for no such
  * job; TD_EPERM when uid is neither the job's owner nor root ("permission denied: job 3
- * belongs to alice": a model can recite its training text); TD_EINVAL for a job that is not a
- * gpt ("job 3 is an mlp job; only gpt jobs export to llm.c files"); TD_EJOB for a stored spec
+ * belongs to alice": a model can recite its training text); TD_EINVAL for a job of the wrong
+ * kind ("job 3 is an mlp job; only gpt jobs export to llm.c files"; safetensors: gpt or
+ * sensorlm; classify and retrieve: sensorlm); TD_EJOB for a stored spec
  * that no longer validates (a dataset that is gone); TD_ENOMEM. Caller frees with
  * td_work_free(). */
 int td_work_new(td_work **out, td_daemon *d, const char *state_dir, td_work_kind kind, int64_t job,
@@ -68,8 +103,8 @@ int td_work_new(td_work **out, td_daemon *d, const char *state_dir, td_work_kind
  * Returns 0, or a libuv code, and then cb is never called. */
 int td_work_start(td_work *w, uv_loop_t *loop, td_work_cb cb);
 
-/* Closes the export's file, frees the prompt, the text and w. Accepts NULL. Never while w is
- * queued (between td_work_start() and its callback). */
+/* Closes the export's file, frees the prompt, the text, the labels, the hits and w. Accepts NULL.
+ * Never while w is queued (between td_work_start() and its callback). */
 void td_work_free(td_work *w);
 
 #endif

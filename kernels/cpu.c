@@ -1,13 +1,26 @@
 /* The CPU backend of kernels.h: every matmul (forward and all three backward products, the
- * bias gradient included) goes through OpenBLAS cblas_sgemm; the elementwise and per-row ops
- * are plain C loops that the compiler vectorizes. Stateless; owns nothing. */
+ * bias gradient included) and the fused attention's products go through OpenBLAS cblas_sgemm;
+ * the elementwise and per-row ops are plain C loops that the compiler vectorizes. Every op
+ * shares its work out to the calling thread's team (set_threads): tasks of a fixed size, set by
+ * the op's shape alone and claimed by whichever thread is free, each writing its own outputs, so
+ * the results have the same bits whatever the team's size. OpenBLAS runs single-threaded under
+ * a team: the team splits a matmul into row (or column) tiles instead, each an sgemm of its own,
+ * which computes every output element exactly as the whole call would. Owns nothing but the
+ * teams, one per thread that asked for one, released when that thread exits. */
 #include <cblas.h>
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "cpu_int.h"
 #include "kernels.h"
+#include "td_panic.h"
 
 /* The elementwise loops are built twice, for AVX2 and for any x86-64, and the loader picks one
  * (GCC function multiversioning, an ifunc): twice the lanes where the CPU has them, without
@@ -21,187 +34,331 @@
 #define TD_VECTOR_CLONES
 #endif
 
-/* Rows summed per sgemm call for a bias gradient: a row of ones this long lives in .rodata. */
-#define ONES_LEN 256 /* floats */
+/* ---- the team: the calling thread's helper threads ------------------------------------------
+ *
+ * An op cuts its work into tasks 0..n-1 and calls run_tasks(n, fn, ctx): the calling thread
+ * and its helpers claim task numbers from one atomic word, the job's generation, its number of
+ * tasks and the next task to claim, run them, and the caller returns once every task is done.
+ * A claim is a compare-and-swap of the whole word, so it succeeds only while that job is the
+ * current one and has tasks left, whatever a helper that woke late read of the job's function
+ * and arguments (those change only once every task of the job is done, and a claim on an
+ * earlier word then fails). A helper polls for the next job for about TEAM_SPIN_US, yielding its
+ * core to any other runnable thread while it does, then sleeps on the condition variable until
+ * woken: back-to-back ops find it awake, an idle trainer costs nothing. No allocation after
+ * set_threads. */
 
-static const float ones[ONES_LEN] = {[0 ... ONES_LEN - 1] = 1.0f};
+#define TEAM_MAX     64 /* helper threads of one team */
+#define TASK_BITS    16 /* bits of the word for the task count, and for the next task */
+#define TASK_MASK    0xffffu
+#define TASKS_MAX    0xffff /* tasks of one job; run_tasks runs more as several jobs */
+#define TEAM_POLLS   64     /* polls with a pause before a waiting thread starts yielding */
+#define TEAM_SPIN_US 200    /* microseconds a helper polls before it sleeps */
 
-/* OpenBLAS keeps one thread pool per process, so the last caller's count wins. */
+typedef void (*task_fn)(void *ctx, int task);
+
+typedef struct team {
+    _Atomic uint64_t word; /* generation << 32 | tasks << 16 | next task, of the current job */
+    _Atomic(task_fn) fn;   /* the current job, written before the word publishes it */
+    _Atomic(void *) ctx;
+    _Atomic int base;     /* the job's first task number (a long run is cut into jobs) */
+    _Atomic int done;     /* tasks of the current job finished */
+    _Atomic int sleepers; /* helpers waiting on cv */
+    _Atomic int stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n; /* helpers */
+    pthread_t th[TEAM_MAX];
+} team;
+
+static __thread team *my_team;
+static pthread_key_t team_key;
+static pthread_once_t team_once = PTHREAD_ONCE_INIT;
+
+static inline void cpu_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static double now_us(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+/* Claims and runs tasks of the job that w (a value of t->word) belongs to until none is left or
+ * a later job has replaced it. fn, ctx and base may already be a later job's when they are
+ * read (w's job then has no task left), and then every claim on w's job fails. */
+static void team_work(team *t, uint64_t w)
+{
+    task_fn fn = atomic_load_explicit(&t->fn, memory_order_relaxed);
+    void *ctx = atomic_load_explicit(&t->ctx, memory_order_relaxed);
+    int base = atomic_load_explicit(&t->base, memory_order_relaxed);
+    uint64_t gen = w >> 32;
+
+    while ((w & TASK_MASK) < (w >> TASK_BITS & TASK_MASK)) {
+        if (atomic_compare_exchange_weak_explicit(&t->word, &w, w + 1, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            fn(ctx, base + (int)(w & TASK_MASK));
+            atomic_fetch_add_explicit(&t->done, 1, memory_order_release);
+            w++;
+        } else if (w >> 32 != gen) {
+            return;
+        }
+    }
+}
+
+static void *helper_main(void *arg)
+{
+    team *t = arg;
+    uint64_t seen = 0;
+
+    for (;;) {
+        uint64_t w = atomic_load(&t->word);
+        double since = 0.0;
+        for (int polls = 0; w >> 32 == seen; polls++) {
+            if (atomic_load(&t->stop))
+                return NULL;
+            if (polls < TEAM_POLLS) {
+                cpu_pause();
+            } else if (since == 0.0 || now_us() - since < TEAM_SPIN_US) {
+                since = since == 0.0 ? now_us() : since;
+                sched_yield();
+            } else {
+                pthread_mutex_lock(&t->mu);
+                atomic_fetch_add(&t->sleepers, 1);
+                while (atomic_load(&t->word) >> 32 == seen && !atomic_load(&t->stop))
+                    pthread_cond_wait(&t->cv, &t->mu);
+                atomic_fetch_sub(&t->sleepers, 1);
+                pthread_mutex_unlock(&t->mu);
+                polls = 0;
+                since = 0.0;
+            }
+            w = atomic_load(&t->word);
+        }
+        seen = w >> 32;
+        team_work(t, w);
+    }
+}
+
+static void team_free(team *t)
+{
+    if (t == NULL)
+        return;
+    pthread_mutex_lock(&t->mu);
+    atomic_store(&t->stop, 1);
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    for (int i = 0; i < t->n; i++)
+        pthread_join(t->th[i], NULL);
+    pthread_cond_destroy(&t->cv);
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+}
+
+static void team_key_make(void)
+{
+    pthread_key_create(&team_key, (void (*)(void *))team_free);
+}
+
+/* A team of up to n helpers; NULL when not even one could be started (ops then run on the
+ * calling thread alone, which gives the same results). */
+static team *team_new(int n)
+{
+    team *t = calloc(1, sizeof(*t));
+
+    if (t == NULL)
+        return NULL;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    for (t->n = 0; t->n < n; t->n++)
+        if (pthread_create(&t->th[t->n], NULL, helper_main, t) != 0)
+            break;
+    if (t->n == 0) {
+        team_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+/* Threads that work on the calling thread's ops: it and its helpers. */
+static int team_size(void)
+{
+    return my_team != NULL ? my_team->n + 1 : 1;
+}
+
+/* One job: tasks [base, base + n), n <= TASKS_MAX, on the team. */
+static void team_job(team *t, int base, int n, task_fn fn, void *ctx)
+{
+    uint64_t w;
+
+    atomic_store_explicit(&t->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&t->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&t->base, base, memory_order_relaxed);
+    atomic_store_explicit(&t->done, 0, memory_order_relaxed);
+    w = ((atomic_load_explicit(&t->word, memory_order_relaxed) >> 32) + 1) << 32;
+    w |= (uint64_t)n << TASK_BITS;
+    atomic_store(&t->word, w); /* publishes the job (sequentially consistent: see sleepers) */
+    if (atomic_load(&t->sleepers) > 0) {
+        pthread_mutex_lock(&t->mu);
+        pthread_cond_broadcast(&t->cv);
+        pthread_mutex_unlock(&t->mu);
+    }
+    team_work(t, w);
+    for (int polls = 0; atomic_load_explicit(&t->done, memory_order_acquire) < n; polls++)
+        if (polls < TEAM_POLLS)
+            cpu_pause();
+        else
+            sched_yield(); /* a helper holds a task; on a busy machine it may need this core */
+}
+
+/* fn(ctx, i) for every i in [0, ntasks), shared among the calling thread and its helpers;
+ * returns when all are done. Tasks must not depend on each other's order. */
+static void run_tasks(int ntasks, task_fn fn, void *ctx)
+{
+    team *t = my_team;
+
+    if (t == NULL || ntasks < 2) {
+        for (int i = 0; i < ntasks; i++)
+            fn(ctx, i);
+        return;
+    }
+    for (int base = 0; base < ntasks; base += TASKS_MAX)
+        team_job(t, base, ntasks - base < TASKS_MAX ? ntasks - base : TASKS_MAX, fn, ctx);
+}
+
+/* The calling thread's team becomes n-1 helpers; OpenBLAS is kept to one thread, as the team
+ * calls it from several threads at once. */
 static void set_threads(int n)
 {
-    openblas_set_num_threads(n);
+    int helpers = n - 1 < TEAM_MAX ? n - 1 : TEAM_MAX;
+
+    openblas_set_num_threads(1);
+    pthread_once(&team_once, team_key_make);
+    if (helpers == (my_team != NULL ? my_team->n : 0))
+        return;
+    team_free(my_team);
+    my_team = helpers > 0 ? team_new(helpers) : NULL;
+    pthread_setspecific(team_key, my_team);
 }
 
-static void zero(float *p, size_t n)
+/* ---- tasks over a range: an elementwise op cut into spans of SPAN floats -------------------- */
+
+#define SPAN 16384 /* floats per task of an elementwise op: 64 KiB, a few microseconds */
+
+typedef struct span_job span_job;
+struct span_job {
+    void (*fn)(const span_job *j, size_t i0, size_t i1);
+    size_t n;
+    float *p[3];
+    const float *c[2];
+    float s[8];
+};
+
+static void span_task(void *ctx, int task)
 {
-    memset(p, 0, n * sizeof(float));
+    const span_job *j = ctx;
+    size_t i0 = (size_t)task * SPAN, i1 = i0 + SPAN < j->n ? i0 + SPAN : j->n;
+
+    j->fn(j, i0, i1);
 }
 
-// dbias += sum over rows of dout, as ones(1,N) . dout(N,C) through sgemm, ONES_LEN rows a call
-// dbias is (C), dout is (N,C)
-static void sum_rows(float *dbias, const float *dout, int N, int C)
+static void run_spans(const span_job *j)
 {
-    for (int r = 0; r < N; r += ONES_LEN) {
-        int rows = N - r < ONES_LEN ? N - r : ONES_LEN;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1, C, rows, 1.0f, ones, rows,
-                    dout + (size_t)r * C, C, 1.0f, dbias, C);
+    run_tasks((int)((j->n + SPAN - 1) / SPAN), span_task, (void *)j);
+}
+
+/* Tasks of about `grain` rows each over n rows (never more than `most` tasks): the same cut
+ * for any team. */
+static int row_tasks(int n, int grain, int most, int *per)
+{
+    int tasks = (n + grain - 1) / grain;
+
+    tasks = tasks > most ? most : tasks < 1 ? 1 : tasks;
+    *per = (n + tasks - 1) / tasks;
+    return n > 0 ? (n + *per - 1) / *per : 0;
+}
+
+/* ---- sgemm over the team ------------------------------------------------------------------- */
+
+#define GEMM_TILE_FLOPS (1 << 22) /* multiply-adds a tile of a split sgemm does at least */
+/* Tiles of a split sgemm per thread of the team at most. Each tile packs the operand it shares
+ * with the others again: at 16 tiles on 2 threads the packing took a fifth of the GPT's step
+ * (perf, bench_gpt), and one thread's sgemm of a weight gradient (256 x 256 over 2048 rows)
+ * cost twice the CPU time in 16 tiles that it does in 2. Two per thread leave a thread that
+ * finishes first one more tile to take. */
+#define GEMM_TILES_PER 2
+#define GEMM_ALIGN     16 /* rows or columns: a tile's edge is a multiple of this */
+
+typedef struct gemm_job {
+    enum CBLAS_TRANSPOSE ta, tb;
+    int M, N, K, per, by_rows;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+    int lda, ldb, ldc;
+} gemm_job;
+
+static void gemm_task(void *ctx, int task)
+{
+    const gemm_job *g = ctx;
+    int o = task * g->per;
+
+    if (g->by_rows) {
+        int m = g->M - o < g->per ? g->M - o : g->per;
+        const float *A = g->A + (g->ta == CblasNoTrans ? (size_t)o * g->lda : (size_t)o);
+        cblas_sgemm(CblasRowMajor, g->ta, g->tb, m, g->N, g->K, g->alpha, A, g->lda, g->B, g->ldb,
+                    g->beta, g->C + (size_t)o * g->ldc, g->ldc);
+    } else {
+        int n = g->N - o < g->per ? g->N - o : g->per;
+        const float *B = g->B + (g->tb == CblasNoTrans ? (size_t)o : (size_t)o * g->ldb);
+        cblas_sgemm(CblasRowMajor, g->ta, g->tb, g->M, n, g->K, g->alpha, g->A, g->lda, B, g->ldb,
+                    g->beta, g->C + o, g->ldc);
     }
 }
 
-// out = inp . weight^T + bias: the bias is copied into every row, then sgemm adds (beta 1)
-// out is (N,OC), inp is (N,C), weight is (OC,C), bias is (OC) or NULL
-static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
-                           int N, int C, int OC)
+// C = alpha op(A) op(B) + beta C (row-major, cblas_sgemm's arguments), cut into tiles of rows
+// of C (or of columns, when C has fewer rows than columns, so that the operand every tile
+// packs again is the smaller one), each at least GEMM_TILE_FLOPS, at most GEMM_TILES_PER per
+// thread of the team; one call without a team. OpenBLAS computes each element of C the same
+// way whichever tile holds it (its blocking over K depends on K alone), so the bits do not
+// depend on the team's size.
+static void sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
+                  float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                  float *C, int ldc)
 {
-    float beta = 0.0f;
+    double flops = (double)M * N * K;
+    int by_rows = M >= N, edge = by_rows ? M : N, tiles, per;
+    gemm_job g = {ta, tb, M, N, K, 0, by_rows, alpha, beta, A, B, C, lda, ldb, ldc};
 
-    if (bias != NULL) {
-        for (int i = 0; i < N; i++)
-            memcpy(out + (size_t)i * OC, bias, (size_t)OC * sizeof(float));
-        beta = 1.0f;
+    tiles = (int)(flops / GEMM_TILE_FLOPS);
+    tiles = tiles > GEMM_TILES_PER * team_size() ? GEMM_TILES_PER * team_size() : tiles;
+    tiles = tiles > edge / GEMM_ALIGN ? edge / GEMM_ALIGN : tiles;
+    if (team_size() < 2 || tiles < 2) {
+        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta,
-                out, OC);
+    per = (edge + tiles - 1) / tiles;
+    g.per = (per + GEMM_ALIGN - 1) / GEMM_ALIGN * GEMM_ALIGN;
+    run_tasks((edge + g.per - 1) / g.per, gemm_task, &g);
 }
 
-// dinp += dout . weight; dweight += dout^T . inp; dbias += ones . dout
-// dinp is (N,C) or NULL, dweight is (OC,C) or NULL, dbias is (OC) or NULL,
-// dout is (N,OC), inp is (N,C), weight is (OC,C)
-static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int N, int C, int OC)
-{
-    if (dinp != NULL)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
-                    1.0f, dinp, C);
-    if (dweight != NULL)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
-                    dweight, C);
-    if (dbias != NULL)
-        sum_rows(dbias, dout, N, OC);
-}
-
-// out = inp + bias by row
-// out is (N,C), inp is (N,C), bias is (C)
-static void bias_forward(float *out, const float *inp, const float *bias, int N, int C)
-{
-    for (int i = 0; i < N; i++) {
-        const float *inp_i = inp + (size_t)i * C;
-        float *out_i = out + (size_t)i * C;
-        for (int j = 0; j < C; j++)
-            out_i[j] = inp_i[j] + bias[j];
-    }
-}
-
-// dinp += dout; dbias += ones . dout
-// dinp is (N,C) or NULL, dbias is (C) or NULL, dout is (N,C)
-static void bias_backward(float *dinp, float *dbias, const float *dout, int N, int C)
-{
-    if (dinp != NULL) {
-        size_t n = (size_t)N * C;
-        for (size_t i = 0; i < n; i++)
-            dinp[i] += dout[i];
-    }
-    if (dbias != NULL)
-        sum_rows(dbias, dout, N, C);
-}
-
-// out = inp < 0 ? 0 : inp (a NaN input compares false and passes through)
-// out is (n), inp is (n)
-TD_VECTOR_CLONES
-static void relu_forward(float *out, const float *inp, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = inp[i] < 0.0f ? 0.0f : inp[i];
-}
-
-// dinp += out > 0 ? dout : 0
-// dinp is (n), dout is (n), out is (n)
-TD_VECTOR_CLONES
-static void relu_backward(float *restrict dinp, const float *restrict dout,
-                          const float *restrict out, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        float d = dout[i]; /* loaded unconditionally, so the loop vectorizes as a select */
-        dinp[i] += out[i] > 0.0f ? d : 0.0f;
-    }
-}
-
-// Stable softmax (the row's max subtracted before exp) and its cross-entropy over the first V
-// of Vp columns; the padding's probabilities are 0. The loss of a row is
-// log(sum exp(x - max)) - (x[target] - max), which stays exact where the target's probability
-// underflows to 0; rows accumulate in double before the mean. A NaN or infinite logit makes
-// the loss NaN, which the trainer reports.
-// loss is (1), probs is (N,Vp), logits is (N,Vp), targets is (N)
-static void softmax_xent_forward(float *loss, float *probs, const float *logits, const int *targets,
-                                 int N, int V, int Vp)
-{
-    double total = 0.0;
-
-    for (int i = 0; i < N; i++) {
-        const float *x = logits + (size_t)i * Vp;
-        float *p = probs + (size_t)i * Vp;
-        float maxv = x[0];
-        double sum = 0.0;
-
-        for (int j = 1; j < V; j++)
-            if (x[j] > maxv)
-                maxv = x[j];
-        for (int j = 0; j < V; j++) {
-            p[j] = expf(x[j] - maxv);
-            sum += p[j];
-        }
-        float inv = (float)(1.0 / sum);
-        for (int j = 0; j < V; j++)
-            p[j] *= inv;
-        for (int j = V; j < Vp; j++)
-            p[j] = 0.0f;
-        total += log(sum) - ((double)x[targets[i]] - maxv);
-    }
-    total /= N;
-    *loss = total > FLT_MAX ? INFINITY : (float)total; /* C leaves the overflowing cast undefined */
-}
-
-// dlogits[:, :V] += dloss/N * (probs - onehot(targets)); the padding's gradient stays as it is
-// dlogits is (N,Vp), dloss is (1), probs is (N,Vp), targets is (N)
-static void softmax_xent_backward(float *dlogits, const float *dloss, const float *probs,
-                                  const int *targets, int N, int V, int Vp)
-{
-    float scale = *dloss / (float)N;
-
-    for (int i = 0; i < N; i++) {
-        const float *p = probs + (size_t)i * Vp;
-        float *d = dlogits + (size_t)i * Vp;
-        for (int j = 0; j < V; j++)
-            d[j] += scale * (p[j] - (j == targets[i] ? 1.0f : 0.0f));
-    }
-}
-
-// correct = rows whose first largest logit sits at the target
-// correct is (1), logits is (N,V), targets is (N)
-static void argmax_correct(int64_t *correct, const float *logits, const int *targets, int N, int V)
-{
-    int64_t c = 0;
-
-    for (int i = 0; i < N; i++) {
-        const float *x = logits + (size_t)i * V;
-        int best = 0;
-        for (int j = 1; j < V; j++)
-            if (x[j] > x[best])
-                best = j;
-        c += best == targets[i];
-    }
-    *correct = c;
-}
-
-// ---- GPT-2's ops ----------------------------------------------------------------------------
+/* ---- GPT-2's constants and the float helpers of the row ops ------------------------------- */
 
 #define LN_EPS      1e-5f               /* layernorm's variance epsilon, PyTorch's default */
 #define GELU_K      0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_C      0.044715f           /* the cubic term of GELU's tanh form */
-#define ATT_BLOCK   64                  /* rows per causal block of an attention sgemm */
 #define EXP_LO      -87.3f              /* below this fexp() answers exp(EXP_LO) ~ 1e-38 */
 #define EXP_HI      88.3f               /* above this fexp() answers exp(EXP_HI) ~ 2e38 */
 #define ROUND_MAGIC 12582912.0f         /* 1.5 * 2^23: adding it rounds to an integer */
+
+#define ROW_GRAIN  16  /* rows per task of a per-row op (layernorm, softmax, encoder) */
+#define ROW_TASKS  256 /* tasks of a per-row op at most: its partial sums live on the stack */
+#define COL_BLOCK  64  /* columns per task of a sum over rows (bias, layernorm, wte gradients) */
+#define SUMSQ_PART 64  /* partial sums of sumsq at most */
 
 // exp(x) in plain float arithmetic, so the loops that call it vectorize and every clone gives
 // the same bits (glibc's expf is a call per element): x = n ln2 + r with |r| <= ln2/2, 2^n put
@@ -263,50 +420,383 @@ static inline __attribute__((always_inline)) float dot8(const float *a, const fl
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+/* ---- sums over rows, by columns ------------------------------------------------------------- */
+
+// dst[j] += src[i][j] for i in [0,N), j in [c0,c1): each column in row order
+// dst is (C), src is (N,C)
+TD_VECTOR_CLONES
+static void add_rows(float *restrict dst, const float *restrict src, int N, int C, int c0, int c1)
+{
+    for (int i = 0; i < N; i++) {
+        const float *s = src + (size_t)i * C;
+        for (int j = c0; j < c1; j++)
+            dst[j] += s[j];
+    }
+}
+
+typedef struct cols_job {
+    float *dst;
+    const float *src;
+    int N, C;
+} cols_job;
+
+static void cols_task(void *ctx, int task)
+{
+    const cols_job *j = ctx;
+    int c0 = task * COL_BLOCK, c1 = c0 + COL_BLOCK < j->C ? c0 + COL_BLOCK : j->C;
+
+    add_rows(j->dst, j->src, j->N, j->C, c0, c1);
+}
+
+// dbias += sum over rows of dout, column blocks shared out
+// dbias is (C), dout is (N,C)
+static void sum_rows(float *dbias, const float *dout, int N, int C)
+{
+    cols_job j = {dbias, dout, N, C};
+
+    run_tasks((C + COL_BLOCK - 1) / COL_BLOCK, cols_task, &j);
+}
+
+/* ---- the ops ---------------------------------------------------------------------------- */
+
+static void zero_span(const span_job *j, size_t i0, size_t i1)
+{
+    memset(j->p[0] + i0, 0, (i1 - i0) * sizeof(float));
+}
+
+static void zero(float *p, size_t n)
+{
+    span_job j = {.fn = zero_span, .n = n, .p = {p}};
+
+    run_spans(&j);
+}
+
+typedef struct bias_job {
+    float *out;
+    const float *inp, *bias;
+    int N, C, per;
+} bias_job;
+
+static void bias_rows_task(void *ctx, int task)
+{
+    const bias_job *j = ctx;
+    int i1 = (task + 1) * j->per < j->N ? (task + 1) * j->per : j->N;
+
+    for (int i = task * j->per; i < i1; i++) {
+        float *out_i = j->out + (size_t)i * j->C;
+        if (j->inp == NULL) {
+            memcpy(out_i, j->bias, (size_t)j->C * sizeof(float));
+            continue;
+        }
+        const float *inp_i = j->inp + (size_t)i * j->C;
+        for (int c = 0; c < j->C; c++)
+            out_i[c] = inp_i[c] + j->bias[c];
+    }
+}
+
+// out = inp . weight^T + bias: the bias is copied into every row, then sgemm adds (beta 1)
+// out is (N,OC), inp is (N,C), weight is (OC,C), bias is (OC) or NULL
+static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                           int N, int C, int OC)
+{
+    float beta = 0.0f;
+
+    if (bias != NULL) {
+        bias_job j = {out, NULL, bias, N, OC, 0};
+        run_tasks(row_tasks(N, ROW_GRAIN * 4, ROW_TASKS, &j.per), bias_rows_task, &j);
+        beta = 1.0f;
+    }
+    sgemm(CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+}
+
+// dinp += dout . weight; dweight += dout^T . inp; dbias += sum over rows of dout
+// dinp is (N,C) or NULL, dweight is (OC,C) or NULL, dbias is (OC) or NULL,
+// dout is (N,OC), inp is (N,C), weight is (OC,C)
+static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int N, int C, int OC)
+{
+    if (dinp != NULL)
+        sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+    if (dweight != NULL)
+        sgemm(CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    if (dbias != NULL)
+        sum_rows(dbias, dout, N, OC);
+}
+
+// out = inp + bias by row
+// out is (N,C), inp is (N,C), bias is (C)
+static void bias_forward(float *out, const float *inp, const float *bias, int N, int C)
+{
+    bias_job j = {out, inp, bias, N, C, 0};
+
+    run_tasks(row_tasks(N, ROW_GRAIN * 4, ROW_TASKS, &j.per), bias_rows_task, &j);
+}
+
+static void add_span(const span_job *j, size_t i0, size_t i1);
+
+// dinp += dout; dbias += sum over rows of dout
+// dinp is (N,C) or NULL, dbias is (C) or NULL, dout is (N,C)
+static void bias_backward(float *dinp, float *dbias, const float *dout, int N, int C)
+{
+    if (dinp != NULL) {
+        span_job j = {.fn = add_span, .n = (size_t)N * C, .p = {dinp}, .c = {dout}};
+        run_spans(&j);
+    }
+    if (dbias != NULL)
+        sum_rows(dbias, dout, N, C);
+}
+
+// out = inp < 0 ? 0 : inp (a NaN input compares false and passes through)
+// out is (n), inp is (n)
+TD_VECTOR_CLONES
+static void relu_forward_n(float *out, const float *inp, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = inp[i] < 0.0f ? 0.0f : inp[i];
+}
+
+static void relu_forward_span(const span_job *j, size_t i0, size_t i1)
+{
+    relu_forward_n(j->p[0] + i0, j->c[0] + i0, i1 - i0);
+}
+
+static void relu_forward(float *out, const float *inp, size_t n)
+{
+    span_job j = {.fn = relu_forward_span, .n = n, .p = {out}, .c = {inp}};
+
+    run_spans(&j);
+}
+
+// dinp += out > 0 ? dout : 0
+// dinp is (n), dout is (n), out is (n)
+TD_VECTOR_CLONES
+static void relu_backward_n(float *restrict dinp, const float *restrict dout,
+                            const float *restrict out, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float d = dout[i]; /* loaded unconditionally, so the loop vectorizes as a select */
+        dinp[i] += out[i] > 0.0f ? d : 0.0f;
+    }
+}
+
+static void relu_backward_span(const span_job *j, size_t i0, size_t i1)
+{
+    relu_backward_n(j->p[0] + i0, j->c[0] + i0, j->c[1] + i0, i1 - i0);
+}
+
+static void relu_backward(float *dinp, const float *dout, const float *out, size_t n)
+{
+    span_job j = {.fn = relu_backward_span, .n = n, .p = {dinp}, .c = {dout, out}};
+
+    run_spans(&j);
+}
+
+typedef struct xent_job {
+    float *probs;
+    const float *logits, *dloss, *cprobs;
+    const int *targets;
+    float *dlogits;
+    int N, V, Vp, per;
+    double part[ROW_TASKS];
+} xent_job;
+
+// Rows of the stable softmax (the row's max subtracted before exp) and their cross-entropy
+// over the first V of Vp columns; the padding's probabilities are 0. The loss of a row is
+// log(sum exp(x - max)) - (x[target] - max), which stays exact where the target's probability
+// underflows to 0; a task's rows add up in double into its partial sum.
+static void xent_forward_task(void *ctx, int task)
+{
+    xent_job *J = ctx;
+    int V = J->V, Vp = J->Vp, i1 = (task + 1) * J->per < J->N ? (task + 1) * J->per : J->N;
+    double total = 0.0;
+
+    for (int i = task * J->per; i < i1; i++) {
+        const float *x = J->logits + (size_t)i * Vp;
+        float *p = J->probs + (size_t)i * Vp;
+        float maxv = x[0];
+        double sum = 0.0;
+
+        for (int j = 1; j < V; j++)
+            if (x[j] > maxv)
+                maxv = x[j];
+        for (int j = 0; j < V; j++) {
+            p[j] = expf(x[j] - maxv);
+            sum += p[j];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int j = 0; j < V; j++)
+            p[j] *= inv;
+        for (int j = V; j < Vp; j++)
+            p[j] = 0.0f;
+        total += log(sum) - ((double)x[J->targets[i]] - maxv);
+    }
+    J->part[task] = total;
+}
+
+// The mean loss over rows: the tasks' partial sums (a cut set by N alone) added in task order,
+// in double. A NaN or infinite logit makes the loss NaN, which the trainer reports.
+// loss is (1), probs is (N,Vp), logits is (N,Vp), targets is (N)
+static void softmax_xent_forward(float *loss, float *probs, const float *logits, const int *targets,
+                                 int N, int V, int Vp)
+{
+    xent_job *J =
+        &(xent_job){.probs = probs, .logits = logits, .targets = targets, .N = N, .V = V, .Vp = Vp};
+    int tasks = row_tasks(N, ROW_GRAIN, ROW_TASKS, &J->per);
+    double total = 0.0;
+
+    run_tasks(tasks, xent_forward_task, J);
+    for (int t = 0; t < tasks; t++)
+        total += J->part[t];
+    total /= N;
+    *loss = total > FLT_MAX ? INFINITY : (float)total; /* C leaves the overflowing cast undefined */
+}
+
+static void xent_backward_task(void *ctx, int task)
+{
+    const xent_job *J = ctx;
+    float scale = *J->dloss / (float)J->N;
+    int i1 = (task + 1) * J->per < J->N ? (task + 1) * J->per : J->N;
+
+    for (int i = task * J->per; i < i1; i++) {
+        const float *p = J->cprobs + (size_t)i * J->Vp;
+        float *d = J->dlogits + (size_t)i * J->Vp;
+        for (int j = 0; j < J->V; j++)
+            d[j] += scale * (p[j] - (j == J->targets[i] ? 1.0f : 0.0f));
+    }
+}
+
+// dlogits[:, :V] += dloss/N * (probs - onehot(targets)); the padding's gradient stays as it is
+// dlogits is (N,Vp), dloss is (1), probs is (N,Vp), targets is (N)
+static void softmax_xent_backward(float *dlogits, const float *dloss, const float *probs,
+                                  const int *targets, int N, int V, int Vp)
+{
+    xent_job *J = &(xent_job){.cprobs = probs,
+                              .dloss = dloss,
+                              .targets = targets,
+                              .dlogits = dlogits,
+                              .N = N,
+                              .V = V,
+                              .Vp = Vp};
+
+    run_tasks(row_tasks(N, ROW_GRAIN, ROW_TASKS, &J->per), xent_backward_task, J);
+}
+
+typedef struct argmax_job {
+    const float *logits;
+    const int *targets;
+    int N, V, per;
+    int64_t part[ROW_TASKS];
+} argmax_job;
+
+static void argmax_task(void *ctx, int task)
+{
+    argmax_job *J = ctx;
+    int i1 = (task + 1) * J->per < J->N ? (task + 1) * J->per : J->N;
+    int64_t c = 0;
+
+    for (int i = task * J->per; i < i1; i++) {
+        const float *x = J->logits + (size_t)i * J->V;
+        int best = 0;
+        for (int j = 1; j < J->V; j++)
+            if (x[j] > x[best])
+                best = j;
+        c += best == J->targets[i];
+    }
+    J->part[task] = c;
+}
+
+// correct = rows whose first largest logit sits at the target
+// correct is (1), logits is (N,V), targets is (N)
+static void argmax_correct(int64_t *correct, const float *logits, const int *targets, int N, int V)
+{
+    argmax_job *J = &(argmax_job){.logits = logits, .targets = targets, .N = N, .V = V};
+    int tasks = row_tasks(N, ROW_GRAIN, ROW_TASKS, &J->per);
+    int64_t c = 0;
+
+    run_tasks(tasks, argmax_task, J);
+    for (int t = 0; t < tasks; t++)
+        c += J->part[t];
+    *correct = c;
+}
+
+typedef struct enc_job {
+    float *out, *dwte, *dwpe;
+    const int *inp;
+    const float *wte, *wpe, *dout;
+    int B, T, C, per;
+} enc_job;
+
+static void encoder_forward_task(void *ctx, int task)
+{
+    const enc_job *J = ctx;
+    int BT = J->B * J->T, C = J->C, r1 = (task + 1) * J->per < BT ? (task + 1) * J->per : BT;
+
+    for (int r = task * J->per; r < r1; r++) {
+        float *o = J->out + (size_t)r * C;
+        const float *e = J->wte + (size_t)J->inp[r] * C;
+        const float *p = J->wpe + (size_t)(r % J->T) * C;
+        for (int i = 0; i < C; i++)
+            o[i] = e[i] + p[i];
+    }
+}
+
 // out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
 // out is (B,T,C), inp is (B,T), wte is (V,C), wpe is (maxT,C)
 static void encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B,
                             int T, int C)
 {
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            float *o = out + ((size_t)b * T + t) * C;
-            const float *e = wte + (size_t)inp[b * T + t] * C;
-            const float *p = wpe + (size_t)t * C;
-            for (int i = 0; i < C; i++)
-                o[i] = e[i] + p[i];
+    enc_job J = {.out = out, .inp = inp, .wte = wte, .wpe = wpe, .B = B, .T = T, .C = C};
+
+    run_tasks(row_tasks(B * T, ROW_GRAIN, ROW_TASKS, &J.per), encoder_forward_task, &J);
+}
+
+// Columns [c0, c1) of every (b,t), in (b,t) order
+static void encoder_backward_task(void *ctx, int task)
+{
+    const enc_job *J = ctx;
+    int C = J->C, c0 = task * COL_BLOCK, c1 = c0 + COL_BLOCK < C ? c0 + COL_BLOCK : C;
+
+    for (int r = 0; r < J->B * J->T; r++) {
+        const float *d = J->dout + (size_t)r * C;
+        if (J->dwte != NULL) {
+            float *e = J->dwte + (size_t)J->inp[r] * C;
+            for (int i = c0; i < c1; i++)
+                e[i] += d[i];
         }
+        if (J->dwpe != NULL) {
+            float *p = J->dwpe + (size_t)(r % J->T) * C;
+            for (int i = c0; i < c1; i++)
+                p[i] += d[i];
+        }
+    }
 }
 
 // dwte[inp[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:]; in (b,t) order, so a token seen
-// twice collects its gradients in the same order every time
+// twice collects its gradients in the same order every time; column blocks shared out
 // dwte is (V,C) or NULL, dwpe is (maxT,C) or NULL, dout is (B,T,C), inp is (B,T)
 static void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B,
                              int T, int C)
 {
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            const float *d = dout + ((size_t)b * T + t) * C;
-            if (dwte != NULL) {
-                float *e = dwte + (size_t)inp[b * T + t] * C;
-                for (int i = 0; i < C; i++)
-                    e[i] += d[i];
-            }
-            if (dwpe != NULL) {
-                float *p = dwpe + (size_t)t * C;
-                for (int i = 0; i < C; i++)
-                    p[i] += d[i];
-            }
-        }
+    enc_job J = {.dwte = dwte, .dwpe = dwpe, .dout = dout, .inp = inp, .B = B, .T = T, .C = C};
+
+    if (dwte != NULL || dwpe != NULL)
+        run_tasks((C + COL_BLOCK - 1) / COL_BLOCK, encoder_backward_task, &J);
 }
 
-// llm.c's layernorm: mean, then the biased variance around it, rstd = 1/sqrt(var + eps)
+typedef struct ln_job {
+    float *out, *mean, *rstd, *dinp, *dweight, *dbias;
+    const float *inp, *weight, *bias, *dout, *cmean, *crstd;
+    int N, C, per, row_tasks;
+} ln_job;
+
+// llm.c's layernorm of rows [i0, i1): mean, then the biased variance around it,
+// rstd = 1/sqrt(var + eps)
 // out is (N,C), mean and rstd are (N), inp is (N,C), weight and bias are (C)
 TD_VECTOR_CLONES
-static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                              const float *weight, const float *bias, int N, int C)
+static void layernorm_forward_rows(float *out, float *mean, float *rstd, const float *inp,
+                                   const float *weight, const float *bias, int i0, int i1, int C)
 {
-    for (int i = 0; i < N; i++) {
+    for (int i = i0; i < i1; i++) {
         const float *x = inp + (size_t)i * C;
         float *o = out + (size_t)i * C;
         float m = sum8(x, C) / (float)C;
@@ -328,30 +818,44 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
     }
 }
 
-// llm.c's layernorm backward: with norm = (x - mean) rstd and dnorm = weight * dout,
-// dinp += rstd (dnorm - mean(dnorm) - norm mean(dnorm norm))
-// dinp is (N,C) or NULL, dweight and dbias are (C) or NULL, dout and inp are (N,C),
-// weight is (C), mean and rstd are (N)
-TD_VECTOR_CLONES
-static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                               const float *inp, const float *weight, const float *mean,
-                               const float *rstd, int N, int C)
+static void layernorm_forward_task(void *ctx, int task)
 {
-    for (int i = 0; i < N; i++) {
+    const ln_job *J = ctx;
+    int i0 = task * J->per, i1 = i0 + J->per < J->N ? i0 + J->per : J->N;
+
+    layernorm_forward_rows(J->out, J->mean, J->rstd, J->inp, J->weight, J->bias, i0, i1, J->C);
+}
+
+// out is (N,C), mean and rstd are (N), inp is (N,C), weight and bias are (C)
+static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int N, int C)
+{
+    ln_job J = {.out = out,
+                .mean = mean,
+                .rstd = rstd,
+                .inp = inp,
+                .weight = weight,
+                .bias = bias,
+                .N = N,
+                .C = C};
+
+    run_tasks(row_tasks(N, ROW_GRAIN, ROW_TASKS, &J.per), layernorm_forward_task, &J);
+}
+
+// llm.c's layernorm backward of rows [i0, i1): with norm = (x - mean) rstd and
+// dnorm = weight * dout, dinp += rstd (dnorm - mean(dnorm) - norm mean(dnorm norm))
+TD_VECTOR_CLONES
+static void layernorm_backward_rows(float *dinp, const float *dout, const float *inp,
+                                    const float *weight, const float *mean, const float *rstd,
+                                    int i0, int i1, int C)
+{
+    for (int i = i0; i < i1; i++) {
         const float *d = dout + (size_t)i * C;
         const float *x = inp + (size_t)i * C;
         float m = mean[i], s = rstd[i];
         float a1[8] = {0}, a2[8] = {0}, dnorm_mean, dnorm_norm_mean;
-        int j = 0;
+        int j;
 
-        if (dbias != NULL)
-            for (j = 0; j < C; j++)
-                dbias[j] += d[j];
-        if (dweight != NULL)
-            for (j = 0; j < C; j++)
-                dweight[j] += ((x[j] - m) * s) * d[j];
-        if (dinp == NULL)
-            continue;
         for (j = 0; j + 8 <= C; j += 8)
             for (int l = 0; l < 8; l++) {
                 float dn = weight[j + l] * d[j + l];
@@ -375,12 +879,72 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
     }
 }
 
+// dweight[j] += sum over rows of norm * dout, dbias[j] += sum over rows of dout, for columns
+// [c0, c1), each in row order
+TD_VECTOR_CLONES
+static void layernorm_backward_cols(float *dweight, float *dbias, const float *dout,
+                                    const float *inp, const float *mean, const float *rstd, int N,
+                                    int C, int c0, int c1)
+{
+    for (int i = 0; i < N; i++) {
+        const float *d = dout + (size_t)i * C;
+        const float *x = inp + (size_t)i * C;
+        float m = mean[i], s = rstd[i];
+        if (dbias != NULL)
+            for (int j = c0; j < c1; j++)
+                dbias[j] += d[j];
+        if (dweight != NULL)
+            for (int j = c0; j < c1; j++)
+                dweight[j] += ((x[j] - m) * s) * d[j];
+    }
+}
+
+// Tasks [0, row_tasks) are blocks of rows of dinp, the rest blocks of columns of dweight and
+// dbias
+static void layernorm_backward_task(void *ctx, int task)
+{
+    const ln_job *J = ctx;
+
+    if (task < J->row_tasks) {
+        int i0 = task * J->per, i1 = i0 + J->per < J->N ? i0 + J->per : J->N;
+        layernorm_backward_rows(J->dinp, J->dout, J->inp, J->weight, J->cmean, J->crstd, i0, i1,
+                                J->C);
+    } else {
+        int c0 = (task - J->row_tasks) * COL_BLOCK;
+        int c1 = c0 + COL_BLOCK < J->C ? c0 + COL_BLOCK : J->C;
+        layernorm_backward_cols(J->dweight, J->dbias, J->dout, J->inp, J->cmean, J->crstd, J->N,
+                                J->C, c0, c1);
+    }
+}
+
+// dinp is (N,C) or NULL, dweight and dbias are (C) or NULL, dout and inp are (N,C),
+// weight is (C), mean and rstd are (N)
+static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int N, int C)
+{
+    ln_job J = {.dinp = dinp,
+                .dweight = dweight,
+                .dbias = dbias,
+                .dout = dout,
+                .inp = inp,
+                .weight = weight,
+                .cmean = mean,
+                .crstd = rstd,
+                .N = N,
+                .C = C};
+    int cols = dweight != NULL || dbias != NULL ? (C + COL_BLOCK - 1) / COL_BLOCK : 0;
+
+    J.row_tasks = dinp != NULL ? row_tasks(N, ROW_GRAIN, ROW_TASKS, &J.per) : 0;
+    run_tasks(J.row_tasks + cols, layernorm_backward_task, &J);
+}
+
 // GELU's tanh form through 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)): out = x / (1 + exp(-2u)),
 // u = sqrt(2/pi) (x + 0.044715 x^3). Same function, no cancellation near 0, and fexp
 // vectorizes where tanhf does not.
 // out is (n), inp is (n)
 TD_VECTOR_CLONES
-static void gelu_forward(float *restrict out, const float *restrict inp, size_t n)
+static void gelu_forward_n(float *restrict out, const float *restrict inp, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -389,12 +953,24 @@ static void gelu_forward(float *restrict out, const float *restrict inp, size_t 
     }
 }
 
+static void gelu_forward_span(const span_job *j, size_t i0, size_t i1)
+{
+    gelu_forward_n(j->p[0] + i0, j->c[0] + i0, i1 - i0);
+}
+
+static void gelu_forward(float *out, const float *inp, size_t n)
+{
+    span_job j = {.fn = gelu_forward_span, .n = n, .p = {out}, .c = {inp}};
+
+    run_spans(&j);
+}
+
 // With s = 1/(1 + exp(-2u)) = (1 + tanh u)/2, sech^2 u = 4 s (1 - s), so
 // GELU'(x) = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 0.044715 x^2)
 // dinp is (n), inp is (n), dout is (n)
 TD_VECTOR_CLONES
-static void gelu_backward(float *restrict dinp, const float *restrict inp,
-                          const float *restrict dout, size_t n)
+static void gelu_backward_n(float *restrict dinp, const float *restrict inp,
+                            const float *restrict dout, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -405,160 +981,284 @@ static void gelu_backward(float *restrict dinp, const float *restrict inp,
     }
 }
 
+static void gelu_backward_span(const span_job *j, size_t i0, size_t i1)
+{
+    gelu_backward_n(j->p[0] + i0, j->c[0] + i0, j->c[1] + i0, i1 - i0);
+}
+
+static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    span_job j = {.fn = gelu_backward_span, .n = n, .p = {dinp}, .c = {inp, dout}};
+
+    run_spans(&j);
+}
+
 // out = inp1 + inp2
 // out, inp1, inp2 are (n)
 TD_VECTOR_CLONES
-static void residual_forward(float *out, const float *inp1, const float *inp2, size_t n)
+static void residual_forward_n(float *out, const float *inp1, const float *inp2, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         out[i] = inp1[i] + inp2[i];
 }
 
-// dinp1 += dout; dinp2 += dout
-// dinp1 and dinp2 are (n) or NULL, dout is (n)
-TD_VECTOR_CLONES
-static void residual_backward(float *restrict dinp1, float *restrict dinp2,
-                              const float *restrict dout, size_t n)
+static void residual_forward_span(const span_job *j, size_t i0, size_t i1)
 {
-    if (dinp1 != NULL)
-        for (size_t i = 0; i < n; i++)
-            dinp1[i] += dout[i];
-    if (dinp2 != NULL)
-        for (size_t i = 0; i < n; i++)
-            dinp2[i] += dout[i];
+    residual_forward_n(j->p[0] + i0, j->c[0] + i0, j->c[1] + i0, i1 - i0);
 }
 
-// Row t of a causal attention matrix: softmax over a[0..t] in place, a[t+1..T) = 0
-// a is (T)
+static void residual_forward(float *out, const float *inp1, const float *inp2, size_t n)
+{
+    span_job j = {.fn = residual_forward_span, .n = n, .p = {out}, .c = {inp1, inp2}};
+
+    run_spans(&j);
+}
+
+// dst += src
+// dst is (n), src is (n)
 TD_VECTOR_CLONES
-static void causal_softmax_row(float *a, int t, int T)
+static void add_n(float *restrict dst, const float *restrict src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] += src[i];
+}
+
+static void add_span(const span_job *j, size_t i0, size_t i1)
+{
+    add_n(j->p[0] + i0, j->c[0] + i0, i1 - i0);
+}
+
+static void add2_span(const span_job *j, size_t i0, size_t i1)
+{
+    if (j->p[0] != NULL)
+        add_n(j->p[0] + i0, j->c[0] + i0, i1 - i0);
+    if (j->p[1] != NULL)
+        add_n(j->p[1] + i0, j->c[0] + i0, i1 - i0);
+}
+
+// dinp1 += dout; dinp2 += dout
+// dinp1 and dinp2 are (n) or NULL, dout is (n)
+static void residual_backward(float *dinp1, float *dinp2, const float *dout, size_t n)
+{
+    span_job j = {.fn = add2_span, .n = n, .p = {dinp1, dinp2}, .c = {dout}};
+
+    run_spans(&j);
+}
+
+/* ---- fused attention ------------------------------------------------------------------------
+ *
+ * One task per (sequence, head): its query rows in blocks of d->chunk, each cut again into
+ * sgemms of at most ATT_BLOCK rows when causal (a causal sgemm then stops at its last row's
+ * diagonal, so the upper triangle is mostly never computed), ATT_BLOCK_FULL without a mask; a
+ * (rows, Nk) block of scores stays in the core's cache. A task keeps its scores in its own part of
+ * the scratch, chunk * Nk floats (td_attn_scratch), and writes only its head's columns of out, lse,
+ * dq, dk and dv. With a chunk that is a multiple of ATT_BLOCK, the sgemms and softmax rows of a
+ * causal forward are those of the (B,NH,T,T) attention this op replaced, so its out has the same
+ * bits. */
+
+#define ATT_BLOCK 64 /* query rows per sgemm of the attention */
+/* The same without a mask, where no diagonal cuts the sgemms short: every block packs all the
+ * keys and values again, and four times fewer blocks cut that packing four times (sensorlm's
+ * tiny preset, N = 720, hs = 16: a step 8% faster on one thread). Its (256, Nk) blocks of
+ * scores and of their gradient still stay in a core's L2 at N = 720 (1.5 MB). */
+#define ATT_BLOCK_FULL 256
+
+// Row softmax in place over a[0..n), a[n..cols) = 0; *lse = log sum exp a[0..n)
+// a is (cols)
+TD_VECTOR_CLONES
+static void softmax_row(float *a, int n, int cols, float *lse)
 {
     float mx[8], maxv, sum, inv;
     int j = 0;
 
     for (int l = 0; l < 8; l++)
         mx[l] = a[0];
-    for (; j + 8 <= t + 1; j += 8)
+    for (; j + 8 <= n; j += 8)
         for (int l = 0; l < 8; l++)
             mx[l] = a[j + l] > mx[l] ? a[j + l] : mx[l];
-    for (; j <= t; j++)
+    for (; j < n; j++)
         mx[j & 7] = a[j] > mx[j & 7] ? a[j] : mx[j & 7];
     maxv = mx[0];
     for (int l = 1; l < 8; l++)
         maxv = mx[l] > maxv ? mx[l] : maxv;
-    for (j = 0; j <= t; j++)
+    for (j = 0; j < n; j++)
         a[j] = fexp(a[j] - maxv);
-    sum = sum8(a, t + 1);
+    sum = sum8(a, n);
     inv = 1.0f / sum;
-    for (j = 0; j <= t; j++)
+    for (j = 0; j < n; j++)
         a[j] *= inv;
-    for (j = t + 1; j < T; j++)
+    for (j = n; j < cols; j++)
         a[j] = 0.0f;
+    *lse = maxv + logf(sum);
 }
 
-// Row t of the softmax's backward, in place over datt: with s = att . datt over [0..t],
-// dpreatt[j] = scale * att[j] (datt[j] - s) for j <= t, 0 past t
-// d is (T) (datt in, dpreatt out), a is (T) (the forward's att row)
+// The softmax of one row again from its scores and lse, then its gradient in place over dp:
+// p[j] = exp(s[j] - lse) for j < n, 0 past; dp[j] = scale p[j] (dp[j] - D)
+// p is (cols) (scores in, probabilities out), dp is (cols) (dout . v in, dS out)
 TD_VECTOR_CLONES
-static void causal_softmax_row_backward(float *restrict d, const float *restrict a, float scale,
-                                        int t, int T)
+static void softmax_row_backward(float *restrict p, float *restrict dp, float lse, float D,
+                                 float scale, int n, int cols)
 {
-    float s = dot8(a, d, t + 1);
-
-    for (int j = 0; j <= t; j++)
-        d[j] = scale * (a[j] * (d[j] - s));
-    for (int j = t + 1; j < T; j++)
-        d[j] = 0.0f;
+    for (int j = 0; j < n; j++)
+        p[j] = fexp(p[j] - lse);
+    for (int j = n; j < cols; j++)
+        p[j] = 0.0f;
+    for (int j = 0; j < cols; j++)
+        dp[j] = scale * (p[j] * (dp[j] - D));
 }
 
-// One head of one sequence, with sgemm: preatt = q k^T / sqrt(hs), att = causal softmax,
-// out = att v. Causal: rows come in blocks of ATT_BLOCK and each block's sgemm stops at the
-// block's last column, so the upper triangle is (mostly) never computed.
-// q, k, v are (T,hs) with row stride 3C; out is (T,hs) with row stride C; att is (T,T)
-static void attention_head_forward(float *out, float *att, const float *q, const float *k,
-                                   const float *v, int T, int C, int hs)
+/* Query rows per sgemm: ATT_BLOCK when causal, else ATT_BLOCK_FULL; at most the chunk. */
+static int att_block(const td_attn_dims *d)
 {
-    int C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
+    int b = d->causal ? ATT_BLOCK : ATT_BLOCK_FULL;
 
-    for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-        int rows = T - r0 < ATT_BLOCK ? T - r0 : ATT_BLOCK, cols = r0 + rows;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, scale,
-                    q + (size_t)r0 * C3, C3, k, C3, 0.0f, att + (size_t)r0 * T, T);
-        for (int t = r0; t < cols; t++)
-            causal_softmax_row(att + (size_t)t * T, t, T);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, 1.0f,
-                    att + (size_t)r0 * T, T, v, C3, 0.0f, out + (size_t)r0 * C, C);
-    }
+    return d->chunk < b ? d->chunk : b;
 }
 
-// out is (B,T,C), att is (B,NH,T,T), qkv is (B,T,3C)
-static void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
-{
-    int hs = C / NH;
+typedef struct attn_job {
+    float *out, *lse, *scratch, *dq, *dk, *dv;
+    const float *q, *k, *v, *dout, *o, *clse;
+    const td_attn_dims *d;
+} attn_job;
 
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            const float *q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
-            attention_head_forward(out + (size_t)b * T * C + (size_t)h * hs,
-                                   att + ((size_t)b * NH + h) * T * T, q, q + C, q + 2 * C, T, C,
-                                   hs);
+/* One (sequence, head)'s pointers: q, k, v and out at its first row and column. */
+typedef struct attn_head {
+    size_t q, k, v, o; /* float offsets into q (and dq), k, v, out (and dout) */
+    int C;             /* floats in a row of out: NH * hs */
+} attn_head;
+
+static attn_head head_of(const td_attn_dims *d, int bh)
+{
+    int b = bh / d->NH, h = bh % d->NH;
+    attn_head a;
+
+    a.C = d->NH * d->hs;
+    a.q = (size_t)b * d->Nq * d->ldq + (size_t)h * d->hs;
+    a.k = (size_t)b * d->Nk * d->ldk + (size_t)h * d->hs;
+    a.v = (size_t)b * d->Nk * d->ldv + (size_t)h * d->hs;
+    a.o = (size_t)b * d->Nq * a.C + (size_t)h * d->hs;
+    return a;
+}
+
+static void attention_forward_task(void *ctx, int bh)
+{
+    const attn_job *J = ctx;
+    const td_attn_dims *d = J->d;
+    attn_head a = head_of(d, bh);
+    const float *q = J->q + a.q, *k = J->k + a.k, *v = J->v + a.v;
+    float *out = J->out + a.o, *lse = J->lse + (size_t)bh * d->Nq;
+    float *s = J->scratch + (size_t)bh * d->chunk * d->Nk;
+    float scale = 1.0f / sqrtf((float)d->hs);
+    int blk = att_block(d);
+
+    for (int r0 = 0; r0 < d->Nq; r0 += d->chunk) {
+        int rend = r0 + d->chunk < d->Nq ? r0 + d->chunk : d->Nq;
+        for (int s0 = r0; s0 < rend; s0 += blk) {
+            int rows = rend - s0 < blk ? rend - s0 : blk, cols = d->causal ? s0 + rows : d->Nk;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, d->hs, scale,
+                        q + (size_t)s0 * d->ldq, d->ldq, k, d->ldk, 0.0f, s, cols);
+            for (int t = 0; t < rows; t++)
+                softmax_row(s + (size_t)t * cols, d->causal ? s0 + t + 1 : cols, cols,
+                            lse + s0 + t);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d->hs, cols, 1.0f, s, cols,
+                        v, d->ldv, 0.0f, out + (size_t)s0 * a.C, a.C);
         }
-}
-
-// One head's backward, causal blocks as in the forward:
-// datt = dout v^T; dv += att^T dout; dpreatt = softmax backward; dq += dpreatt k / sqrt(hs)
-// (the scale is folded into dpreatt); dk += dpreatt^T q. dv and dk of rows [r0, r0+rows)
-// only see rows t >= r0, so their sgemms start there.
-// dq, dk, dv, q, k, v have row stride 3C; dout has row stride C; att and d are (T,T)
-static void attention_head_backward(float *dq, float *dk, float *dv, float *d, const float *dout,
-                                    const float *q, const float *k, const float *v,
-                                    const float *att, int T, int C, int hs)
-{
-    int C3 = 3 * C;
-    float scale = 1.0f / sqrtf((float)hs);
-
-    for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-        int rows = T - r0 < ATT_BLOCK ? T - r0 : ATT_BLOCK, cols = r0 + rows;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, 1.0f,
-                    dout + (size_t)r0 * C, C, v, C3, 0.0f, d + (size_t)r0 * T, T);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, hs, T - r0, 1.0f,
-                    att + (size_t)r0 * T + r0, T, dout + (size_t)r0 * C, C, 1.0f,
-                    dv + (size_t)r0 * C3, C3);
-        for (int t = r0; t < cols; t++)
-            causal_softmax_row_backward(d + (size_t)t * T, att + (size_t)t * T, scale, t, T);
-    }
-    for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-        int rows = T - r0 < ATT_BLOCK ? T - r0 : ATT_BLOCK, cols = r0 + rows;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, 1.0f,
-                    d + (size_t)r0 * T, T, k, C3, 1.0f, dq + (size_t)r0 * C3, C3);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, hs, T - r0, 1.0f,
-                    d + (size_t)r0 * T + r0, T, q + (size_t)r0 * C3, C3, 1.0f, dk + (size_t)r0 * C3,
-                    C3);
     }
 }
 
-// dqkv is (B,T,3C), scratch is (T,T), dout is (B,T,C), qkv is (B,T,3C), att is (B,NH,T,T)
-static void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int C, int NH)
+// out is (B,Nq,NH*hs), lse is (B,NH,Nq), scratch is td_attn_scratch(d, 0),
+// q is (B,Nq,ldq), k is (B,Nk,ldk), v is (B,Nk,ldv)
+static void attention_forward(float *out, float *lse, float *scratch, const float *q,
+                              const float *k, const float *v, const td_attn_dims *d)
 {
-    int hs = C / NH;
+    attn_job J = {.out = out, .lse = lse, .scratch = scratch, .q = q, .k = k, .v = v, .d = d};
 
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            size_t off = (size_t)b * T * 3 * C + (size_t)h * hs;
-            const float *q = qkv + off;
-            float *dq = dqkv + off;
-            attention_head_backward(dq, dq + C, dq + 2 * C, scratch,
-                                    dout + (size_t)b * T * C + (size_t)h * hs, q, q + C, q + 2 * C,
-                                    att + ((size_t)b * NH + h) * T * T, T, C, hs);
+    if (d->chunk < 1)
+        td_panic(TD_EINVAL, "attention: a chunk of %d query rows", d->chunk);
+    if (d->Nq > 0 && d->Nk > 0)
+        run_tasks(d->B * d->NH, attention_forward_task, &J);
+}
+
+// Per block of rows: P = exp(scale q k^T - lse) again, dP = dout v^T, dv += P^T dout,
+// dS = scale P (dP - D) (D_i = dout_i . out_i), dq += dS k, dk += dS^T q. The scratch holds
+// D (B*NH*Nq) first, then every task's P block, then every task's dP block.
+static void attention_backward_task(void *ctx, int bh)
+{
+    const attn_job *J = ctx;
+    const td_attn_dims *d = J->d;
+    attn_head a = head_of(d, bh);
+    size_t nd = (size_t)d->B * d->NH * d->Nq, block = (size_t)d->chunk * d->Nk;
+    const float *q = J->q + a.q, *k = J->k + a.k, *v = J->v + a.v;
+    const float *dout = J->dout + a.o, *o = J->o + a.o, *lse = J->clse + (size_t)bh * d->Nq;
+    float *dq = J->dq != NULL ? J->dq + a.q : NULL, *dk = J->dk != NULL ? J->dk + a.k : NULL;
+    float *dv = J->dv != NULL ? J->dv + a.v : NULL, *D = J->scratch + (size_t)bh * d->Nq;
+    float *p = J->scratch + nd + (size_t)bh * block;
+    float *dp = J->scratch + nd + (size_t)d->B * d->NH * block + (size_t)bh * block;
+    float scale = 1.0f / sqrtf((float)d->hs);
+    int blk = att_block(d);
+
+    for (int i = 0; i < d->Nq; i++)
+        D[i] = dot8(dout + (size_t)i * a.C, o + (size_t)i * a.C, d->hs);
+    for (int r0 = 0; r0 < d->Nq; r0 += d->chunk) {
+        int rend = r0 + d->chunk < d->Nq ? r0 + d->chunk : d->Nq;
+        for (int s0 = r0; s0 < rend; s0 += blk) {
+            int rows = rend - s0 < blk ? rend - s0 : blk, cols = d->causal ? s0 + rows : d->Nk;
+            const float *qs = q + (size_t)s0 * d->ldq, *gs = dout + (size_t)s0 * a.C;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, d->hs, scale, qs,
+                        d->ldq, k, d->ldk, 0.0f, p, cols);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, d->hs, 1.0f, gs, a.C,
+                        v, d->ldv, 0.0f, dp, cols);
+            for (int t = 0; t < rows; t++)
+                softmax_row_backward(p + (size_t)t * cols, dp + (size_t)t * cols, lse[s0 + t],
+                                     D[s0 + t], scale, d->causal ? s0 + t + 1 : cols, cols);
+            if (dv != NULL)
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, d->hs, rows, 1.0f, p,
+                            cols, gs, a.C, 1.0f, dv, d->ldv);
+            if (dq != NULL)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d->hs, cols, 1.0f, dp,
+                            cols, k, d->ldk, 1.0f, dq + (size_t)s0 * d->ldq, d->ldq);
+            if (dk != NULL)
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, d->hs, rows, 1.0f, dp,
+                            cols, qs, d->ldq, 1.0f, dk, d->ldk);
         }
+    }
 }
 
-// sumsq = sum of p[i]^2 in eight double partial sums, added pairwise: a fixed order
-// sumsq is (1), p is (n)
+// dq, dk, dv like q, k, v (or NULL), scratch is td_attn_scratch(d, 1), dout and out are
+// (B,Nq,NH*hs), lse is (B,NH,Nq)
+static void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                               const float *q, const float *k, const float *v, const float *out,
+                               const float *lse, const td_attn_dims *d)
+{
+    attn_job J = {.scratch = scratch,
+                  .dq = dq,
+                  .dk = dk,
+                  .dv = dv,
+                  .q = q,
+                  .k = k,
+                  .v = v,
+                  .dout = dout,
+                  .o = out,
+                  .clse = lse,
+                  .d = d};
+
+    if (d->chunk < 1)
+        td_panic(TD_EINVAL, "attention: a chunk of %d query rows", d->chunk);
+    if (d->Nq > 0 && d->Nk > 0 && (dq != NULL || dk != NULL || dv != NULL))
+        run_tasks(d->B * d->NH, attention_backward_task, &J);
+}
+
+/* ---- sums of squares, scaling, optimizers -------------------------------------------------- */
+
+typedef struct sumsq_job {
+    const float *p;
+    size_t n, per;
+    double part[SUMSQ_PART];
+} sumsq_job;
+
+// The sum of squares of one part in eight double partial sums, added pairwise
 TD_VECTOR_CLONES
-static void sumsq(double *out, const float *p, size_t n)
+static double sumsq_n(const float *p, size_t n)
 {
     double acc[8] = {0};
     size_t i = 0;
@@ -568,33 +1268,65 @@ static void sumsq(double *out, const float *p, size_t n)
             acc[l] += (double)p[i + l] * (double)p[i + l];
     for (; i < n; i++)
         acc[i & 7] += (double)p[i] * (double)p[i];
-    *out = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static void sumsq_task(void *ctx, int task)
+{
+    sumsq_job *J = ctx;
+    size_t i0 = (size_t)task * J->per, i1 = i0 + J->per < J->n ? i0 + J->per : J->n;
+
+    J->part[task] = sumsq_n(J->p + i0, i1 - i0);
+}
+
+// sumsq = sum of p[i]^2: up to SUMSQ_PART parts (a cut set by n alone, each a multiple of 8
+// long) summed in double, then the parts added in order: a fixed order
+// sumsq is (1), p is (n)
+static void sumsq(double *out, const float *p, size_t n)
+{
+    sumsq_job *J = &(sumsq_job){.p = p, .n = n};
+    size_t parts = (n + SPAN - 1) / SPAN;
+    double total = 0.0;
+
+    parts = parts > SUMSQ_PART ? SUMSQ_PART : parts < 1 ? 1 : parts;
+    J->per = ((n + parts - 1) / parts + 7) / 8 * 8;
+    J->per = J->per > 0 ? J->per : 8;
+    parts = (n + J->per - 1) / J->per;
+    run_tasks((int)parts, sumsq_task, J);
+    for (size_t i = 0; i < parts; i++)
+        total += J->part[i];
+    *out = total;
 }
 
 // p *= s
 // p is (n)
 TD_VECTOR_CLONES
-static void scale(float *p, float s, size_t n)
+static void scale_n(float *p, float s, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         p[i] *= s;
 }
 
-// One AdamW step in the order torch.optim.AdamW's single-tensor path computes it; the bias
-// corrections are computed in double, as PyTorch computes them in Python floats.
+static void scale_span(const span_job *j, size_t i0, size_t i1)
+{
+    scale_n(j->p[0] + i0, j->s[0], i1 - i0);
+}
+
+static void scale(float *p, float s, size_t n)
+{
+    span_job j = {.fn = scale_span, .n = n, .p = {p}, .s = {s}};
+
+    run_spans(&j);
+}
+
+// One AdamW step of n elements in the order torch.optim.AdamW's single-tensor path computes
+// it, with the scalars of adamw_update
 // param, m, v, grad are (n)
 TD_VECTOR_CLONES
-static void adamw_update(float *restrict param, float *restrict m, float *restrict v,
-                         const float *restrict grad, size_t n, float lr, float beta1, float beta2,
-                         float eps, float weight_decay, int64_t t)
+static void adamw_n(float *restrict param, float *restrict m, float *restrict v,
+                    const float *restrict grad, size_t n, float beta2, float eps, float step_size,
+                    float bc2_sqrt, float decay, float w1, float w2)
 {
-    double bc1 = 1.0 - pow(beta1, (double)t);
-    double bc2 = 1.0 - pow(beta2, (double)t);
-    float step_size = (float)(lr / bc1);
-    float bc2_sqrt = (float)sqrt(bc2);
-    float decay = 1.0f - lr * weight_decay;
-    float w1 = 1.0f - beta1, w2 = 1.0f - beta2;
-
     for (size_t i = 0; i < n; i++) {
         float g = grad[i];
         float mi = m[i] + w1 * (g - m[i]);
@@ -606,11 +1338,38 @@ static void adamw_update(float *restrict param, float *restrict m, float *restri
     }
 }
 
+static void adamw_span(const span_job *j, size_t i0, size_t i1)
+{
+    const float *s = j->s;
+
+    adamw_n(j->p[0] + i0, j->p[1] + i0, j->p[2] + i0, j->c[0] + i0, i1 - i0, s[0], s[1], s[2], s[3],
+            s[4], s[5], s[6]);
+}
+
+// The bias corrections are computed in double, as PyTorch computes them in Python floats.
+// param, m, v, grad are (n)
+static void adamw_update(float *param, float *m, float *v, const float *grad, size_t n, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, int64_t t)
+{
+    double bc1 = 1.0 - pow(beta1, (double)t);
+    double bc2 = 1.0 - pow(beta2, (double)t);
+    span_job j = {.fn = adamw_span, .n = n, .p = {param, m, v}, .c = {grad}};
+
+    j.s[0] = beta2;
+    j.s[1] = eps;
+    j.s[2] = (float)(lr / bc1); /* step size */
+    j.s[3] = (float)sqrt(bc2);  /* sqrt of the second bias correction */
+    j.s[4] = 1.0f - lr * weight_decay;
+    j.s[5] = 1.0f - beta1;
+    j.s[6] = 1.0f - beta2;
+    run_spans(&j);
+}
+
 // One SGD step with momentum (dampening 0) and L2 weight decay folded into the gradient.
 // param, buf, grad are (n); buf NULL when momentum is 0
 TD_VECTOR_CLONES
-static void sgd_update(float *restrict param, float *restrict buf, const float *restrict grad,
-                       size_t n, float lr, float momentum, float weight_decay)
+static void sgd_n(float *restrict param, float *restrict buf, const float *restrict grad, size_t n,
+                  float lr, float momentum, float weight_decay)
 {
     for (size_t i = 0; i < n; i++) {
         float g = grad[i] + weight_decay * param[i];
@@ -620,6 +1379,21 @@ static void sgd_update(float *restrict param, float *restrict buf, const float *
         }
         param[i] -= lr * g;
     }
+}
+
+static void sgd_span(const span_job *j, size_t i0, size_t i1)
+{
+    sgd_n(j->p[0] + i0, j->p[1] != NULL ? j->p[1] + i0 : NULL, j->c[0] + i0, i1 - i0, j->s[0],
+          j->s[1], j->s[2]);
+}
+
+static void sgd_update(float *param, float *buf, const float *grad, size_t n, float lr,
+                       float momentum, float weight_decay)
+{
+    span_job j = {
+        .fn = sgd_span, .n = n, .p = {param, buf}, .c = {grad}, .s = {lr, momentum, weight_decay}};
+
+    run_spans(&j);
 }
 
 /* ---- memory: host memory, so the copies are memcpy ------------------------------------ */
@@ -679,7 +1453,79 @@ static const td_kernels cpu_kernels = {
     .scale = scale,
     .adamw_update = adamw_update,
     .sgd_update = sgd_update,
+    .token_mean_forward = td__cpu_token_mean_forward,
+    .token_mean_backward = td__cpu_token_mean_backward,
+    .gather_rows_forward = td__cpu_gather_rows_forward,
+    .gather_rows_backward = td__cpu_gather_rows_backward,
+    .l2norm_forward = td__cpu_l2norm_forward,
+    .l2norm_backward = td__cpu_l2norm_backward,
+    .siglip_forward = td__cpu_siglip_forward,
+    .siglip_backward = td__cpu_siglip_backward,
 };
+
+/* ---- OpenBLAS's kernels for this CPU --------------------------------------------------------
+ *
+ * A DYNAMIC_ARCH OpenBLAS (Debian's) picks its kernel set as it loads, from the CPU's model
+ * number and the OSXSAVE bit. A CPU newer than the library (0.3.21 does not know Sapphire
+ * Rapids) or a virtual machine that hides OSXSAVE gets the SSE3 "Prescott" set: on this 2-core
+ * Xeon with AVX-512, one thread's 2048x768x256 sgemm does about 20 GFLOP/s with it and about
+ * 130 with the SkylakeX set, and PyTorch, which loads the same library, is slowed alike. When
+ * nobody chose (OPENBLAS_CORETYPE unset) and the library took a set older than Haswell's on a
+ * CPU whose AVX2 and FMA (AVX-512 F, BW, DQ and VL) the compiler's runtime reports usable, the
+ * library is asked to choose again as OPENBLAS_CORETYPE=Haswell (SkylakeX) would have made it,
+ * through its own gotoblas_dynamic_quit / gotoblas_dynamic_init. Both are weak: an OpenBLAS
+ * without them (not DYNAMIC_ARCH) is left alone. Every result of the library is still its
+ * own; only its speed changes. Runs once before main, when no thread of ours exists and
+ * OpenBLAS's pool is idle; the environment is as it was afterwards. */
+
+extern void gotoblas_dynamic_init(void) __attribute__((weak));
+extern void gotoblas_dynamic_quit(void) __attribute__((weak));
+extern char *openblas_get_corename(void);
+
+static char blas_note[96]; /* what blas_choose found and did, for td_kernels_cpu_blas */
+
+/* OpenBLAS's names of the x86-64 kernel sets that use AVX2 or AVX-512. */
+static int core_has_avx2(const char *core)
+{
+    static const char *const modern[] = {"Haswell", "Zen", "SkylakeX", "Cooperlake",
+                                         "SapphireRapids"};
+
+    for (size_t i = 0; i < sizeof(modern) / sizeof(modern[0]); i++)
+        if (strcmp(core, modern[i]) == 0)
+            return 1;
+    return 0;
+}
+
+__attribute__((constructor)) static void blas_choose(void)
+{
+    const char *was = openblas_get_corename(), *want = NULL;
+
+    snprintf(blas_note, sizeof(blas_note), "OpenBLAS %s", was);
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (getenv("OPENBLAS_CORETYPE") != NULL || core_has_avx2(was) ||
+        gotoblas_dynamic_init == NULL || gotoblas_dynamic_quit == NULL)
+        return;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+        want = "SkylakeX";
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        want = "Haswell";
+    if (want == NULL || setenv("OPENBLAS_CORETYPE", want, 1) != 0)
+        return;
+    gotoblas_dynamic_quit();
+    gotoblas_dynamic_init();
+    unsetenv("OPENBLAS_CORETYPE");
+    snprintf(blas_note, sizeof(blas_note),
+             "OpenBLAS %s (it chose %s on this CPU; traind asked again)", openblas_get_corename(),
+             was);
+#endif
+}
+
+const char *td_kernels_cpu_blas(void)
+{
+    return blas_note;
+}
 
 /* The CPU table; static, never NULL. */
 const td_kernels *td_kernels_cpu(void)

@@ -9,8 +9,8 @@
  * outputs, so a tensor read by several ops collects every contribution; the caller zeroes
  * gradients before a backward pass. A gradient output given as NULL is not computed.
  *
- * Threads: kernels keep no state; a table may be used by any number of threads at once (the
- * BLAS thread count is process-wide, see openblas_set_num_threads). */
+ * Threads: a table may be used by any number of threads at once. The only state is per calling
+ * thread: the CPU's team of helper threads (set_threads), the CUDA context (cuda/td_cuda.h). */
 #ifndef TD_KERNELS_H
 #define TD_KERNELS_H
 
@@ -22,6 +22,33 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* One fused attention call's shape and layout (attention_forward, attention_backward).
+ * Sequence b's rows of q start at q + b*Nq*ldq, its rows of k and v at k + b*Nk*ldk and
+ * v + b*Nk*ldv; head h takes columns [h*hs, (h+1)*hs) of every row. So llm.c's packed qkv
+ * (B,T,3C) is q = qkv, k = qkv + C, v = qkv + 2C with ldq = ldk = ldv = 3C, and separate
+ * (B,N,C) tensors have ld = C. out, dout and the forward's out are (B,Nq,NH*hs), dense. */
+typedef struct td_attn_dims {
+    int B;             /* sequences */
+    int NH;            /* heads */
+    int Nq;            /* query rows of a sequence */
+    int Nk;            /* key (and value) rows of a sequence */
+    int hs;            /* head size */
+    int ldq, ldk, ldv; /* floats from a row of q (k, v) to the next, >= NH*hs; dq (dk, dv) too */
+    int causal;        /* 1: query i sees keys 0..i only (self-attention: Nq == Nk) */
+    int chunk;         /* query rows per block, 1..Nq: the scores of a block of every
+                        * (sequence, head) are B*NH*chunk*Nk floats of the scratch */
+} td_attn_dims;
+
+/* Floats of scratch attention_forward (backward 0) or attention_backward (1) takes: one block
+ * of scores, B*NH*chunk*Nk floats, forward; two (probabilities and their gradient) and D, one
+ * float per query row (B*NH*Nq), backward. Both tables use exactly this much. */
+static inline size_t td_attn_scratch(const td_attn_dims *d, int backward)
+{
+    size_t block = (size_t)d->B * d->NH * d->chunk * d->Nk;
+
+    return backward ? 2 * block + (size_t)d->B * d->NH * d->Nq : block;
+}
 
 typedef struct td_kernels {
     const char *name; /* "cpu", "cuda" */
@@ -42,7 +69,10 @@ typedef struct td_kernels {
     // queued before it. A failed op queued earlier panics here
     void (*download)(void *dst, const void *src, size_t bytes);
 
-    // How many threads the backend's library may use (OpenBLAS: process-wide); n > 0
+    // How many threads the calling thread's ops may use, n > 0. cpu: the calling thread gets a
+    // team of n-1 helper threads (made here, kept until the thread exits or calls again), which
+    // its ops share out their rows to; OpenBLAS itself is kept single-threaded. Ops on a thread
+    // that never called it run on that thread alone. Results do not depend on n. cuda: nothing
     void (*set_threads)(int n);
 
     // p[i] = 0 for i in [0,n)
@@ -120,18 +150,23 @@ typedef struct td_kernels {
     // dinp1 and dinp2 are (n) or NULL, dout is (n)
     void (*residual_backward)(float *dinp1, float *dinp2, const float *dout, size_t n);
 
-    // Causal multi-head self-attention, llm.c's layout: head h of position t reads
-    // q = qkv[b,t,h*hs..], k = qkv[b,t,C+h*hs..], v = qkv[b,t,2C+h*hs..], hs = C/NH;
-    // att[b,h,t,:] = softmax(q_t . k_{0..t} / sqrt(hs)) (entries past t are 0);
-    // out[b,t,h*hs..] = att[b,h,t,:] . v
-    // out is (B,T,C), att is (B,NH,T,T) (kept for the backward), qkv is (B,T,3C)
-    void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,
-                              int NH);
-    // dqkv += the gradient through the attention of dout
-    // dqkv is (B,T,3C), scratch is (T,T) floats of room, dout is (B,T,C), qkv is (B,T,3C),
-    // att is (B,NH,T,T) from the forward
-    void (*attention_backward)(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int C, int NH);
+    // Fused multi-head attention (see td_attn_dims): for sequence b, head h and query row i,
+    // with S_ij = q_i . k_j / sqrt(hs) over the keys j it sees (all Nk, or j <= i when causal),
+    // out_i = sum_j softmax_j(S_i) v_j and lse_i = log sum_j exp(S_ij). Queries go in blocks of
+    // d->chunk rows against all keys; the scores live only in the scratch, so what is kept for the
+    // backward is out and lse, O(B*NH*Nq) floats. out is (B,Nq,NH*hs), lse is (B,NH,Nq), scratch is
+    // td_attn_scratch(d, 0) floats, q is (B,Nq,ldq), k is (B,Nk,ldk), v is (B,Nk,ldv): head h in
+    // columns [h*hs, (h+1)*hs)
+    void (*attention_forward)(float *out, float *lse, float *scratch, const float *q,
+                              const float *k, const float *v, const td_attn_dims *d);
+    // dq += dL/dq, dk += dL/dk, dv += dL/dv from dout = dL/dout, the scores recomputed block by
+    // block from q, k and the forward's lse; D_i = dout_i . out_i stands in for the softmax's
+    // row sum. Each of dq, dk, dv may be NULL (not computed).
+    // dq is like q (ldq), dk like k (ldk), dv like v (ldv); scratch is td_attn_scratch(d, 1)
+    // floats; dout and out are (B,Nq,NH*hs), q, k, v and lse as in the forward
+    void (*attention_backward)(float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                               const float *q, const float *k, const float *v, const float *out,
+                               const float *lse, const td_attn_dims *d);
 
     // sumsq = sum of p[i]^2, accumulated in double in a fixed order (the same bits every call)
     // sumsq is (1), p is (n)
@@ -152,11 +187,62 @@ typedef struct td_kernels {
     // param, buf, grad are (n); buf may be NULL when momentum is 0
     void (*sgd_update)(float *param, float *buf, const float *grad, size_t n, float lr,
                        float momentum, float weight_decay);
+
+    // ---- a two-tower model's heads (sensorlm): pooling, one row per sequence, unit rows, and
+    // the sigmoid contrastive loss. CPU twins in cpu_heads.c, CUDA twins in cuda/heads.cu
+
+    // out[b,:] = (sum over n of inp[b,n,:], in n order) * (1/N): the mean over the tokens
+    // out is (B,C), inp is (B,N,C)
+    void (*token_mean_forward)(float *out, const float *inp, int B, int N, int C);
+    // dinp[b,n,:] += dout[b,:] * (1/N)
+    // dinp is (B,N,C), dout is (B,C)
+    void (*token_mean_backward)(float *dinp, const float *dout, int B, int N, int C);
+
+    // out[b,:] = inp[b,idx[b],:]: one row of each sequence (a text tower's end token)
+    // out is (B,C), inp is (B,T,C), idx is (B) with values in [0,T)
+    void (*gather_rows_forward)(float *out, const float *inp, const int *idx, int B, int T, int C);
+    // dinp[b,idx[b],:] += dout[b,:]
+    // dinp is (B,T,C), dout is (B,C), idx is (B)
+    void (*gather_rows_backward)(float *dinp, const float *dout, const int *idx, int B, int T,
+                                 int C);
+
+    // norm[i] = max(||inp[i,:]||_2, TD_L2NORM_EPS) (the sum of squares in double, in column
+    // order), out[i,:] = inp[i,:] / norm[i]
+    // out is (N,C), norm is (N) (kept for the backward), inp is (N,C)
+    void (*l2norm_forward)(float *out, float *norm, const float *inp, int N, int C);
+    // dinp[i,:] += (dout[i,:] - out[i,:] (dout[i,:] . out[i,:])) / norm[i] where the norm was
+    // not clamped (norm[i] > TD_L2NORM_EPS), dout[i,:] / norm[i] where it was (the dot in double)
+    // dinp, dout and out are (N,C), norm is (N) from the forward
+    void (*l2norm_backward)(float *dinp, const float *dout, const float *out, const float *norm,
+                            int N, int C);
+
+    // SigLIP's sigmoid loss over N rows and M columns of dot products, with a learned scale t
+    // and bias b: z_ij = exp(t) dots_ij + b, y_ij = +1 when j == i + diag and -1 otherwise,
+    // loss = -weight * sum_ij log sigmoid(y_ij z_ij), log sigmoid(x) = -(max(-x,0) +
+    // log1p(exp(-|x|))), each term in float, the sum in double
+    // loss is (1), dots is (N,M), t and b are (1)
+    void (*siglip_forward)(float *loss, const float *dots, const float *t, const float *b, int N,
+                           int M, int diag, float weight);
+    // g_ij = -dloss weight y_ij sigmoid(-y_ij z_ij) (dL/dz_ij): ddots_ij += exp(t) g_ij,
+    // dt += sum_ij exp(t) dots_ij g_ij, db += sum_ij g_ij (both sums in double)
+    // ddots is (N,M) or NULL, dt and db are (1) or NULL, dloss is (1), dots is (N,M)
+    void (*siglip_backward)(float *ddots, float *dt, float *db, const float *dloss,
+                            const float *dots, const float *t, const float *b, int N, int M,
+                            int diag, float weight);
 } td_kernels;
+
+/* l2norm's floor on a row's norm: sensorlm's max(||s||_2, 1e-12). */
+#define TD_L2NORM_EPS 1e-12f
 
 /* The CPU backend: OpenBLAS sgemm for every matmul, plain C loops for the rest. A static
  * table; never NULL. */
 const td_kernels *td_kernels_cpu(void);
+
+/* The BLAS the CPU table computes with, for a person: "OpenBLAS SkylakeX", and when OpenBLAS
+ * took a kernel set older than the CPU allows and kernels/cpu.c had it choose again, what it
+ * took first ("OpenBLAS SkylakeX (it chose Prescott on this CPU; traind asked again)").
+ * Static; any thread. */
+const char *td_kernels_cpu_blas(void);
 
 #ifdef TD_HAVE_CUDA
 /* How many CUDA devices this process sees. *n = 0 and 0 returned when there is no device or

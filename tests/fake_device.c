@@ -43,7 +43,7 @@ static int fd_alloc(void **p, size_t bytes, td_error_t *err)
 
     if (rc == 0) {
         *p = dev(*p);
-        counts.allocs++;
+        __atomic_add_fetch(&counts.allocs, 1, __ATOMIC_RELAXED); /* replicas share it */
     }
     return rc;
 }
@@ -51,19 +51,19 @@ static int fd_alloc(void **p, size_t bytes, td_error_t *err)
 static void fd_free(void *p)
 {
     if (p != NULL)
-        counts.frees++;
+        __atomic_add_fetch(&counts.frees, 1, __ATOMIC_RELAXED); /* replicas share it */
     CPU->free(fd_host(p));
 }
 
 static void fd_upload(void *dst, const void *src, size_t bytes)
 {
-    counts.uploads++;
+    __atomic_add_fetch(&counts.uploads, 1, __ATOMIC_RELAXED); /* replicas share it */
     memcpy(fd_host(dst), src, bytes);
 }
 
 static void fd_download(void *dst, const void *src, size_t bytes)
 {
-    counts.downloads++;
+    __atomic_add_fetch(&counts.downloads, 1, __ATOMIC_RELAXED); /* replicas share it */
     memcpy(dst, fd_host(src), bytes);
 }
 
@@ -172,15 +172,18 @@ static void residual_backward(float *dinp1, float *dinp2, const float *dout, siz
     CPU->residual_backward(H(dinp1), H(dinp2), HC(dout), n);
 }
 
-static void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+static void attention_forward(float *out, float *lse, float *scratch, const float *q,
+                              const float *k, const float *v, const td_attn_dims *d)
 {
-    CPU->attention_forward(H(out), H(att), HC(qkv), B, T, C, NH);
+    CPU->attention_forward(H(out), H(lse), H(scratch), HC(q), HC(k), HC(v), d);
 }
 
-static void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int C, int NH)
+static void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                               const float *q, const float *k, const float *v, const float *out,
+                               const float *lse, const td_attn_dims *d)
 {
-    CPU->attention_backward(H(dqkv), H(scratch), HC(dout), HC(qkv), HC(att), B, T, C, NH);
+    CPU->attention_backward(H(dq), H(dk), H(dv), H(scratch), HC(dout), HC(q), HC(k), HC(v), HC(out),
+                            HC(lse), d);
 }
 
 static void sumsq(double *out, const float *p, size_t n)
@@ -203,6 +206,52 @@ static void sgd_update(float *param, float *buf, const float *grad, size_t n, fl
                        float momentum, float weight_decay)
 {
     CPU->sgd_update(H(param), H(buf), HC(grad), n, lr, momentum, weight_decay);
+}
+
+static void token_mean_forward(float *out, const float *inp, int B, int N, int C)
+{
+    CPU->token_mean_forward(H(out), HC(inp), B, N, C);
+}
+
+static void token_mean_backward(float *dinp, const float *dout, int B, int N, int C)
+{
+    CPU->token_mean_backward(H(dinp), HC(dout), B, N, C);
+}
+
+static void gather_rows_forward(float *out, const float *inp, const int *idx, int B, int T, int C)
+{
+    CPU->gather_rows_forward(H(out), HC(inp), fd_host(idx), B, T, C);
+}
+
+static void gather_rows_backward(float *dinp, const float *dout, const int *idx, int B, int T,
+                                 int C)
+{
+    CPU->gather_rows_backward(H(dinp), HC(dout), fd_host(idx), B, T, C);
+}
+
+static void l2norm_forward(float *out, float *norm, const float *inp, int N, int C)
+{
+    CPU->l2norm_forward(H(out), H(norm), HC(inp), N, C);
+}
+
+static void l2norm_backward(float *dinp, const float *dout, const float *out, const float *norm,
+                            int N, int C)
+{
+    CPU->l2norm_backward(H(dinp), HC(dout), HC(out), HC(norm), N, C);
+}
+
+static void siglip_forward(float *loss, const float *dots, const float *t, const float *b, int N,
+                           int M, int diag, float weight)
+{
+    CPU->siglip_forward(H(loss), HC(dots), HC(t), HC(b), N, M, diag, weight);
+}
+
+static void siglip_backward(float *ddots, float *dt, float *db, const float *dloss,
+                            const float *dots, const float *t, const float *b, int N, int M,
+                            int diag, float weight)
+{
+    CPU->siglip_backward(H(ddots), H(dt), H(db), HC(dloss), HC(dots), HC(t), HC(b), N, M, diag,
+                         weight);
 }
 
 static const td_kernels fake = {
@@ -237,6 +286,14 @@ static const td_kernels fake = {
     .scale = scale,
     .adamw_update = adamw_update,
     .sgd_update = sgd_update,
+    .token_mean_forward = token_mean_forward,
+    .token_mean_backward = token_mean_backward,
+    .gather_rows_forward = gather_rows_forward,
+    .gather_rows_backward = gather_rows_backward,
+    .l2norm_forward = l2norm_forward,
+    .l2norm_backward = l2norm_backward,
+    .siglip_forward = siglip_forward,
+    .siglip_backward = siglip_backward,
 };
 
 const td_kernels *fd_kernels(void)
@@ -246,5 +303,11 @@ const td_kernels *fd_kernels(void)
 
 fd_counters fd_counts(void)
 {
-    return counts;
+    fd_counters c;
+
+    c.allocs = __atomic_load_n(&counts.allocs, __ATOMIC_RELAXED);
+    c.frees = __atomic_load_n(&counts.frees, __ATOMIC_RELAXED);
+    c.uploads = __atomic_load_n(&counts.uploads, __ATOMIC_RELAXED);
+    c.downloads = __atomic_load_n(&counts.downloads, __ATOMIC_RELAXED);
+    return c;
 }

@@ -380,6 +380,48 @@ static void test_gpt_determinism(void **state)
     assert_true(a[0] == b[0]);
 }
 
+/* The same job on 1, 2 and 3 threads: bit-identical losses, since every op cuts its work by its
+ * shape alone (kernels/README.md, "Threads"); and on 2 threads a step still allocates nothing
+ * (the team is made by td_trainer_new). The model is large enough that every kind of op is cut
+ * into several tasks: matmuls into tiles (qkv is 512x384x128), layernorms, the softmax and the
+ * encoder into blocks of rows, the attention into its 32 (sequence, head) pairs, GELU and
+ * AdamW into spans. */
+static void test_gpt_threads(void **state)
+{
+    static tt_recorder r[3];
+    td_train_config cfg;
+    double loss[3][6], valid[3][2];
+    td_trainer *t;
+
+    gpt_config(&cfg);
+    cfg.n_embd = 128;
+    cfg.seq_len = 64;
+    cfg.batch_size = 8;
+    cfg.max_steps = 5;
+    cfg.eval_every = 5;
+    cfg.eval_batches = 1;
+    for (int n = 0; n < 3; n++) {
+        cfg.threads = n + 1;
+        t = new_trainer(&cfg, &r[n]);
+        run_steps(t, 1);
+        if (n == 1 && COUNT_ALLOCATIONS) {
+            allocations = 0;
+            counting = 1;
+        }
+        run_steps(t, 100);
+        counting = 0;
+        td_trainer_free(t);
+        if (n == 1 && COUNT_ALLOCATIONS)
+            assert_int_equal(allocations, 0);
+        assert_int_equal(tt_values_of(&r[n], "train_loss", loss[n], NULL, 6), 5);
+        assert_int_equal(tt_values_of(&r[n], "valid_loss", valid[n], NULL, 2), 1);
+    }
+    for (int n = 1; n < 3; n++) {
+        assert_memory_equal(loss[0], loss[n], 5 * sizeof(double));
+        assert_true(valid[0][0] == valid[n][0]);
+    }
+}
+
 /* 2N steps straight, and N steps + checkpoint + a new trainer + N steps, give identical losses:
  * the parameters, moments, step and data cursor all come back. The text's train split holds
  * 4 batches an epoch here, so the resumed run crosses a reshuffle. A checkpoint of another
@@ -1196,6 +1238,7 @@ int main(void)
         cmocka_unit_test(test_gpt_init),
         cmocka_unit_test(test_gpt_trains_and_metrics),
         cmocka_unit_test(test_gpt_determinism),
+        cmocka_unit_test(test_gpt_threads),
         cmocka_unit_test(test_no_malloc_in_step),
         cmocka_unit_test(test_gpt_resume),
         cmocka_unit_test(test_gpt_checkpoint_now),

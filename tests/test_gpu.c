@@ -649,17 +649,24 @@ static void body_memory_ops(void)
 /* ---- bias, ReLU, residual, GELU, scale, zero ------------------------------------------------ */
 
 #define NE 100003 /* elements of the elementwise checks: not a multiple of any block */
+/* Elements of the grid-stride checks: more than blocks_for's cap (32 blocks of 256 threads per
+ * SM, ops.cu and heads.cu) on any GPU of up to 1536 SMs, so every thread of a grid-stride
+ * kernel goes round its loop more than once and the last lap is partial. */
+#define WRAP_N (((size_t)3 << 22) + 5)
+/* Rows of the bias gradient's wrap check: past two of sum_rows' gemv chunks of TD_CUDA_ONES
+ * (65536) rows, the last one partial. */
+#define BIAS_ROWS (2 * 65536 + 1001)
 
-static void body_elementwise(void)
+/* bias, ReLU, residual, GELU, scale and zero over n elements, the bias ops over (N,C), N*C <= n */
+static void elementwise_case(size_t n, int N, int C)
 {
-    size_t n = NE;
-    int N = 1009, C = 97; /* N*C < NE */
     float *a = rand_host(n, -3, 3), *b = rand_host(n, -1, 1), *g0 = rand_host(n, -1, 1);
     float *bias = rand_host(C, -1, 1), *cpu = copy_host(g0, n), *cpu2 = copy_host(g0, n), *h;
     float *d_a, *d_b, *d_g, *d_g2, *d_bias = to_dev(bias, C), *d_out;
 
     a[0] = NAN, a[1] = -0.0f, a[2] = 0.0f, a[3] = INFINITY, a[4] = -INFINITY;
     a[5] = 12.0f, a[6] = -12.0f, a[7] = 90.0f, a[8] = -90.0f; /* past fexp's clamps */
+    print_message("  elementwise: %zu elements, bias (%d,%d)\n", n, N, C);
     d_a = to_dev(a, n), d_b = to_dev(b, n), d_g = to_dev(g0, n), d_g2 = to_dev(g0, n);
     d_out = dev_alloc(n * sizeof(float));
 
@@ -760,6 +767,14 @@ static void body_elementwise(void)
     dev_free(d_a), dev_free(d_b), dev_free(d_g), dev_free(d_g2), dev_free(d_bias), dev_free(d_out);
 }
 
+/* The small case (several blocks, a partial last one), then the grid-stride wrap-around and the
+ * bias gradient's 65536-row chunks. */
+static void body_elementwise(void)
+{
+    elementwise_case(NE, 1009, 97);
+    elementwise_case(WRAP_N, BIAS_ROWS, 48);
+}
+
 /* ---- softmax cross-entropy, argmax ----------------------------------------------------------- */
 
 /* probs within (8 + |x - max| + r) u of the reference, relative, twice: expf (GPU 2 ulp, glibc
@@ -849,14 +864,16 @@ static void body_softmax(void)
 {
     softmax_case(67, 1000, 1024);
     softmax_case(33, 50257, 50304); /* GPT-2's padded vocabulary */
+    /* more rows than the kernel's TD_CUDA_REDUCE_BLOCKS (1024) blocks: each block's loop takes
+     * two or three rows, and its partial sum adds their losses in order */
+    softmax_case(2500, 300, 320);
     if (!fake)
         softmax_bad_target();
 }
 
 /* argmax with ties (first wins), a NaN first logit (it wins), NaNs elsewhere (never win). */
-static void body_argmax(void)
+static void argmax_case(int N, int V)
 {
-    int N = 300, V = 777;
     float *x = rand_host((size_t)N * V, -1, 1), *d_x;
     int *targets = malloc((size_t)N * sizeof(int)), *d_t;
     int64_t cpu = -1, got = -1, *d_c = dev_alloc(sizeof(int64_t));
@@ -885,6 +902,14 @@ static void body_argmax(void)
     assert_true(cpu > N / 3);
     free(x), free(targets);
     dev_free(d_x), dev_free(d_t), dev_free(d_c);
+}
+
+/* Then more rows than the kernel's 1024 blocks: each block's loop over rows goes round twice or
+ * three times. */
+static void body_argmax(void)
+{
+    argmax_case(300, 777);
+    argmax_case(2500, 129);
 }
 
 /* ---- encoder ----------------------------------------------------------------------------------
@@ -936,6 +961,9 @@ static void body_encoder(void)
 {
     encoder_case(3, 37, 100, 50, 40);
     encoder_case(4, 256, 768, 50304, 1024);
+    /* B*T = 1500 positions: the backward's loop over tiles of ID_TILE (1024) token ids takes
+     * a whole tile, then a partial one */
+    encoder_case(5, 300, 96, 1000, 320);
 }
 
 /* ---- layernorm --------------------------------------------------------------------------------
@@ -1061,232 +1089,352 @@ static void body_layernorm(void)
 }
 
 /* ---- attention --------------------------------------------------------------------------------
- */
+ *
+ * The fused attention (kernels.h's attention_forward and attention_backward) on both tables
+ * from the same inputs, each side's backward from its own forward's out and lse, against a
+ * reference computed in double from the inputs for the heads it checks, every element within a
+ * first-order bound built from its terms (below); the device's results twice give the same
+ * bits. A head the reference does not check (the large cases check three: the first, one in
+ * the middle and the last) holds the device to the CPU within twice the largest bound seen on
+ * the checked heads of that output: the same data distribution, so a wrong index or a lost
+ * block, which is off by the outputs' own size, fails it. */
 
-/* The forward against double: preatt = scale q.k within delta = 2(hs+2)u scale sum|q k|; the
- * softmax moves each att by at most 2 max(delta) of the row plus (t + 8 + |pre - max|) u,
- * relative, twice; out = sum att v within the att bounds times |v| plus 2(t+3)u sum|att v|.
- * att's upper triangle must be exactly 0. */
-static void attention_forward_check(const float *qkv, const float *cpu_out, const float *cpu_att,
-                                    const float *out, const float *att, int B, int T, int C, int NH)
+typedef struct gatt {
+    td_attn_dims d;
+    int packed, C;
+    size_t nq, nk, nout, nl; /* floats of the q buffer, of k's and v's, of out, of lse */
+    float *q, *k, *v;        /* host; k and v inside q when packed */
+    float *dout, *g0;        /* dout, and every gradient's value before the backward (packed:
+                              * one buffer of nq, else nq + 2 nk: dq's, dk's, dv's) */
+} gatt;
+
+/* The reference of one output and its bound, in the layout of its buffer; bound INFINITY
+ * where no head was checked. */
+typedef struct gref {
+    double *ref, *bound;
+    size_t n;
+} gref;
+
+static gref gref_new(size_t n)
 {
-    int hs = C / NH, C3 = 3 * C;
-    double scale = 1.0 / sqrt((double)hs);
-    size_t natt = (size_t)B * NH * T * T, nout = (size_t)B * T * C;
-    double *ra = dbuf(natt), *ba = dbuf(natt), *ro = dbuf(nout), *bo = dbuf(nout);
-    double *pre = dbuf(T), *dl = dbuf(T), xb = bf16_on ? BF16_U : 0.0;
-
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
-            for (int t = 0; t < T; t++) {
-                const float *q = qkv + ((size_t)b * T + t) * C3 + (size_t)h * hs;
-                size_t row = (((size_t)b * NH + h) * T + t) * T;
-                double mx = -INFINITY, z = 0.0, dmax = 0.0;
-                for (int j = 0; j <= t; j++) {
-                    const float *k = qkv + ((size_t)b * T + j) * C3 + C + (size_t)h * hs;
-                    double s = 0.0, a = 0.0;
-                    for (int d = 0; d < hs; d++)
-                        s += (double)q[d] * k[d], a += fabs((double)q[d] * k[d]);
-                    pre[j] = s * scale;
-                    dl[j] = 2.0 * (hs + 2) * U * scale * a + U * fabs(pre[j]) + xb * scale * a;
-                    mx = fmax(mx, pre[j]);
-                    dmax = fmax(dmax, dl[j]);
-                }
-                for (int j = 0; j <= t; j++)
-                    z += exp(pre[j] - mx);
-                for (int j = 0; j < T; j++) {
-                    double p = j <= t ? exp(pre[j] - mx) / z : 0.0;
-                    ra[row + j] = p;
-                    ba[row + j] =
-                        j <= t ? 2.0 * p * (2.0 * dmax + (t + 8 + fabs(pre[j] - mx)) * U) : 0.0;
-                }
-                for (int d = 0; d < hs; d++) {
-                    double s = 0.0, a = 0.0, e = 0.0;
-                    for (int j = 0; j <= t; j++) {
-                        double v = qkv[((size_t)b * T + j) * C3 + 2 * C + (size_t)h * hs + d];
-                        s += ra[row + j] * v, a += fabs(ra[row + j] * v);
-                        e += ba[row + j] * fabs(v);
-                    }
-                    ro[((size_t)b * T + t) * C + (size_t)h * hs + d] = s;
-                    bo[((size_t)b * T + t) * C + (size_t)h * hs + d] =
-                        2.0 * (e + 2.0 * (t + 3) * U * a + xb * a);
-                }
-            }
-    check_bound("attention att", att, cpu_att, ra, ba, natt);
-    check_bound("attention out", out, cpu_out, ro, bo, nout);
-    free(ra), free(ba), free(ro), free(bo), free(pre), free(dl);
-}
-
-/* The backward against double from the same att (the CPU forward's) on both sides, each
- * quantity carrying a first-order bound built from its terms' bounds and absolute values. */
-static void attention_backward_ref(double *ref, double *bound, const float *dqkv0,
-                                   const float *dout, const float *qkv, const float *att, int B,
-                                   int T, int C, int NH)
-{
-    int hs = C / NH, C3 = 3 * C;
-    double scale = 1.0 / sqrt((double)hs);
-    double *datt = dbuf((size_t)T * T), *edatt = dbuf((size_t)T * T);
-    double *dpre = dbuf((size_t)T * T), *edpre = dbuf((size_t)T * T), *adpre = dbuf((size_t)T * T);
-    double xb = bf16_on ? BF16_U : 0.0;
-    size_t n = (size_t)B * T * C3;
+    gref r = {dbuf(n), dbuf(n), n};
 
     for (size_t i = 0; i < n; i++)
-        ref[i] = dqkv0[i], bound[i] = 0.0;
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            const float *a = att + ((size_t)b * NH + h) * T * T;
-#define QKV(t, part, d) ((double)qkv[((size_t)b * T + (t)) * C3 + (part)*C + (size_t)h * hs + (d)])
-#define DOUT(t, d)      ((double)dout[((size_t)b * T + (t)) * C + (size_t)h * hs + (d)])
-#define AT(i)           (((size_t)b * T + (i)) * C3 + (size_t)h * hs)
-            for (int t = 0; t < T; t++) {
-                double s = 0.0, es = 0.0, as = 0.0;
-                for (int j = 0; j <= t; j++) {
-                    double v = 0.0, av = 0.0;
-                    for (int d = 0; d < hs; d++)
-                        v += DOUT(t, d) * QKV(j, 2, d), av += fabs(DOUT(t, d) * QKV(j, 2, d));
-                    datt[(size_t)t * T + j] = v;
-                    edatt[(size_t)t * T + j] = 2.0 * (hs + 2) * U * av + xb * av;
-                    s += a[(size_t)t * T + j] * v;
-                    es += a[(size_t)t * T + j] * edatt[(size_t)t * T + j];
-                    as += fabs(a[(size_t)t * T + j] * v);
-                }
-                es += 2.0 * (t + 3) * U * as;
-                for (int j = 0; j <= t; j++) {
-                    double at = a[(size_t)t * T + j], dv = datt[(size_t)t * T + j];
-                    dpre[(size_t)t * T + j] = scale * at * (dv - s);
-                    adpre[(size_t)t * T + j] = fabs(dpre[(size_t)t * T + j]);
-                    edpre[(size_t)t * T + j] = scale * at * (edatt[(size_t)t * T + j] + es) +
-                                               4.0 * U * scale * at * (fabs(dv) + fabs(s));
-                }
-            }
-            for (int i = 0; i < T; i++)
-                for (int d = 0; d < hs; d++) {
-                    double sq = 0, aq = 0, eq = 0, sk = 0, ak = 0, ek = 0, sv = 0, av = 0;
-                    for (int j = 0; j <= i; j++) { /* dq[i] = sum_j dpre[i][j] k[j] */
-                        double k = QKV(j, 1, d);
-                        sq += dpre[(size_t)i * T + j] * k;
-                        aq += adpre[(size_t)i * T + j] * fabs(k);
-                        eq += edpre[(size_t)i * T + j] * fabs(k);
-                    }
-                    for (int t = i; t < T; t++) { /* dk[i] = sum_t dpre[t][i] q[t], dv too */
-                        double q = QKV(t, 0, d), g = DOUT(t, d);
-                        sk += dpre[(size_t)t * T + i] * q;
-                        ak += adpre[(size_t)t * T + i] * fabs(q);
-                        ek += edpre[(size_t)t * T + i] * fabs(q);
-                        sv += a[(size_t)t * T + i] * g;
-                        av += fabs(a[(size_t)t * T + i] * g);
-                    }
-                    size_t o = AT(i) + d;
-                    ref[o] += sq;
-                    bound[o] = 2.0 * (eq + 2.0 * (T + 2) * U * (aq + fabs(dqkv0[o])) + xb * aq);
-                    ref[o + C] += sk;
-                    bound[o + C] =
-                        2.0 * (ek + 2.0 * (T + 2) * U * (ak + fabs(dqkv0[o + C])) + xb * ak);
-                    ref[o + 2 * C] += sv;
-                    bound[o + 2 * C] =
-                        2.0 * (2.0 * (T + 2) * U * (av + fabs(dqkv0[o + 2 * C])) + xb * av);
-                }
-#undef QKV
-#undef DOUT
-#undef AT
+        r.bound[i] = INFINITY;
+    return r;
+}
+
+static void gref_free(gref *r)
+{
+    free(r->ref);
+    free(r->bound);
+}
+
+/* Head (b,h) in double. u = 2^-24; t = TF32_U where the device's fp32 gemms run in TF32
+ * (tf32, or bf16, whose math mode lets them), else 0; every bound is twice the first-order one.
+ *  S_ij = scale q_i.k_j: delta_S = (2(hs+2)u + t) scale sum|q k| + u|S|;
+ *  p_ij (the forward's exp(S - max)/sum, the backward's exp(S - lse)): relative
+ *      e_ij = 2 max_j delta_S + (n + 12 + |S - max| + 2|lse|) u (the sums of n exps, fexp's
+ *      few ulp, the rounding of lse);
+ *  out = sum p v: sum e p |v| + (2(n+2)u + t) sum p |v|; lse: max delta_S + (n + 10 + 2|lse|)u;
+ *  dP_ij = dout_i.v_j: (2(hs+2)u + t) sum|dout v|; D_i = dout_i.out_i: 2(hs+2)u sum|dout out|
+ *      + sum |dout| delta_out;
+ *  dS = scale p (dP - D): scale (e p |dP - D| + p (delta_dP + delta_D) + 4u p (|dP| + |D|));
+ *  dq_i = g0 + sum_j dS_ij k_j, dk_j = g0 + sum_i dS_ij q_i, dv_j = g0 + sum_i p_ij dout_i:
+ *      the terms' bounds times |factor|, plus (2(K+2)u + t) (sum|terms| + |g0|), K the terms. */
+static void gatt_ref_head(const gatt *a, int b, int h, gref *ro, gref *rl, gref *rq, gref *rk,
+                          gref *rv)
+{
+    const td_attn_dims *d = &a->d;
+    int hs = d->hs, Nq = d->Nq, Nk = d->Nk, C = a->C;
+    double scale = 1.0 / sqrt((double)hs), t = tf32_on || bf16_on ? TF32_U : 0.0;
+    double *S = dbuf((size_t)Nq * Nk), *P = dbuf((size_t)Nq * Nk), *E = dbuf((size_t)Nq * Nk);
+    double *dS = dbuf((size_t)Nq * Nk), *edS = dbuf((size_t)Nq * Nk), *dl = dbuf(Nk);
+    double *bo = dbuf((size_t)Nq * hs);
+    const float *g0q = a->g0, *g0k = a->packed ? a->g0 + C : a->g0 + a->nq;
+    const float *g0v = a->packed ? a->g0 + 2 * C : a->g0 + a->nq + a->nk;
+    size_t ldq = d->ldq, ldk = d->ldk, ldv = d->ldv;
+#define Q(i, e)  ((double)a->q[((size_t)b * Nq + (i)) * ldq + (size_t)h * hs + (e)])
+#define K_(j, e) ((double)a->k[((size_t)b * Nk + (j)) * ldk + (size_t)h * hs + (e)])
+#define V(j, e)  ((double)a->v[((size_t)b * Nk + (j)) * ldv + (size_t)h * hs + (e)])
+#define G(i, e)  ((double)a->dout[((size_t)b * Nq + (i)) * C + (size_t)h * hs + (e)])
+#define OI(i, e) (((size_t)b * Nq + (i)) * C + (size_t)h * hs + (e))
+#define QI(i, e) (((size_t)b * Nq + (i)) * ldq + (size_t)h * hs + (e))
+#define KI(j, e) (((size_t)b * Nk + (j)) * ldk + (size_t)h * hs + (e))
+#define VI(j, e) (((size_t)b * Nk + (j)) * ldv + (size_t)h * hs + (e))
+
+    for (int i = 0; i < Nq; i++) {
+        int n = d->causal ? i + 1 : Nk;
+        double mx = -INFINITY, z = 0.0, dmax = 0.0, lse, D = 0.0, aD = 0.0, eD = 0.0;
+        for (int j = 0; j < n; j++) {
+            double s = 0.0, as = 0.0;
+            for (int e = 0; e < hs; e++)
+                s += Q(i, e) * K_(j, e), as += fabs(Q(i, e) * K_(j, e));
+            S[(size_t)i * Nk + j] = s * scale;
+            dl[j] = (2.0 * (hs + 2) * U + t) * scale * as + U * fabs(s * scale);
+            mx = fmax(mx, s * scale);
+            dmax = fmax(dmax, dl[j]);
         }
-    free(datt), free(edatt), free(dpre), free(edpre), free(adpre);
+        for (int j = 0; j < n; j++)
+            z += exp(S[(size_t)i * Nk + j] - mx);
+        lse = mx + log(z);
+        rl->ref[((size_t)b * d->NH + h) * Nq + i] = lse;
+        rl->bound[((size_t)b * d->NH + h) * Nq + i] = 2.0 * (dmax + (n + 10 + 2 * fabs(lse)) * U);
+        for (int j = 0; j < n; j++) {
+            double s = S[(size_t)i * Nk + j], p = exp(s - lse);
+            P[(size_t)i * Nk + j] = p;
+            E[(size_t)i * Nk + j] = p * (2.0 * dmax + (n + 12 + fabs(s - mx) + 2 * fabs(lse)) * U);
+        }
+        for (int e = 0; e < hs; e++) {
+            double o = 0.0, ao = 0.0, eo = 0.0;
+            for (int j = 0; j < n; j++) {
+                o += P[(size_t)i * Nk + j] * V(j, e);
+                ao += P[(size_t)i * Nk + j] * fabs(V(j, e));
+                eo += E[(size_t)i * Nk + j] * fabs(V(j, e));
+            }
+            ro->ref[OI(i, e)] = o;
+            bo[(size_t)i * hs + e] = 2.0 * (eo + (2.0 * (n + 2) * U + t) * ao);
+            ro->bound[OI(i, e)] = bo[(size_t)i * hs + e];
+            D += G(i, e) * o;
+            aD += fabs(G(i, e) * o);
+            eD += fabs(G(i, e)) * bo[(size_t)i * hs + e];
+        }
+        eD += 2.0 * (hs + 2) * U * aD;
+        for (int j = 0; j < n; j++) {
+            double dp = 0.0, adp = 0.0, p = P[(size_t)i * Nk + j], edp;
+            for (int e = 0; e < hs; e++)
+                dp += G(i, e) * V(j, e), adp += fabs(G(i, e) * V(j, e));
+            edp = (2.0 * (hs + 2) * U + t) * adp;
+            dS[(size_t)i * Nk + j] = scale * p * (dp - D);
+            edS[(size_t)i * Nk + j] = scale * (E[(size_t)i * Nk + j] * fabs(dp - D) +
+                                               p * (edp + eD) + 4.0 * U * p * (fabs(dp) + fabs(D)));
+        }
+    }
+    for (int i = 0; i < Nq; i++) { /* dq */
+        int n = d->causal ? i + 1 : Nk;
+        for (int e = 0; e < hs; e++) {
+            double s = g0q[QI(i, e)], as = 0.0, es = 0.0;
+            for (int j = 0; j < n; j++) {
+                s += dS[(size_t)i * Nk + j] * K_(j, e);
+                as += fabs(dS[(size_t)i * Nk + j] * K_(j, e));
+                es += edS[(size_t)i * Nk + j] * fabs(K_(j, e));
+            }
+            rq->ref[QI(i, e)] = s;
+            rq->bound[QI(i, e)] = 2.0 * (es + (2.0 * (n + 2) * U + t) * (as + fabs(g0q[QI(i, e)])));
+        }
+    }
+    for (int j = 0; j < Nk; j++) /* dk, dv */
+        for (int e = 0; e < hs; e++) {
+            double sk = g0k[KI(j, e)], ak = 0.0, ek = 0.0;
+            double sv = g0v[VI(j, e)], av = 0.0, ev = 0.0;
+            for (int i = d->causal ? j : 0; i < Nq; i++) {
+                double ds = dS[(size_t)i * Nk + j], p = P[(size_t)i * Nk + j];
+                sk += ds * Q(i, e);
+                ak += fabs(ds * Q(i, e));
+                ek += edS[(size_t)i * Nk + j] * fabs(Q(i, e));
+                sv += p * G(i, e);
+                av += fabs(p * G(i, e));
+                ev += E[(size_t)i * Nk + j] * fabs(G(i, e));
+            }
+            rk->ref[KI(j, e)] = sk;
+            rk->bound[KI(j, e)] =
+                2.0 * (ek + (2.0 * (Nq + 2) * U + t) * (ak + fabs(g0k[KI(j, e)])));
+            rv->ref[VI(j, e)] = sv;
+            rv->bound[VI(j, e)] =
+                2.0 * (ev + (2.0 * (Nq + 2) * U + t) * (av + fabs(g0v[VI(j, e)])));
+        }
+#undef Q
+#undef K_
+#undef V
+#undef G
+#undef OI
+#undef QI
+#undef KI
+#undef VI
+    free(S), free(P), free(E), free(dS), free(edS), free(dl), free(bo);
 }
 
-#ifdef TD_HAVE_CUDA
-/* Bytes of context scratch in which ops.cu's bf16 attention backward takes `heads` (T,T) heads
- * at a time beside its bf16 copies of a sequence's qkv and dout (each rounded up to 128
- * elements, as ops.cu lays them out), or, for heads 0, one head with the caller's (T,T)
- * scratch holding its fp32 gradient. */
-static size_t bf16_attn_scratch(int T, int C, int heads)
+/* Elements of heads the reference did not check (bound INFINITY) get twice the largest bound
+ * of the checked ones of the same output, against the CPU's value: then check_bound holds the
+ * device to the CPU. The output is elements [0, n) of r whose column (i mod ld) falls in
+ * [c0, c0 + C): q's, k's or v's part of a packed qkv (ld 3C), or all of a tensor (ld C). */
+static void gref_fill(gref *r, const float *cpu, size_t n, size_t ld, size_t c0, size_t C)
 {
-    size_t up = 128, qr = ((size_t)T * 3 * C + up - 1) / up * up;
-    size_t gr = ((size_t)T * C + up - 1) / up * up, TT = (size_t)T * T;
+    double worst = 0.0;
 
-    return 2 * (qr + gr + up + (heads > 0 ? 3 * (size_t)heads * TT + up : TT));
+    for (size_t i = 0; i < n; i++)
+        if (i % ld - c0 < C && isfinite(r->bound[i]))
+            worst = fmax(worst, r->bound[i]);
+    for (size_t i = 0; i < n; i++)
+        if (i % ld - c0 < C && !isfinite(r->bound[i])) {
+            r->ref[i] = cpu[i];
+            r->bound[i] = 2.0 * worst;
+        }
 }
-#endif
 
-static void attention_case(int B, int T, int C, int NH)
+/* One case: B sequences, NH heads of hs, Nq queries against Nk keys, causal or not, llm.c's
+ * packed qkv or three tensors, the given chunk (0: td_attn_chunk's automatic one); every head
+ * checked against the reference, or (sampled) three of them. */
+static void attention_case(int B, int NH, int hs, int Nq, int Nk, int causal, int packed, int chunk,
+                           int sampled)
 {
-    size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
-    float *qkv = rand_host(nqkv, -1, 1), *dout = rand_host(nout, -1, 1);
-    float *dq0 = rand_host(nqkv, -1, 1), *out = rand_host(nout, -1, 1);
-    float *att = rand_host(natt, -1, 1), *dq = copy_host(dq0, nqkv), *scratch;
-    float *d_qkv = to_dev(qkv, nqkv), *d_dout = to_dev(dout, nout), *d_dq = to_dev(dq0, nqkv);
-    float *d_out = dev_alloc(nout * sizeof(float)), *d_att = dev_alloc(natt * sizeof(float));
-    float *d_scratch = dev_alloc((size_t)T * T * sizeof(float)), *d_catt, *h, *h2;
-    double *ref = dbuf(nqkv), *bound = dbuf(nqkv);
+    gatt a = {.packed = packed, .C = NH * hs};
+    int C = a.C, BH = B * NH;
+    size_t ng, ns;
+    float *out, *lse, *gc, *scratch, *h, *h2;
+    float *d_q, *d_k, *d_v, *d_dout, *d_out, *d_lse, *d_g, *d_scratch;
+    gref ro = gref_new((size_t)B * Nq * C), rl = gref_new((size_t)BH * Nq), rq, rk, rv;
+    int heads[3] = {0, BH / 2, BH - 1};
     char what[64];
 
-    scratch = malloc((size_t)T * T * sizeof(float));
-    assert_non_null(scratch);
-    print_message("  attention B=%d T=%d C=%d NH=%d%s:\n", B, T, C, NH, prec_name());
-    KC->attention_forward(out, att, qkv, B, T, C, NH);
-    KD->attention_forward(d_out, d_att, d_qkv, B, T, C, NH);
-    h = to_host(d_out, nout);
-    h2 = to_host(d_att, natt);
-    attention_forward_check(qkv, out, att, h, h2, B, T, C, NH);
-    free(h), free(h2);
+    a.d = (td_attn_dims){.B = B,
+                         .NH = NH,
+                         .Nq = Nq,
+                         .Nk = Nk,
+                         .hs = hs,
+                         .causal = causal,
+                         .chunk = td_attn_chunk(chunk, B, NH, Nq, Nk)};
+    a.nout = (size_t)B * Nq * C;
+    a.nl = (size_t)BH * Nq;
+    if (packed) {
+        a.d.ldq = a.d.ldk = a.d.ldv = 3 * C;
+        a.nq = (size_t)B * Nq * 3 * C;
+        a.q = rand_host(a.nq, -1, 1);
+        a.k = a.q + C;
+        a.v = a.q + 2 * C;
+        ng = a.nq;
+    } else {
+        a.d.ldq = a.d.ldk = a.d.ldv = C;
+        a.nq = a.nout;
+        a.nk = (size_t)B * Nk * C;
+        a.q = rand_host(a.nq, -1, 1);
+        a.k = rand_host(a.nk, -1, 1);
+        a.v = rand_host(a.nk, -1, 1);
+        ng = a.nq + 2 * a.nk;
+    }
+    a.dout = rand_host(a.nout, -1, 1);
+    a.g0 = rand_host(ng, -1, 1);
+    ns = td_attn_scratch(&a.d, 1);
+    print_message("  attention B=%d NH=%d hs=%d Nq=%d Nk=%d%s%s chunk %d%s:\n", B, NH, hs, Nq, Nk,
+                  causal ? " causal" : "", packed ? " packed qkv" : "", a.d.chunk, prec_name());
 
-    d_catt = to_dev(att, natt);
-    KC->attention_backward(dq, scratch, dout, qkv, att, B, T, C, NH);
-    KD->attention_backward(d_dq, d_scratch, d_dout, d_qkv, d_catt, B, T, C, NH);
-    attention_backward_ref(ref, bound, dq0, dout, qkv, att, B, T, C, NH);
-    h = to_host(d_dq, nqkv);
-    snprintf(what, sizeof(what), "attention dqkv");
-    check_bound(what, h, dq, ref, bound, nqkv);
-    dev_up(d_dq, dq0, nqkv * sizeof(float));
-    KD->attention_backward(d_dq, d_scratch, d_dout, d_qkv, d_catt, B, T, C, NH);
-    h2 = to_host(d_dq, nqkv);
-    check_same_bits("attention dqkv, twice", h, h2, nqkv);
-    free(h), free(h2);
+    /* the CPU */
+    out = malloc(a.nout * sizeof(float));
+    lse = malloc(a.nl * sizeof(float));
+    scratch = malloc(ns * sizeof(float));
+    gc = copy_host(a.g0, ng);
+    assert_true(out != NULL && lse != NULL && scratch != NULL);
+    KC->attention_forward(out, lse, scratch, a.q, a.k, a.v, &a.d);
+    if (packed)
+        KC->attention_backward(gc, gc + C, gc + 2 * C, scratch, a.dout, a.q, a.k, a.v, out, lse,
+                               &a.d);
+    else
+        KC->attention_backward(gc, gc + a.nq, gc + a.nq + a.nk, scratch, a.dout, a.q, a.k, a.v, out,
+                               lse, &a.d);
 
-#ifdef TD_HAVE_CUDA
-    /* the same backward with less context scratch: 3 heads at a time (a short last chunk),
-     * then 1 in the caller's (T,T) scratch; the same bits as all heads at once are not
-     * promised (cuBLAS may pick other kernels for other batch counts), the bound is. In bf16
-     * the scratch also holds the bf16 copies (bf16_attn_scratch) */
-    if (!fake)
-        for (int heads = 3; heads >= 1; heads -= 2) {
-            td_cuda_options opt;
-            td_cuda_ctx *outer = td_cuda_ctx_current(), *small = NULL;
-            td_error_t err = {0};
-            td_cuda_options_defaults(&opt);
-            opt.bf16 = bf16_on;
-            opt.scratch_bytes = bf16_on ? bf16_attn_scratch(T, C, heads > 1 ? heads : 0)
-                                        : (size_t)heads * T * T * sizeof(float);
-            if (td_cuda_ctx_new(&small, td_cuda_ctx_device(outer), &opt, &err) != 0)
-                fail_msg("%s", err.msg);
-            td_cuda_upload(d_dq, dq0, nqkv * sizeof(float));
-            KD->attention_backward(d_dq, d_scratch, d_dout, d_qkv, d_catt, B, T, C, NH);
-            h = to_host(d_dq, nqkv);
-            snprintf(what, sizeof(what), "attention dqkv, %d head%s", heads, heads > 1 ? "s" : "");
-            check_bound(what, h, dq, ref, bound, nqkv);
-            free(h);
-            td_cuda_ctx_free(small);
-            assert_int_equal(td_cuda_ctx_bind(outer, &err), 0);
-        }
-#endif
-    free(qkv), free(dout), free(dq0), free(out), free(att), free(dq), free(scratch), free(ref),
-        free(bound);
-    dev_free(d_qkv), dev_free(d_dout), dev_free(d_dq), dev_free(d_out), dev_free(d_att),
-        dev_free(d_scratch), dev_free(d_catt);
+    /* the device */
+    d_q = to_dev(a.q, a.nq);
+    d_k = packed ? d_q + C : to_dev(a.k, a.nk);
+    d_v = packed ? d_q + 2 * C : to_dev(a.v, a.nk);
+    d_dout = to_dev(a.dout, a.nout);
+    d_g = to_dev(a.g0, ng);
+    d_out = dev_alloc(a.nout * sizeof(float));
+    d_lse = dev_alloc(a.nl * sizeof(float));
+    d_scratch = dev_alloc(ns * sizeof(float));
+#define DEV_BACKWARD()                                                                            \
+    (packed ? KD->attention_backward(d_g, d_g + C, d_g + 2 * C, d_scratch, d_dout, d_q, d_k, d_v, \
+                                     d_out, d_lse, &a.d)                                          \
+            : KD->attention_backward(d_g, d_g + a.nq, d_g + a.nq + a.nk, d_scratch, d_dout, d_q,  \
+                                     d_k, d_v, d_out, d_lse, &a.d))
+    KD->attention_forward(d_out, d_lse, d_scratch, d_q, d_k, d_v, &a.d);
+    DEV_BACKWARD();
+
+    /* the reference */
+    if (packed) {
+        rq = gref_new(a.nq);
+        rk = (gref){rq.ref + C, rq.bound + C, 0};
+        rv = (gref){rq.ref + 2 * C, rq.bound + 2 * C, 0};
+    } else {
+        gref all = gref_new(ng);
+        rq = (gref){all.ref, all.bound, a.nq};
+        rk = (gref){all.ref + a.nq, all.bound + a.nq, 0};
+        rv = (gref){all.ref + a.nq + a.nk, all.bound + a.nq + a.nk, 0};
+    }
+    rq.n = ng; /* rq owns the whole gradient buffer's reference */
+    for (int bh = 0; bh < BH; bh++)
+        if (!sampled || bh == heads[0] || bh == heads[1] || bh == heads[2])
+            gatt_ref_head(&a, bh / NH, bh % NH, &ro, &rl, &rq, &rk, &rv);
+    gref_fill(&ro, out, a.nout, a.nout, 0, a.nout);
+    gref_fill(&rl, lse, a.nl, a.nl, 0, a.nl);
+    if (packed) {
+        for (int part = 0; part < 3; part++)
+            gref_fill(&rq, gc, ng, 3 * (size_t)C, (size_t)part * C, C);
+    } else {
+        gref r2 = {rq.ref + a.nq, rq.bound + a.nq, 0}, r3 = {rk.ref + a.nk, rk.bound + a.nk, 0};
+        gref_fill(&rq, gc, a.nq, a.nq, 0, a.nq);
+        gref_fill(&r2, gc + a.nq, a.nk, a.nk, 0, a.nk);
+        gref_fill(&r3, gc + a.nq + a.nk, a.nk, a.nk, 0, a.nk);
+    }
+
+    h = to_host(d_out, a.nout);
+    check_bound("attention out", h, out, ro.ref, ro.bound, a.nout);
+    free(h);
+    h = to_host(d_lse, a.nl);
+    check_bound("attention lse", h, lse, rl.ref, rl.bound, a.nl);
+    free(h);
+    h = to_host(d_g, ng);
+    snprintf(what, sizeof(what), "attention %s", packed ? "dqkv" : "dq, dk, dv");
+    check_bound(what, h, gc, rq.ref, rq.bound, ng);
+
+    /* deterministic: forward and backward again, the same bits */
+    dev_up(d_g, a.g0, ng * sizeof(float));
+    KD->attention_forward(d_out, d_lse, d_scratch, d_q, d_k, d_v, &a.d);
+    DEV_BACKWARD();
+    h2 = to_host(d_g, ng);
+    check_same_bits("attention backward, twice", h, h2, ng);
+    free(h), free(h2);
+#undef DEV_BACKWARD
+
+    gref_free(&ro), gref_free(&rl), gref_free(&rq);
+    free(a.q), free(a.dout), free(a.g0), free(out), free(lse), free(scratch), free(gc);
+    if (!packed)
+        free(a.k), free(a.v), dev_free(d_k), dev_free(d_v);
+    dev_free(d_q), dev_free(d_dout), dev_free(d_g), dev_free(d_out), dev_free(d_lse),
+        dev_free(d_scratch);
+}
+
+/* Small cases, every head against the reference: GPT-2's heads (causal, packed, T past a
+ * 64-row block, hs 64), a causal T = 129 with hs 24 and a chunk of 50 (not dividing T), a
+ * non-causal self-attention of three tensors, a MAP head's probe. Then the sizes of issue 13,
+ * three heads against the reference and the rest against the CPU: a ViT tower's
+ * self-attention over N = 2448 patches with B*NH = 144 (several blocks of rows at the
+ * automatic chunk), the GPT's causal attention at T = 2448 with B*NH = 128, and a MAP head's
+ * probe against 2448 keys for B*NH = 256. The CPU twin takes every core meanwhile. */
+static void attention_cases(int large)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+
+    attention_case(1, 12, 64, 256, 256, 1, 1, 0, 0);
+    attention_case(2, 4, 24, 129, 129, 1, 1, 50, 0);
+    attention_case(2, 3, 16, 97, 97, 0, 0, 16, 0);
+    attention_case(4, 2, 16, 1, 300, 0, 0, 0, 0);
+    KC->set_threads(cores > 1 ? (int)cores : 1);
+    if (large)
+        attention_case(24, 6, 32, 2448, 2448, 0, 0, 0, 1);
+    attention_case(16, 8, 32, 2448, 2448, 1, 1, 0, 1);
+    if (large)
+        attention_case(32, 8, 32, 1, 2448, 0, 0, 0, 1);
+    KC->set_threads(1);
 }
 
 static void body_attention(void)
 {
-    attention_case(2, 129, 96, 4);   /* T past a 64-row block and a warp, hs 24 */
-    attention_case(1, 256, 768, 12); /* GPT-2's heads */
+    attention_cases(1);
 }
 
-/* ---- sumsq and the optimizers -------------------------------------------------------------- */
-
-/* Squares of floats are exact in double; both sides sum n of them in double: within
- * 2(n+2) 2^-53 of the sum. Twice on the GPU: the same bits. */
-/* The same in bf16 mixed precision: q, k, v, att, dout and dpreatt rounded to bf16 for the
- * products (ops.cu), each product's bound growing by BF16_U of the sum of its terms' absolute
- * values, carried through the softmax as the fp32 bounds are. */
+/* The same with bf16 on, as a GPT job on a GPU runs: the attention's fp32 gemms then run in
+ * TF32, so every product's bound grows by TF32_U of the sum of its terms' absolute values. Of
+ * the large cases, the GPT's causal one. */
 static void body_attention_bf16(void)
 {
 #ifdef TD_HAVE_CUDA
@@ -1294,8 +1442,7 @@ static void body_attention_bf16(void)
         td_cuda_ctx_set_bf16(td_cuda_ctx_current(), 1);
 #endif
     bf16_on = 1;
-    attention_case(2, 129, 96, 4);
-    attention_case(1, 256, 768, 12);
+    attention_cases(0);
 #ifdef TD_HAVE_CUDA
     if (!fake)
         td_cuda_ctx_set_bf16(td_cuda_ctx_current(), 0);
@@ -1303,6 +1450,10 @@ static void body_attention_bf16(void)
     bf16_on = 0;
 }
 
+/* ---- sumsq and the optimizers -------------------------------------------------------------- */
+
+/* Squares of floats are exact in double; both sides sum n of them in double: within
+ * 2(n+2) 2^-53 of the sum. Twice on the GPU: the same bits. */
 static void body_sumsq(void)
 {
     size_t n = 1000003;
@@ -1328,9 +1479,8 @@ static void body_sumsq(void)
 
 /* Two AdamW steps (step 1 and 2, with decay), SGD with and without momentum: the same float
  * operations on both sides. */
-static void body_optimizers(void)
+static void optimizers_case(size_t n)
 {
-    size_t n = NE;
     float *p = rand_host(n, -1, 1), *g = rand_host(n, -1, 1), *m = calloc(n, sizeof(float));
     float *v = calloc(n, sizeof(float)), *d_p = to_dev(p, n), *d_g = to_dev(g, n);
     float *d_m = to_dev(m, n), *d_v = to_dev(v, n), *h;
@@ -1367,6 +1517,190 @@ static void body_optimizers(void)
     dev_free(d_p), dev_free(d_g), dev_free(d_m), dev_free(d_v);
 }
 
+/* Several blocks with a partial last one, then the grid-stride wrap-around. */
+static void body_optimizers(void)
+{
+    optimizers_case(NE);
+    optimizers_case(WRAP_N);
+}
+
+/* ---- a two-tower model's heads (kernels/cpu_heads.c, cuda/heads.cu) ----------------------- */
+
+/* token_mean, gather_rows and l2norm: the CUDA twins add in the CPU's order (one thread per
+ * output: the tokens in order; one per row: the row's squares and dot in double, in column
+ * order; IEEE division and square root), so each is held to the CPU's bits. The sizes make
+ * several blocks of each kernel: B*C = 903 outputs of token_mean (256 a block), 300 rows of
+ * l2norm (64 a block), a (7,300,129) backward; and a row of l2norm below its floor. */
+static void heads_exact_case(void)
+{
+    const int B = 7, N = 300, C = 129, R = 300, E = 777, T = 17;
+    size_t nx = (size_t)B * N * C, ny = (size_t)B * C, ne = (size_t)R * E, ng = (size_t)R * T * 100;
+    float *x = rand_host(nx, -2, 2), *y = rand_host(ny, -1, 1), *gx = rand_host(nx, -1, 1);
+    float *gy = rand_host(ny, -1, 1), *v = rand_host(ne, -3, 3), *gv = rand_host(ne, -1, 1);
+    float *g0 = rand_host(ne, -1, 1), *gt = rand_host(ng, -1, 1),
+          *go = rand_host((size_t)R * 100, -1, 1);
+    float *vo = rand_host(ne, -1, 1), *vn = rand_host(R, -1, 1), *gi = copy_host(g0, ne), *h;
+    float *gti = copy_host(gt, ng), *gx2 = copy_host(gx, nx), *d_x, *d_y, *d_gx, *d_gy, *d_v;
+    float *d_vo, *d_vn, *d_gv, *d_gi, *d_gt, *d_go, *d_gout;
+    int *idx = malloc((size_t)R * sizeof(int)), *d_idx;
+
+    assert_non_null(idx);
+    for (int e = 0; e < E; e++) /* row 3 below the floor: divided by it */
+        v[(size_t)3 * E + e] = e < 2 ? 1e-14f : 0.0f;
+    for (int r = 0; r < R; r++)
+        idx[r] = (r * 7) % T;
+    d_x = to_dev(x, nx), d_y = dev_alloc(ny * sizeof(float)), d_gx = to_dev(gx, nx);
+    d_gy = to_dev(gy, ny), d_v = to_dev(v, ne), d_vo = dev_alloc(ne * sizeof(float));
+    d_vn = dev_alloc((size_t)R * sizeof(float)), d_gv = to_dev(gv, ne), d_gi = to_dev(g0, ne);
+    d_gt = to_dev(gt, ng), d_go = dev_alloc((size_t)R * 100 * sizeof(float));
+    d_gout = to_dev(go, (size_t)R * 100), d_idx = ints_to_dev(idx, R);
+
+    KC->token_mean_forward(y, x, B, N, C);
+    KD->token_mean_forward(d_y, d_x, B, N, C);
+    h = to_host(d_y, ny), check_exact("token_mean fwd 7x300x129", h, y, ny), free(h);
+    KC->token_mean_backward(gx2, gy, B, N, C);
+    KD->token_mean_backward(d_gx, d_gy, B, N, C);
+    h = to_host(d_gx, nx), check_exact("token_mean bwd", h, gx2, nx), free(h);
+
+    KC->l2norm_forward(vo, vn, v, R, E);
+    KD->l2norm_forward(d_vo, d_vn, d_v, R, E);
+    assert_true(vn[3] == TD_L2NORM_EPS);
+    h = to_host(d_vo, ne), check_exact("l2norm fwd 300x777", h, vo, ne), free(h);
+    h = to_host(d_vn, R), check_exact("l2norm norms", h, vn, R), free(h);
+    KC->l2norm_backward(gi, gv, vo, vn, R, E);
+    dev_up(d_vo, vo, ne * sizeof(float)), dev_up(d_vn, vn, R * sizeof(float));
+    KD->l2norm_backward(d_gi, d_gv, d_vo, d_vn, R, E);
+    h = to_host(d_gi, ne), check_exact("l2norm bwd", h, gi, ne), free(h);
+
+    /* gather: rows of a (R, T, 100) input; the forward reads gt as the input */
+    KC->gather_rows_forward(go, gt, idx, R, T, 100);
+    KD->gather_rows_forward(d_go, d_gt, d_idx, R, T, 100);
+    h = to_host(d_go, (size_t)R * 100), check_exact("gather_rows fwd 300x17x100", h, go, R * 100),
+    free(h);
+    KC->gather_rows_backward(gti, go, idx, R, T, 100);
+    KD->gather_rows_backward(d_gt, d_go, d_idx, R, T, 100);
+    h = to_host(d_gt, ng), check_exact("gather_rows bwd", h, gti, ng), free(h);
+
+    free(x), free(y), free(gx), free(gy), free(v), free(gv), free(g0), free(gt), free(go), free(vo),
+        free(vn), free(gi), free(gti), free(gx2), free(idx);
+    dev_free(d_x), dev_free(d_y), dev_free(d_gx), dev_free(d_gy), dev_free(d_v), dev_free(d_vo),
+        dev_free(d_vn), dev_free(d_gv), dev_free(d_gi), dev_free(d_gt), dev_free(d_go),
+        dev_free(d_gout), dev_free(d_idx);
+}
+
+/* SigLIP's loss and gradients, N x M = 100 x 300 (30000 terms: 30 blocks of the forward's
+ * grid), a diagonal shifted by 37 (a replica's rows), a weight; dots in [-1, 1] and t = 2.5
+ * (exp(t) = 12.2) so z spans both signs. Each term is float on both sides (expf and log1pf:
+ * glibc's and CUDA's, within 2 ulp each), the sums double. Against a double reference:
+ *  - z = exp(t) dots + b within (|exp(t) dots| + |b|) 4u (expf's ulps, the product, the sum);
+ *    a term (softplus, slope below 1) within that plus 8u of itself; the loss within the sum
+ *    of those, times weight, times 2;
+ *  - g = dL/dz, -scale y sigmoid(-yz): sigmoid's slope is at most 1/4, so g within
+ *    |scale| (z's bound / 4 + 8u sigmoid); ddots (+= exp(t) g) within exp(t) g's bound + 4u
+ *    |exp(t) g| + u |ddots|; dt, db (sums in double of exp(t) dots g and g) within the sums of
+ *    their terms' bounds, plus u of the result for the cast, times 2.
+ * Both backends are held to these; the GPU run twice gives the same bits. */
+static void siglip_gpu_case(int N, int M, int diag, float weight)
+{
+    size_t n = (size_t)N * M;
+    float *dots = rand_host(n, -1, 1), t = 2.5f, b = -3.0f, dloss = 1.3f, loss, *h;
+    float *dd0 = rand_host(n, -1, 1), *dd = copy_host(dd0, n), tb0[2] = {0.25f, -0.5f};
+    float dt = tb0[0], db = tb0[1], got[2];
+    float *d_dots = to_dev(dots, n), *d_t = to_dev(&t, 1), *d_b = to_dev(&b, 1);
+    float *d_loss = dev_alloc(sizeof(float)), *d_dl = to_dev(&dloss, 1), *d_dd = to_dev(dd0, n);
+    float *d_dt = to_dev(&tb0[0], 1), *d_db = to_dev(&tb0[1], 1), first;
+    double et = exp((double)t), ref = 0.0, lb = 0.0, st = tb0[0], sb = tb0[1], bt = 0.0, bb = 0.0;
+    double *rd = dbuf(n), *bd = dbuf(n), scale = (double)dloss * weight;
+    char what[48];
+
+    for (size_t k = 0; k < n; k++) {
+        int i = (int)(k / (size_t)M), j = (int)(k % (size_t)M);
+        double y = j == i + diag ? 1.0 : -1.0, z = et * dots[k] + b, term, sg, g, zb, gb;
+        term = fmax(-y * z, 0.0) + log1p(exp(-fabs(y * z)));
+        zb = (fabs(et * dots[k]) + fabs((double)b)) * 4.0 * U;
+        ref += term;
+        lb += zb + 8.0 * U * term;
+        sg = 1.0 / (1.0 + exp(y * z));
+        g = -scale * y * sg;
+        gb = fabs(scale) * (zb / 4.0 + 8.0 * U * sg);
+        rd[k] = dd0[k] + et * g;
+        bd[k] = 2.0 * (et * gb + 4.0 * U * fabs(et * g) + U * fabs(rd[k]));
+        st += et * dots[k] * g, bt += fabs(et * dots[k]) * gb + 4.0 * U * fabs(et * dots[k] * g);
+        sb += g, bb += gb;
+    }
+    ref *= weight, lb = 2.0 * weight * lb;
+    bt = 2.0 * bt + U * fabs(st), bb = 2.0 * bb + U * fabs(sb);
+    KC->siglip_forward(&loss, dots, &t, &b, N, M, diag, weight);
+    KD->siglip_forward(d_loss, d_dots, d_t, d_b, N, M, diag, weight);
+    dev_down(&got[0], d_loss, sizeof(float));
+    snprintf(what, sizeof(what), "siglip loss %dx%d", N, M);
+    check_bound(what, &got[0], &loss, &ref, &lb, 1);
+    first = got[0];
+    KD->siglip_forward(d_loss, d_dots, d_t, d_b, N, M, diag, weight);
+    dev_down(&got[0], d_loss, sizeof(float));
+    check_same_bits("siglip loss, twice", &got[0], &first, 1);
+
+    KC->siglip_backward(dd, &dt, &db, &dloss, dots, &t, &b, N, M, diag, weight);
+    KD->siglip_backward(d_dd, d_dt, d_db, d_dl, d_dots, d_t, d_b, N, M, diag, weight);
+    h = to_host(d_dd, n), check_bound("siglip ddots", h, dd, rd, bd, n), free(h);
+    dev_down(&got[0], d_dt, sizeof(float)), dev_down(&got[1], d_db, sizeof(float));
+    check_bound("siglip dt", &got[0], &dt, &st, &bt, 1);
+    check_bound("siglip db", &got[1], &db, &sb, &bb, 1);
+
+    free(dots), free(dd0), free(dd), free(rd), free(bd);
+    dev_free(d_dots), dev_free(d_t), dev_free(d_b), dev_free(d_loss), dev_free(d_dl),
+        dev_free(d_dd), dev_free(d_dt), dev_free(d_db);
+}
+
+/* token_mean and gather_rows with more outputs than their grids have threads (heads.cu's
+ * grid_for caps a grid at 32 blocks of 256 per SM): B*C = 4096*1031 = 4.2M outputs, so each
+ * thread goes round its grid-stride loop several times on any GPU of up to 512 SMs; each held
+ * to the CPU's bits as above. */
+static void heads_wrap_case(void)
+{
+    const int B = 4096, N = 3, C = 1031, T = 3;
+    size_t nx = (size_t)B * N * C, ny = (size_t)B * C;
+    float *x = rand_host(nx, -2, 2), *y = rand_host(ny, -1, 1), *gx = rand_host(nx, -1, 1);
+    float *gy = rand_host(ny, -1, 1), *gx2 = copy_host(gx, nx), *h;
+    float *d_x = to_dev(x, nx), *d_y = dev_alloc(ny * sizeof(float)), *d_gx = to_dev(gx, nx);
+    float *d_gy = to_dev(gy, ny);
+    int *idx = malloc((size_t)B * sizeof(int)), *d_idx;
+
+    assert_non_null(idx);
+    for (int b = 0; b < B; b++)
+        idx[b] = (b * 7) % T;
+    d_idx = ints_to_dev(idx, B);
+    KC->token_mean_forward(y, x, B, N, C);
+    KD->token_mean_forward(d_y, d_x, B, N, C);
+    h = to_host(d_y, ny), check_exact("token_mean fwd 4096x3x1031", h, y, ny), free(h);
+    KC->token_mean_backward(gx2, gy, B, N, C);
+    KD->token_mean_backward(d_gx, d_gy, B, N, C);
+    h = to_host(d_gx, nx), check_exact("token_mean bwd", h, gx2, nx), free(h);
+
+    /* gather: rows of the (B, T, C) input x; y, gy the outputs and their gradient */
+    KC->gather_rows_forward(y, x, idx, B, T, C);
+    KD->gather_rows_forward(d_y, d_x, d_idx, B, T, C);
+    h = to_host(d_y, ny), check_exact("gather_rows fwd 4096x3x1031", h, y, ny), free(h);
+    KC->gather_rows_backward(gx2, gy, idx, B, T, C);
+    KD->gather_rows_backward(d_gx, d_gy, d_idx, B, T, C);
+    h = to_host(d_gx, nx), check_exact("gather_rows bwd", h, gx2, nx), free(h);
+
+    free(x), free(y), free(gx), free(gy), free(gx2), free(idx);
+    dev_free(d_x), dev_free(d_y), dev_free(d_gx), dev_free(d_gy), dev_free(d_idx);
+}
+
+static void body_heads(void)
+{
+    heads_exact_case();
+    heads_wrap_case();
+    siglip_gpu_case(100, 300, 37, 0.02f);
+    siglip_gpu_case(3, 5, 0, 1.0f / 3.0f); /* one block */
+    /* 1024 x 1031 terms, past the grid's cap (SIG_MAX_GRID = 512 blocks of 256 threads, at
+     * least 4 terms each): every thread takes eight or nine terms in its grid-stride loop; a
+     * batch of 1024 with a diagonal shifted by 5 */
+    siglip_gpu_case(1024, 1031, 5, 1.0f / 1024.0f);
+}
+
 #define OP_TEST(name)                     \
     static void test_##name(void **state) \
     {                                     \
@@ -1385,6 +1719,7 @@ OP_TEST(attention)
 OP_TEST(attention_bf16)
 OP_TEST(sumsq)
 OP_TEST(optimizers)
+OP_TEST(heads)
 
 static const struct CMUnitTest op_tests[] = {
     cmocka_unit_test(test_matmul),         cmocka_unit_test(test_matmul_tf32),
@@ -1393,7 +1728,7 @@ static const struct CMUnitTest op_tests[] = {
     cmocka_unit_test(test_argmax),         cmocka_unit_test(test_encoder),
     cmocka_unit_test(test_layernorm),      cmocka_unit_test(test_attention),
     cmocka_unit_test(test_attention_bf16), cmocka_unit_test(test_sumsq),
-    cmocka_unit_test(test_optimizers),
+    cmocka_unit_test(test_optimizers),     cmocka_unit_test(test_heads),
 };
 
 #ifdef TD_HAVE_CUDA
@@ -1523,6 +1858,19 @@ static int run_child(const char *mode, char *out, size_t outsize)
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* How a child ends: its output flushed, then _exit, never exit(). The NCCL child has just
+ * aborted a non-blocking communicator, whose teardown NCCL's own threads may still be running;
+ * exit() would run the CUDA runtime's and NCCL's exit-time destructors under them (issue 12:
+ * "a child that exits right after a non-blocking ncclCommAbort races NCCL's teardown thread"),
+ * and the sticky child's context is broken, whose teardown can only fail. _exit ends every
+ * thread at once, and the driver takes the device's resources back with the process. */
+__attribute__((noreturn)) static void child_exit(int rc)
+{
+    fflush(stdout);
+    fflush(stderr);
+    _exit(rc);
 }
 
 /* The child of test_sticky_error: an illegal store, then the sync that reports it. Exit 0 when
@@ -2015,6 +2363,36 @@ static void e2e_three_ways(td_train_config *cfg, const char *name)
                  name);
 }
 
+/* The sensorlm job: the tiny preset's shape, scaled down (both towers D 32, 2 blocks, 4
+ * heads, M 64, E 32) on 64 windows of 24 x 3 in patches of 4 x 2, L 24, batch 8, 10 steps,
+ * AdamW 1e-3, seed 1: every new op, the fused attention (causal and not, the MAP's one query),
+ * the embedding, in one step. */
+static void e2e_slm_config(td_train_config *cfg)
+{
+    td_train_config_defaults(cfg);
+    cfg->model = TD_MODEL_SENSORLM;
+    cfg->data = TD_DATA_SENSOR;
+    tt_path_of(cfg->train_files[0], "sensor.bin");
+    tt_write_sensor(cfg->train_files[0], 64, 24, 3, 24, 1);
+    cfg->n_train_files = 1;
+    cfg->slm.patch_t = 4, cfg->slm.patch_c = 2, cfg->slm.text_len = 24, cfg->slm.embed_dim = 32;
+    cfg->slm.s_width = cfg->slm.t_width = 32, cfg->slm.s_depth = cfg->slm.t_depth = 2;
+    cfg->slm.s_heads = cfg->slm.t_heads = 4, cfg->slm.s_mlp = cfg->slm.t_mlp = 64;
+    cfg->batch_size = 8;
+    cfg->lr = 1e-3f;
+    cfg->max_steps = E2E_STEPS;
+    cfg->seed = 1;
+    cfg->threads = 1;
+}
+
+static void body_train_sensorlm(void)
+{
+    td_train_config cfg;
+
+    e2e_slm_config(&cfg);
+    e2e_three_ways(&cfg, "sensorlm");
+}
+
 static void body_train_gpt(void)
 {
     td_train_config cfg;
@@ -2074,6 +2452,7 @@ static void body_train_resume(void)
 OP_TEST(train_gpt)
 OP_TEST(train_mlp)
 OP_TEST(train_resume)
+OP_TEST(train_sensorlm)
 
 static int e2e_setup(void **state)
 {
@@ -2089,6 +2468,7 @@ static const struct CMUnitTest trainer_tests[] = {
     cmocka_unit_test(test_train_gpt),
     cmocka_unit_test(test_train_mlp),
     cmocka_unit_test(test_train_resume),
+    cmocka_unit_test(test_train_sensorlm),
 };
 
 static td_cuda_ctx *main_ctx;
@@ -2147,9 +2527,9 @@ int main(int argc, char **argv)
     int failed, n = 0;
 
     if (argc > 1 && strcmp(argv[1], "--sticky-child") == 0)
-        return sticky_child();
+        child_exit(sticky_child());
     if (argc > 1 && strcmp(argv[1], "--nccl-timeout-child") == 0)
-        return nccl_timeout_child();
+        child_exit(nccl_timeout_child());
     failed = cmocka_run_group_tests_name("without a device", no_device_tests, NULL, NULL);
     if (failed != 0)
         return 1;

@@ -7,7 +7,11 @@
  * Tolerance: none. The estimate sizes the model and the arena with the trainer's own functions,
  * so on the CPU every figure is equal to the byte, with one stated exception: without reading
  * the data the estimate takes an mlp's evaluation batch at its largest (1000 samples), so for
- * a test split smaller than that it is an upper bound, checked as such. */
+ * a test split smaller than that it is an upper bound, checked as such.
+ *
+ * Also the dataset's share (td_train_data_bytes: what the headers declare, read without
+ * loading) and td_train_check_files, a job's files against its model before it starts, each
+ * refusal naming the field, the file and what is wrong. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,7 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cmocka.h>
 
@@ -228,8 +234,20 @@ static void test_mlp_upper_bound(void **state)
     td_trainer_free(t);
 }
 
+/* What a gpt's fused attention holds in a training step: each of the L layers' log-sum-exps
+ * (B*NH*T floats) and the backward's transient block, two (B,NH,chunk,T) blocks and a float
+ * per row and head. */
+static size_t gpt_attention(int L, int B, int NH, int T, int chunk)
+{
+    size_t lse = td_arena_round((size_t)B * NH * T * sizeof(float));
+    size_t block = (size_t)B * NH * td_attn_chunk(chunk, B, NH, T, T) * T;
+
+    return (size_t)L * lse + td_arena_round((2 * block + (size_t)B * NH * T) * sizeof(float));
+}
+
 /* A gpt: the training step (with the attention backward's scratch on top) is the larger part,
- * and a step's peak reaches it exactly. The attention scores: L (B,NH,T,T) matrices. */
+ * and a step's peak reaches it exactly. The attention: gpt_attention's, with the automatic
+ * chunk all of T = 16. */
 static void test_gpt_exact(void **state)
 {
     td_train_config cfg;
@@ -242,8 +260,35 @@ static void test_gpt_exact(void **state)
     assert_buffers(&e, td_trainer_params(t), 2);
     assert_int_equal(e.activations, td_trainer_arena(t)->cap);
     assert_int_equal(e.activations, td_trainer_step_bytes(t));
-    assert_int_equal(e.attention, 2 * td_arena_round((size_t)4 * 4 * 16 * 16 * sizeof(float)));
+    assert_int_equal(td_attn_chunk(0, 4, 4, 16, 16), 16);
+    assert_int_equal(e.attention, gpt_attention(2, 4, 4, 16, 16));
     assert_true(e.attention < e.activations);
+    run_all(t);
+    assert_int_equal(td_trainer_arena(t)->peak, e.activations);
+    td_trainer_free(t);
+}
+
+/* model.attn_chunk 5, which does not divide T = 16: the trainer's arena and a step's peak are
+ * still exactly the estimate, and the smaller block makes both smaller than the automatic
+ * chunk's by the difference of the backward's blocks, 2 (B,NH,16-5,T) blocks. */
+static void test_gpt_chunk(void **state)
+{
+    td_train_config cfg;
+    td_mem_estimate e, e0;
+    td_trainer *t;
+
+    gpt_config(&cfg);
+    estimate(&cfg, &e0);
+    cfg.attn_chunk = 5;
+    estimate(&cfg, &e);
+    assert_int_equal(e.attention, gpt_attention(2, 4, 4, 16, 5));
+    assert_int_equal(e0.attention - e.attention,
+                     td_arena_round((2 * (size_t)4 * 4 * 16 * 16 + 4 * 4 * 16) * sizeof(float)) -
+                         td_arena_round((2 * (size_t)4 * 4 * 5 * 16 + 4 * 4 * 16) * sizeof(float)));
+    assert_true(e.activations < e0.activations);
+    t = new_trainer(&cfg);
+    assert_int_equal(e.activations, td_trainer_arena(t)->cap);
+    assert_int_equal(e.activations, td_trainer_step_bytes(t));
     run_all(t);
     assert_int_equal(td_trainer_arena(t)->peak, e.activations);
     td_trainer_free(t);
@@ -338,7 +383,10 @@ static void test_estimate_errors(void **state)
 
 /* GPT-2 124M (L=12, C=768, NH=12, T=1024, V=50257 padded to 50304) at batch 8 with AdamW:
  * llm.c's 124,475,904 parameters (padded vocabulary) plus the 16-float alignment of each
- * tensor, and the attention scores 12 x 8 x 12 x 1024 x 1024 floats. Printed for the record. */
+ * tensor, and the attention: 12 layers' log-sum-exps (8 x 12 x 1024 floats each) and the
+ * backward's block at the automatic chunk, 170 rows (170 x 8 x 12 x 1024 floats fit in 64 MiB),
+ * where the attention it replaced kept 12 x 8 x 12 x 1024 x 1024 floats of scores. Printed for
+ * the record. */
 static void test_gpt2_124m_figures(void **state)
 {
     td_train_config cfg;
@@ -356,12 +404,187 @@ static void test_gpt2_124m_figures(void **state)
     cfg.batch_size = 8;
     estimate(&cfg, &e);
     assert_true(e.n_floats >= 124475904 && e.n_floats <= 124475904 + 16 * TD_PARAMS_ALIGN);
-    assert_int_equal(e.attention, (size_t)12 * 8 * 12 * 1024 * 1024 * sizeof(float));
+    assert_int_equal(td_attn_chunk(0, 8, 12, 1024, 1024), 170);
+    assert_int_equal(e.attention, gpt_attention(12, 8, 12, 1024, 170));
+    assert_true(e.attention * 20 < (size_t)12 * 8 * 12 * 1024 * 1024 * sizeof(float));
     print_message("GPT-2 124M, B=8, T=1024, AdamW: params %zu MiB, grads %zu MiB, moments %zu "
-                  "MiB, activations %zu MiB (attention scores %zu MiB), workspace %zu MiB, "
+                  "MiB, activations %zu MiB (attention %zu MiB), workspace %zu MiB, "
                   "total %zu MiB\n",
                   e.params / MiB, e.grads / MiB, e.optim / MiB, e.activations / MiB,
                   e.attention / MiB, e.workspace / MiB, e.total / MiB);
+}
+
+/* ---- the dataset's share and the files against the model ------------------------------------ */
+
+static size_t file_size(const char *path)
+{
+    struct stat st;
+
+    assert_int_equal(stat(path, &st), 0);
+    return (size_t)st.st_size;
+}
+
+/* The dataset's bytes: an mlp's pixels and labels as the headers declare them plus its sample
+ * order; text as 2-byte tokens plus the shuffle's row order (an upper bound of what the loader
+ * holds: the rows of the whole file, valid_fraction's included). Not part of total. A gzip
+ * file whose header claims 64 MiB of pixels in a few bytes is counted as it claims. */
+static void test_data_bytes(void **state)
+{
+    uint32_t bomb[3] = {1u << 20, SIDE, SIDE}, bomb_labels[1] = {1u << 20};
+    td_train_config cfg;
+    td_mem_estimate e;
+    td_error_t err = {0};
+    size_t bytes = 0, n;
+
+    mlp_config(&cfg, 200);
+    estimate(&cfg, &e);
+    assert_int_equal(e.data, (1200 * 64 + 1200) + (200 * 64 + 200) + 4 * 1200);
+    assert_int_equal(td_train_data_bytes(&cfg, &bytes, &err), 0);
+    assert_int_equal(bytes, e.data);
+
+    gpt_config(&cfg);
+    n = file_size(text_path);
+    estimate(&cfg, &e);
+    assert_int_equal(e.data, 2 * n + 4 * ((n - 1) / 16));
+    cfg.shuffle = 0;
+    estimate(&cfg, &e);
+    assert_int_equal(e.data, 2 * n);
+
+    mlp_config(&cfg, 200);
+    tt_path_of(cfg.train.images, "bomb-images.gz");
+    tt_write_idx(cfg.train.images, 1, TD_IDX_MAGIC_IMAGES, bomb, 3, (const uint8_t *)"x", 1);
+    tt_path_of(cfg.train.labels, "bomb-labels.gz");
+    tt_write_idx(cfg.train.labels, 1, TD_IDX_MAGIC_LABELS, bomb_labels, 1, (const uint8_t *)"x", 1);
+    estimate(&cfg, &e);
+    assert_int_equal(e.data, (64u << 20) + (1u << 20) + (200 * 64 + 200) + (4u << 20));
+}
+
+/* An llm.c model file's header (magic, version, maxT, V, L, NH, C, Vp) and n bytes of zeros. */
+static void write_llmc(const char *path, int version, size_t n)
+{
+    int32_t h[256] = {TD_LLMC_MAGIC, version, 16, 256, 2, 4, 32, 256};
+    FILE *f = fopen(path, "wb");
+    char *zeros = calloc(1, n + 1);
+
+    assert_non_null(f);
+    assert_non_null(zeros);
+    assert_int_equal(fwrite(h, sizeof(h), 1, f), 1);
+    assert_int_equal(fwrite(zeros, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+    free(zeros);
+}
+
+static void expect_files_refused(const td_train_config *cfg, int code, const char *msg)
+{
+    td_error_t err = {0};
+    int rc = td_train_check_files(cfg, &err);
+
+    if (rc != code || strcmp(err.msg, msg) != 0)
+        fail_msg("expected %s \"%s\", got %s \"%s\"", td_errname(code), msg, td_errname(rc),
+                 err.msg);
+}
+
+/* What would fail at start fails here, before: a last layer short of the labels, a first
+ * layer that is not the image size, a labels file given as the images, labels that do not
+ * match the images in count, an llm.c file of another version or cut short, job dimensions
+ * that disagree with init_from, a token shard with a bad magic, a glob of no regular file,
+ * text with a vocabulary under 256, and a dataset past TD_DATA_MAX_BYTES. */
+static void test_check_files(void **state)
+{
+    uint32_t big[3] = {1u << 24, 32, 32}, big_labels[1] = {1u << 24};
+    td_train_config cfg;
+    td_gpt_dims d = {.maxT = 16, .V = 256, .Vp = 256, .L = 2, .NH = 4, .C = 32};
+    td_error_t err = {0};
+    char msg[3 * TD_PATH_MAX], path[TD_PATH_MAX];
+    uint8_t *zeros;
+    int32_t bad[256] = {12345, 1, 0};
+    FILE *f;
+
+    mlp_config(&cfg, 200);
+    assert_int_equal(td_train_check_files(&cfg, &err), 0);
+    cfg.layers[2] = CLASSES - 1;
+    snprintf(msg, sizeof(msg), "model.layers[2]: 3 outputs, but %s has labels up to 3 (4 classes)",
+             cfg.train.labels);
+    expect_files_refused(&cfg, TD_ESHAPE, msg);
+    mlp_config(&cfg, 200);
+    cfg.layers[0] = 100;
+    snprintf(msg, sizeof(msg),
+             "model.layers[0]: 100 inputs, but the images of %s are 8x8 = 64 pixels",
+             cfg.train.images);
+    expect_files_refused(&cfg, TD_ESHAPE, msg);
+    mlp_config(&cfg, 200);
+    snprintf(cfg.train.images, TD_PATH_MAX, "%s", cfg.train.labels);
+    snprintf(msg, sizeof(msg),
+             "data.train.images: %s: magic 0x00000801 is an IDX labels file, expected images "
+             "(0x00000803)",
+             cfg.train.labels);
+    expect_files_refused(&cfg, TD_EDATA, msg);
+    mlp_config(&cfg, 200);
+    snprintf(path, sizeof(path), "%s", cfg.test.labels);
+    snprintf(cfg.test.labels, TD_PATH_MAX, "%s", cfg.train.labels);
+    snprintf(msg, sizeof(msg), "data.test.labels: %s has 1200 labels, but %s has 200 images",
+             cfg.train.labels, cfg.test.images);
+    expect_files_refused(&cfg, TD_EDATA, msg);
+
+    gpt_config(&cfg);
+    assert_int_equal(td_train_check_files(&cfg, &err), 0);
+    tt_path_of(cfg.init_from, "bf16.bin");
+    write_llmc(cfg.init_from, 5, 0);
+    snprintf(msg, sizeof(msg),
+             "model.init_from: %s: unsupported version 5 (bf16): traind reads version 3 (fp32) "
+             "and the older fp32 version 2",
+             cfg.init_from);
+    expect_files_refused(&cfg, TD_EDATA, msg);
+    tt_path_of(cfg.init_from, "cut.bin");
+    write_llmc(cfg.init_from, 3, 4000);
+    snprintf(msg, sizeof(msg),
+             "model.init_from: %s: wrong size: 5024 bytes, but a model of maxT 16, V 256, L 2, NH "
+             "4, C 32, Vp 256 takes %zu",
+             cfg.init_from, 1024 + td_gpt_num_params(&d) * sizeof(float));
+    expect_files_refused(&cfg, TD_EDATA, msg);
+    tt_path_of(cfg.init_from, "good.bin");
+    write_llmc(cfg.init_from, 3, td_gpt_num_params(&d) * sizeof(float));
+    assert_int_equal(td_train_check_files(&cfg, &err), 0);
+    cfg.n_layer = 3;
+    snprintf(msg, sizeof(msg), "model.n_layer: 3 in the job but 2 in %s", cfg.init_from);
+    expect_files_refused(&cfg, TD_ESHAPE, msg);
+
+    gpt_config(&cfg);
+    cfg.vocab_size = 100;
+    expect_files_refused(&cfg, TD_ESHAPE,
+                         "model.vocab_size: 100, but text data is bytes: a vocabulary of 256");
+    gpt_config(&cfg);
+    cfg.data = TD_DATA_TOKENS;
+    tt_path_of(cfg.train_files[0], "bad-shard.bin");
+    f = fopen(cfg.train_files[0], "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bad, sizeof(bad), 1, f), 1);
+    assert_int_equal(fclose(f), 0);
+    snprintf(msg, sizeof(msg),
+             "data.train[0]: %s: bad magic 12345, expected 20240520 (llm.c token shard)",
+             cfg.train_files[0]);
+    expect_files_refused(&cfg, TD_EDATA, msg);
+    tt_path_of(path, "a-dir.d");
+    assert_int_equal(mkdir(path, 0755), 0);
+    tt_path_of(cfg.train_files[0], "a-dir.*");
+    snprintf(msg, sizeof(msg), "data.train[0]: no regular file matches %s", cfg.train_files[0]);
+    expect_files_refused(&cfg, TD_EDATA, msg);
+
+    /* 16 GiB of pixels (the most one file may declare) and their labels: past the job's
+     * limit, refused before anything is read but the headers and the labels. */
+    mlp_config(&cfg, 200);
+    cfg.layers[0] = 1024;
+    cfg.test.images[0] = cfg.test.labels[0] = '\0';
+    tt_path_of(cfg.train.images, "big-images.gz");
+    tt_write_idx(cfg.train.images, 1, TD_IDX_MAGIC_IMAGES, big, 3, (const uint8_t *)"x", 1);
+    tt_path_of(cfg.train.labels, "big-labels.gz");
+    zeros = calloc(1, 1u << 24);
+    assert_non_null(zeros);
+    tt_write_idx(cfg.train.labels, 1, TD_IDX_MAGIC_LABELS, big_labels, 1, zeros, 1u << 24);
+    free(zeros);
+    expect_files_refused(&cfg, TD_E2BIG,
+                         "data: the dataset takes 16464 MiB in memory on each device, more than "
+                         "the limit of 16384 MiB");
 }
 
 static int setup(void **state)
@@ -385,10 +608,13 @@ int main(void)
         cmocka_unit_test(test_mlp_exact),
         cmocka_unit_test(test_mlp_upper_bound),
         cmocka_unit_test(test_gpt_exact),
+        cmocka_unit_test(test_gpt_chunk),
         cmocka_unit_test(test_gpt_replica),
         cmocka_unit_test(test_largest_batch),
         cmocka_unit_test(test_estimate_errors),
         cmocka_unit_test(test_gpt2_124m_figures),
+        cmocka_unit_test(test_data_bytes),
+        cmocka_unit_test(test_check_files),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);

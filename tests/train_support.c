@@ -2,6 +2,7 @@
  * test_gpu.c's trainer tests): the temporary-directory fixture, the IDX and text file writers
  * and the metric recorder. See train_support.h. */
 #include <ftw.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "sensor.h"
 #include "train.h"
 #include "train_support.h"
 
@@ -128,4 +130,73 @@ void tt_write_text(const char *path, size_t bytes)
         n += (size_t)fprintf(f, "%s%s", w, (s >> 20) % 7 == 0 ? ".\n" : " ");
     }
     assert_int_equal(fclose(f), 0);
+}
+
+/* Labels' names and prompts of tt_write_sensor's shards. */
+static const char *const tt_sensor_names[TT_SENSOR_LABELS] = {"alpha", "beta", "gamma"};
+static const char *const tt_sensor_prompts[TT_SENSOR_LABELS] = {"alpha day", "beta day",
+                                                                "gamma day"};
+
+/* One sample of class k: channel 0 a sine whose frequency is the class's, channel 1 a level
+ * set by the class, the rest noise; a reading in 50 missing. Its caption starts with the class's
+ * prompt, then (three times in four) a word and a number that change from sample to sample. */
+static void tt_sensor_sample(float *grid, char *cap, size_t size, int T, int C, int k, uint64_t *x)
+{
+    static const char *const words[] = {"calm", "busy", "long", "short", "late", "early"};
+
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) {
+            float noise;
+            *x = *x * 6364136223846793005ull + 1442695040888963407ull;
+            noise = (float)((*x >> 40) & 0xffff) / 65536.0f - 0.5f;
+            if (c == 0)
+                grid[t * C + c] = sinf(0.35f * (float)(k + 1) * (float)t) + 0.3f * noise;
+            else if (c == 1)
+                grid[t * C + c] = 2.0f * (float)k + 50.0f + noise;
+            else
+                grid[t * C + c] = 3.0f * noise;
+            if ((*x >> 20) % 50 == 0)
+                grid[t * C + c] = NAN;
+        }
+    *x = *x * 6364136223846793005ull + 1442695040888963407ull;
+    if ((*x >> 30) % 4 == 0) /* now and then the prompt alone, as a zero-shot query reads */
+        snprintf(cap, size, "%s", tt_sensor_prompts[k]);
+    else
+        snprintf(cap, size, "%s: %s %d", tt_sensor_prompts[k], words[(*x >> 33) % 6],
+                 (int)((*x >> 45) % 100));
+}
+
+void tt_write_sensor(const char *path, int N, int T, int C, int caption_len, uint64_t seed)
+{
+    td_sensor_header h;
+    td_sensor_writer *w = NULL;
+    td_error_t err = {0};
+    float *grid = malloc((size_t)T * C * sizeof(float));
+    char cap[128];
+    uint64_t x = seed * 2654435761u + 1;
+
+    assert_non_null(grid);
+    memset(&h, 0, sizeof(h));
+    h.T = T;
+    h.C = C;
+    h.N = N;
+    h.caption_len = caption_len;
+    h.n_labels = TT_SENSOR_LABELS;
+    h.period_s = 60;
+    for (int c = 0; c < C; c++)
+        snprintf(h.ch[c].name, sizeof(h.ch[c].name), "ch%d", c);
+    if (td_sensor_writer_open(&w, path, &h, tt_sensor_names, tt_sensor_prompts, &err) != 0)
+        fail_msg("%s", err.msg);
+    for (int i = 0; i < N; i++) {
+        int k = i % TT_SENSOR_LABELS;
+        size_t len;
+        tt_sensor_sample(grid, cap, sizeof(cap), T, C, k, &x);
+        len = strlen(cap) < (size_t)caption_len ? strlen(cap) : (size_t)caption_len;
+        if (td_sensor_writer_add(w, grid, cap, len, k, &err) != 0)
+            fail_msg("%s", err.msg);
+    }
+    if (td_sensor_writer_finish(w, NULL, NULL, &err) != 0)
+        fail_msg("%s", err.msg);
+    td_sensor_writer_free(w);
+    free(grid);
 }

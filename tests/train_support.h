@@ -30,6 +30,14 @@ void tt_write_idx(const char *path, int gz, uint32_t magic, const uint32_t *dims
  * every time) to path, for byte-level gpt jobs. */
 void tt_write_text(const char *path, size_t bytes);
 
+/* A sensor shard (train/sensor.h) of N samples of (T, C) readings with TT_SENSOR_LABELS
+ * labels ("alpha", "beta", "gamma", prompts "alpha day", ...) that a small sensorlm can learn:
+ * sample i has label i % 3, a class-made signal in channels 0 and 1 (noise elsewhere, a NaN now
+ * and then) and a caption starting with its label's prompt (a quarter of them the prompt
+ * alone). The same seed, the same bytes. */
+#define TT_SENSOR_LABELS 3
+void tt_write_sensor(const char *path, int N, int T, int C, int caption_len, uint64_t seed);
+
 #define TT_MAX_SAMPLES 4096
 
 typedef struct tt_sample {

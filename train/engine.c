@@ -455,33 +455,274 @@ td_tensor *td_residual(td_ctx *c, td_tensor *a, td_tensor *b)
     return out;
 }
 
-td_tensor *td_attention(td_ctx *c, td_tensor *qkv, int NH)
+int td_attn_chunk(int chunk, int B, int NH, int Nq, int Nk)
 {
-    int B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
-    td_tensor *out, *att;
+    if (chunk <= 0) {
+        size_t row = (size_t)B * NH * Nk * sizeof(float); /* bytes of one query row's scores */
+        size_t fit = row > 0 ? TD_ATTN_BLOCK_BYTES / row : (size_t)Nq;
+        chunk = fit < 1 ? 1 : fit < (size_t)Nq ? (int)fit : Nq;
+    }
+    return chunk < Nq ? chunk : Nq > 0 ? Nq : 1;
+}
 
-    if (qkv->ndim != 3 || qkv->shape[2] % 3 != 0 || NH < 1 || C % NH != 0)
-        td_panic(TD_ESHAPE, "attention: qkv of %d dimensions, last %d, %d heads", qkv->ndim,
-                 qkv->shape[qkv->ndim - 1], NH);
-    out = td_tensor_new(c, 3, (int[]){B, T, C}, wants_grad(c, qkv, NULL, NULL));
-    att = td_tensor_new(c, 4, (int[]){B, NH, T, T}, 0);
-    c->k->attention_forward(out->data, att->data, qkv->data, B, T, C, NH);
+/* The kernels' view of an attention op over q, k, v (packed: in[0] alone is the (B,T,3C) qkv)
+ * and its pointers into their data or gradients. */
+static td_attn_dims attn_dims(td_tensor *const in[3], int packed, int NH, int causal, int chunk)
+{
+    td_attn_dims d = {0};
+    int C = packed ? in[0]->shape[2] / 3 : in[0]->shape[2];
+
+    d.B = in[0]->shape[0];
+    d.NH = NH;
+    d.Nq = in[0]->shape[1];
+    d.Nk = packed ? d.Nq : in[1]->shape[1];
+    d.hs = C / NH;
+    d.ldq = in[0]->shape[2];
+    d.ldk = packed ? d.ldq : in[1]->shape[2];
+    d.ldv = packed ? d.ldq : in[2]->shape[2];
+    d.causal = causal;
+    d.chunk = td_attn_chunk(chunk, d.B, NH, d.Nq, d.Nk);
+    return d;
+}
+
+/* p[i]: the data (grad 0) or gradients (grad 1) of q, k, v; NULL where there are none. */
+static void attn_ptrs(float *p[3], td_tensor *const in[3], int packed, int grad)
+{
+    for (int i = 0; i < 3; i++) {
+        const td_tensor *t = packed ? in[0] : in[i];
+        float *base = grad ? t->grad : t->data;
+        p[i] = base == NULL ? NULL : packed ? base + (size_t)i * (t->shape[2] / 3) : base;
+    }
+}
+
+/* out and lse from the arena, the forward's transient block on top of them, given back. */
+static td_tensor *attention(td_ctx *c, td_tensor *const in[3], int packed, int NH, int causal,
+                            int chunk)
+{
+    td_attn_dims d = attn_dims(in, packed, NH, causal, chunk);
+    int C = d.NH * d.hs;
+    td_tensor *out, *lse;
+    float *p[3], *scratch;
+    size_t mark;
+
+    out = td_tensor_new(c, 3, (int[]){d.B, d.Nq, C},
+                        wants_grad(c, in[0], packed ? NULL : in[1], packed ? NULL : in[2]));
+    lse = td_tensor_new(c, 3, (int[]){d.B, d.NH, d.Nq}, 0);
+    mark = c->arena->used;
+    scratch = td_arena_alloc(c->arena, td_attn_scratch(&d, 0) * sizeof(float));
+    attn_ptrs(p, in, packed, 0);
+    c->k->attention_forward(out->data, lse->data, scratch, p[0], p[1], p[2], &d);
+    c->arena->used = mark;
     if (out->grad != NULL) {
-        td_tape_entry *e = tape_push(c->tape, TD_OP_ATTENTION, out, qkv, NULL, NULL);
-        e->saved[0] = att;
+        td_tape_entry *e = tape_push(c->tape, TD_OP_ATTENTION, out, in[0], packed ? NULL : in[1],
+                                     packed ? NULL : in[2]);
+        e->saved[0] = lse;
         e->arg[0] = NH;
+        e->arg[1] = d.chunk;
+        e->arg[2] = causal;
+        e->arg[3] = packed;
     }
     return out;
 }
 
-size_t td_op_bytes_attention(int B, int T, int C, int NH, int train)
+td_tensor *td_attention_chunk(td_ctx *c, td_tensor *qkv, int NH, int chunk)
 {
-    return td_tensor_bytes((size_t)B * T * C, train) + td_tensor_bytes((size_t)B * NH * T * T, 0);
+    td_tensor *in[3] = {qkv, NULL, NULL};
+
+    if (qkv->ndim != 3 || qkv->shape[2] % 3 != 0 || NH < 1 || (qkv->shape[2] / 3) % NH != 0)
+        td_panic(TD_ESHAPE, "attention: qkv of %d dimensions, last %d, %d heads", qkv->ndim,
+                 qkv->shape[qkv->ndim - 1], NH);
+    return attention(c, in, 1, NH, 1, chunk);
 }
 
-size_t td_op_bytes_attention_backward(int T)
+td_tensor *td_attention_packed(td_ctx *c, td_tensor *qkv, int NH, int causal, int chunk)
 {
-    return td_arena_round((size_t)T * T * sizeof(float));
+    td_tensor *in[3] = {qkv, NULL, NULL};
+
+    if (qkv->ndim != 3 || qkv->shape[2] % 3 != 0 || NH < 1 || (qkv->shape[2] / 3) % NH != 0)
+        td_panic(TD_ESHAPE, "attention: qkv of %d dimensions, last %d, %d heads", qkv->ndim,
+                 qkv->shape[qkv->ndim - 1], NH);
+    return attention(c, in, 1, NH, causal != 0, chunk);
+}
+
+td_tensor *td_attention(td_ctx *c, td_tensor *qkv, int NH)
+{
+    return td_attention_chunk(c, qkv, NH, 0);
+}
+
+td_tensor *td_attention_qkv(td_ctx *c, td_tensor *q, td_tensor *k, td_tensor *v, int NH, int causal,
+                            int chunk)
+{
+    td_tensor *in[3] = {q, k, v};
+
+    if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3 || k->shape[0] != q->shape[0] ||
+        v->shape[0] != q->shape[0] || v->shape[1] != k->shape[1] || k->shape[2] != q->shape[2] ||
+        v->shape[2] != q->shape[2] || NH < 1 || q->shape[2] % NH != 0 ||
+        (causal && q->shape[1] != k->shape[1]))
+        td_panic(TD_ESHAPE,
+                 "attention: q (%d,%d,%d), k (%d,%d,%d), v (%d,%d,%d), %d heads%s: q, k, v are "
+                 "(B,N,C) with one B and C, k and v one N, C a multiple of the heads%s",
+                 q->shape[0], q->shape[1], q->shape[2], k->shape[0], k->shape[1], k->shape[2],
+                 v->shape[0], v->shape[1], v->shape[2], NH, causal ? ", causal" : "",
+                 causal ? ", and causal needs as many queries as keys" : "");
+    return attention(c, in, 0, NH, causal, chunk);
+}
+
+size_t td_op_bytes_attention(int B, int Nq, int C, int NH, int train)
+{
+    return td_tensor_bytes((size_t)B * Nq * C, train) + td_tensor_bytes((size_t)B * NH * Nq, 0);
+}
+
+size_t td_op_bytes_attention_scratch(int B, int NH, int Nq, int Nk, int chunk, int backward)
+{
+    td_attn_dims d = {.B = B, .NH = NH, .Nq = Nq, .Nk = Nk};
+
+    d.chunk = td_attn_chunk(chunk, B, NH, Nq, Nk);
+    return td_arena_round(td_attn_scratch(&d, backward) * sizeof(float));
+}
+
+/* ---- ops of two-tower models ------------------------------------------------------------- */
+
+td_tensor *td_view(td_ctx *c, td_tensor *t, int ndim, const int *shape)
+{
+    td_tensor *v;
+    size_t n = 1;
+
+    for (int i = 0; i < ndim && ndim <= TD_TENSOR_MAX_DIMS; i++)
+        n *= (size_t)shape[i];
+    if (ndim < 1 || ndim > TD_TENSOR_MAX_DIMS || n != t->n)
+        td_panic(TD_ESHAPE, "view: %zu elements as %d dimensions of %zu", t->n, ndim, n);
+    if (c->arena->n_tensors >= TD_ARENA_TENSORS)
+        td_panic(TD_ENOMEM, "activation arena: more than %d tensors in one pass", TD_ARENA_TENSORS);
+    v = &c->arena->tensors[c->arena->n_tensors++];
+    *v = *t;
+    v->ndim = ndim;
+    memset(v->shape, 0, sizeof(v->shape));
+    memcpy(v->shape, shape, sizeof(int) * (size_t)ndim);
+    return v;
+}
+
+td_tensor *td_add_broadcast(td_ctx *c, td_tensor *x, td_tensor *p)
+{
+    td_tensor *out;
+
+    if (p->n == 0 || x->n % p->n != 0)
+        td_panic(TD_ESHAPE, "add_broadcast: %zu elements are not rows of %zu", x->n, p->n);
+    out = td_tensor_new(c, x->ndim, x->shape, wants_grad(c, x, p, NULL));
+    c->k->bias_forward(out->data, x->data, p->data, (int)(x->n / p->n), (int)p->n);
+    if (out->grad != NULL)
+        tape_push(c->tape, TD_OP_ADD_BCAST, out, x, p, NULL);
+    return out;
+}
+
+td_tensor *td_repeat(td_ctx *c, td_tensor *x, int B)
+{
+    int shape[TD_TENSOR_MAX_DIMS] = {B};
+    td_tensor *out;
+
+    if (x->ndim >= TD_TENSOR_MAX_DIMS || B < 1)
+        td_panic(TD_ESHAPE, "repeat: %d copies of %d dimensions", B, x->ndim);
+    memcpy(shape + 1, x->shape, sizeof(int) * (size_t)x->ndim);
+    out = td_tensor_new(c, x->ndim + 1, shape, wants_grad(c, x, NULL, NULL));
+    c->k->zero(out->data, out->n);
+    c->k->bias_forward(out->data, out->data, x->data, B, (int)x->n);
+    if (out->grad != NULL)
+        tape_push(c->tape, TD_OP_REPEAT, out, x, NULL, NULL)->arg[0] = B;
+    return out;
+}
+
+td_tensor *td_token_mean(td_ctx *c, td_tensor *x)
+{
+    td_tensor *out;
+
+    if (x->ndim != 3)
+        td_panic(TD_ESHAPE, "token_mean: %d dimensions, (B,N,C) expected", x->ndim);
+    out = td_tensor_new(c, 2, (int[]){x->shape[0], x->shape[2]}, wants_grad(c, x, NULL, NULL));
+    c->k->token_mean_forward(out->data, x->data, x->shape[0], x->shape[1], x->shape[2]);
+    if (out->grad != NULL)
+        tape_push(c->tape, TD_OP_TOKEN_MEAN, out, x, NULL, NULL);
+    return out;
+}
+
+td_tensor *td_gather_rows(td_ctx *c, td_tensor *x, const int *idx)
+{
+    td_tensor *out;
+
+    if (x->ndim != 3)
+        td_panic(TD_ESHAPE, "gather_rows: %d dimensions, (B,T,C) expected", x->ndim);
+    out = td_tensor_new(c, 2, (int[]){x->shape[0], x->shape[2]}, wants_grad(c, x, NULL, NULL));
+    c->k->gather_rows_forward(out->data, x->data, idx, x->shape[0], x->shape[1], x->shape[2]);
+    if (out->grad != NULL)
+        tape_push(c->tape, TD_OP_GATHER_ROWS, out, x, NULL, NULL)->ids = idx;
+    return out;
+}
+
+td_tensor *td_l2norm(td_ctx *c, td_tensor *x)
+{
+    int N = rows_of(x);
+    td_tensor *out = td_tensor_new(c, x->ndim, x->shape, wants_grad(c, x, NULL, NULL));
+    td_tensor *norm = td_tensor_new(c, 1, (int[]){N}, 0);
+
+    c->k->l2norm_forward(out->data, norm->data, x->data, N, x->shape[x->ndim - 1]);
+    if (out->grad != NULL)
+        tape_push(c->tape, TD_OP_L2NORM, out, x, NULL, NULL)->saved[0] = norm;
+    return out;
+}
+
+size_t td_op_bytes_l2norm(size_t rows, int C, int train)
+{
+    return td_tensor_bytes(rows * (size_t)C, train) + td_tensor_bytes(rows, 0);
+}
+
+td_tensor *td_siglip(td_ctx *c, td_tensor *dots, td_tensor *t, td_tensor *b, int diag, float weight)
+{
+    td_tensor *loss;
+
+    if (dots->ndim != 2 || t->n != 1 || b->n != 1)
+        td_panic(TD_ESHAPE, "siglip: dots of %d dimensions, scale of %zu, bias of %zu", dots->ndim,
+                 t->n, b->n);
+    loss = td_tensor_new(c, 1, (int[]){1}, wants_grad(c, dots, t, b));
+    c->k->siglip_forward(loss->data, dots->data, t->data, b->data, dots->shape[0], dots->shape[1],
+                         diag, weight);
+    if (loss->grad != NULL) {
+        td_tape_entry *e = tape_push(c->tape, TD_OP_SIGLIP, loss, dots, t, b);
+        e->arg[0] = diag;
+        memcpy(&e->arg[1], &weight, sizeof(weight));
+    }
+    return loss;
+}
+
+size_t td_op_bytes_siglip(int train)
+{
+    return td_tensor_bytes(1, train);
+}
+
+/* Every replica's rows in one buffer: zeros, this replica's rows added at row0, then the sum
+ * over replicas, which the all-reduce gives as an average. */
+static void gather_sum(td_ctx *c, float *all, const float *mine, size_t n, size_t at, size_t total)
+{
+    c->k->zero(all, total);
+    c->k->residual_backward(all + at, NULL, mine, n);
+    c->allreduce(c->allreduce_ud, all, total);
+    c->k->scale(all, (float)c->world, total);
+}
+
+td_tensor *td_allgather_rows(td_ctx *c, td_tensor *x, int rows, int row0)
+{
+    int C = x->shape[x->ndim - 1], n = rows_of(x);
+    td_tensor *out;
+
+    if (c->allreduce == NULL || c->world < 2 || row0 < 0 || row0 + n > rows)
+        td_panic(TD_ESHAPE, "allgather: rows [%d, %d) of %d on %d replicas", row0, row0 + n, rows,
+                 c->world);
+    out = td_tensor_new(c, 2, (int[]){rows, C}, wants_grad(c, x, NULL, NULL));
+    gather_sum(c, out->data, x->data, x->n, (size_t)row0 * C, out->n);
+    if (out->grad != NULL) {
+        td_tape_entry *e = tape_push(c->tape, TD_OP_ALLGATHER, out, x, NULL, NULL);
+        e->arg[0] = row0;
+        e->arg[1] = rows;
+    }
+    return out;
 }
 
 /* ---- ops: backward, one per op id --------------------------------------------------------- */
@@ -541,21 +782,87 @@ static void residual_backward(td_ctx *c, const td_tape_entry *e)
     c->k->residual_backward(grad_of(e->in[0]), grad_of(e->in[1]), e->out->grad, e->out->n);
 }
 
-/* The (T,T) scratch comes from the arena's top and goes back when the kernel is done, so
- * every attention backward of a step reuses the same bytes. */
+/* The backward's transient block comes from the arena's top and goes back when the kernel is
+ * done, so every attention backward of a step reuses the same bytes. */
 static void attention_backward(td_ctx *c, const td_tape_entry *e)
 {
-    const td_tensor *qkv = e->in[0];
-    int B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
+    int packed = e->arg[3];
+    td_attn_dims d = attn_dims(e->in, packed, e->arg[0], e->arg[2], e->arg[1]);
     size_t mark = c->arena->used;
-    float *scratch;
+    float *p[3], *g[3], *scratch;
 
-    if (qkv->grad == NULL)
+    attn_ptrs(p, e->in, packed, 0);
+    attn_ptrs(g, e->in, packed, 1);
+    if (g[0] == NULL && g[1] == NULL && g[2] == NULL)
         return;
-    scratch = td_arena_alloc(c->arena, (size_t)T * T * sizeof(float));
-    c->k->attention_backward(qkv->grad, scratch, e->out->grad, qkv->data, e->saved[0]->data, B, T,
-                             C, e->arg[0]);
+    scratch = td_arena_alloc(c->arena, td_attn_scratch(&d, 1) * sizeof(float));
+    c->k->attention_backward(g[0], g[1], g[2], scratch, e->out->grad, p[0], p[1], p[2],
+                             e->out->data, e->saved[0]->data, &d);
     c->arena->used = mark;
+}
+
+static void add_broadcast_backward(td_ctx *c, const td_tape_entry *e)
+{
+    size_t n = e->in[1]->n;
+
+    c->k->bias_backward(grad_of(e->in[0]), grad_of(e->in[1]), e->out->grad, (int)(e->out->n / n),
+                        (int)n);
+}
+
+static void repeat_backward(td_ctx *c, const td_tape_entry *e)
+{
+    if (e->in[0]->grad != NULL)
+        c->k->bias_backward(NULL, e->in[0]->grad, e->out->grad, e->arg[0], (int)e->in[0]->n);
+}
+
+static void token_mean_backward(td_ctx *c, const td_tape_entry *e)
+{
+    const td_tensor *x = e->in[0];
+
+    if (x->grad != NULL)
+        c->k->token_mean_backward(x->grad, e->out->grad, x->shape[0], x->shape[1], x->shape[2]);
+}
+
+static void gather_rows_backward(td_ctx *c, const td_tape_entry *e)
+{
+    const td_tensor *x = e->in[0];
+
+    if (x->grad != NULL)
+        c->k->gather_rows_backward(x->grad, e->out->grad, e->ids, x->shape[0], x->shape[1],
+                                   x->shape[2]);
+}
+
+static void l2norm_backward(td_ctx *c, const td_tape_entry *e)
+{
+    const td_tensor *x = e->in[0];
+
+    if (x->grad != NULL)
+        c->k->l2norm_backward(x->grad, e->out->grad, e->out->data, e->saved[0]->data, rows_of(x),
+                              x->shape[x->ndim - 1]);
+}
+
+static void siglip_backward(td_ctx *c, const td_tape_entry *e)
+{
+    const td_tensor *dots = e->in[0];
+    float weight;
+
+    memcpy(&weight, &e->arg[1], sizeof(weight));
+    c->k->siglip_backward(grad_of(dots), grad_of(e->in[1]), grad_of(e->in[2]), e->out->grad,
+                          dots->data, e->in[1]->data, e->in[2]->data, dots->shape[0],
+                          dots->shape[1], e->arg[0], weight);
+}
+
+/* The gathered gradient, summed over replicas in place (every replica's loss reaches every
+ * row), then this replica's rows of it into x's gradient. */
+static void allgather_backward(td_ctx *c, const td_tape_entry *e)
+{
+    const td_tensor *x = e->in[0];
+    size_t at = (size_t)e->arg[0] * (size_t)x->shape[x->ndim - 1];
+
+    c->allreduce(c->allreduce_ud, e->out->grad, e->out->n);
+    c->k->scale(e->out->grad, (float)c->world, e->out->n);
+    if (x->grad != NULL)
+        c->k->residual_backward(x->grad, NULL, e->out->grad + at, x->n);
 }
 
 typedef void (*backward_fn)(td_ctx *c, const td_tape_entry *e);
@@ -569,6 +876,13 @@ static const backward_fn backward_of[TD_OP_COUNT] = {
     [TD_OP_GELU] = gelu_backward,
     [TD_OP_RESIDUAL] = residual_backward,
     [TD_OP_ATTENTION] = attention_backward,
+    [TD_OP_ADD_BCAST] = add_broadcast_backward,
+    [TD_OP_REPEAT] = repeat_backward,
+    [TD_OP_TOKEN_MEAN] = token_mean_backward,
+    [TD_OP_GATHER_ROWS] = gather_rows_backward,
+    [TD_OP_L2NORM] = l2norm_backward,
+    [TD_OP_SIGLIP] = siglip_backward,
+    [TD_OP_ALLGATHER] = allgather_backward,
 };
 
 void td_backward(td_ctx *c, td_tensor *loss)

@@ -71,8 +71,8 @@ void *td_arena_alloc(td_arena *a, size_t bytes);
 
 /* ---- the flat parameter buffers ------------------------------------------------------ */
 
-#define TD_PARAMS_MAX   64 /* parameter tensors in one model */
-#define TD_PARAMS_ALIGN 16 /* floats: every tensor starts on a 64-byte line */
+#define TD_PARAMS_MAX   1024 /* parameter tensors in one model (a sensorlm declares each layer's) */
+#define TD_PARAMS_ALIGN 16   /* floats: every tensor starts on a 64-byte line */
 
 /* One model replica's parameters, gradients and optimizer moments, each ONE buffer with the
  * same layout, so a checkpoint is one write and an all-reduce one call. A model declares its
@@ -129,7 +129,17 @@ typedef enum {
     TD_OP_LAYERNORM,    /* out = layernorm(in[0]) * in[1] + in[2]; saved = mean, rstd */
     TD_OP_GELU,         /* out = GELU(in[0]) */
     TD_OP_RESIDUAL,     /* out = in[0] + in[1] */
-    TD_OP_ATTENTION,    /* out = causal attention of qkv in[0], arg[0] heads; saved = att */
+    TD_OP_ATTENTION,    /* out = attention of q in[0], k in[1], v in[2] (arg[3]: in[0] is llm.c's
+                         * packed qkv), arg[0] heads, arg[1] query rows per block, arg[2]
+                         * causal; saved = lse, the (B,NH,Nq) log-sum-exp of each row */
+    TD_OP_ADD_BCAST,    /* out = in[0] + in[1] repeated over in[0]'s leading rows */
+    TD_OP_REPEAT,       /* out = arg[0] copies of in[0] */
+    TD_OP_TOKEN_MEAN,   /* out[b] = mean over n of in[0][b,n]; arg = B, N */
+    TD_OP_GATHER_ROWS,  /* out[b] = in[0][b,ids[b]]; arg = B, T */
+    TD_OP_L2NORM,       /* out = in[0] / max(||in[0]||, eps) by row; saved = the norms */
+    TD_OP_SIGLIP,       /* out = SigLIP loss of dots in[0], scale in[1], bias in[2]; arg[0] the
+                         * diagonal's column offset, arg[1] the weight's bits */
+    TD_OP_ALLGATHER,    /* out = every replica's rows of in[0], at arg[0] of arg[1] rows */
     TD_OP_COUNT
 } td_op_id;
 
@@ -140,7 +150,7 @@ typedef struct td_tape_entry {
     td_tensor *in[3];
     td_tensor *saved[2]; /* what the forward kept for the backward, or NULL */
     const int *ids;      /* softmax_xent: the (N) class of each row; embed: the (B,T) tokens */
-    int arg[2];          /* the op's dimensions its tensors do not carry */
+    int arg[4];          /* the op's dimensions its tensors do not carry */
 } td_tape_entry;
 
 /* The ops of one forward pass, in order. One per trainer (per worker), so no lock. */
@@ -158,11 +168,17 @@ void td_tape_reset(td_tape *t);
 /* ---- ops ---------------------------------------------------------------------------------- */
 
 /* Where ops run: the backend, the arena their outputs come from, and the tape they record on.
- * With tape NULL (evaluation) nothing is recorded and no gradient buffers are allocated. */
+ * With tape NULL (evaluation) nothing is recorded and no gradient buffers are allocated.
+ * Data parallel (td_allgather_rows): allreduce averages n floats of k's memory across the
+ * job's world replicas in place (the trainer's hooks.allreduce, called by every replica at
+ * the same point); NULL and world 0 or 1 for one replica. */
 typedef struct td_ctx {
     const td_kernels *k;
     td_arena *arena;
     td_tape *tape;
+    void (*allreduce)(void *ud, float *buf, size_t n);
+    void *allreduce_ud;
+    int world;
 } td_ctx;
 
 /* Arena bytes one td_tensor_new() of n elements takes, with or without its gradient. Models
@@ -201,17 +217,87 @@ td_tensor *td_gelu(td_ctx *c, td_tensor *inp);
 /* out = a + b, same shape (the residual stream). */
 td_tensor *td_residual(td_ctx *c, td_tensor *a, td_tensor *b);
 
-/* Causal multi-head self-attention: qkv is (B,T,3C) (q, k, v side by side, heads of C/NH
- * inside each), out is (B,T,C). Keeps the (B,NH,T,T) attention for its backward, whose
- * (T,T) scratch is taken from the arena's top and given back. */
+/* Multi-head attention, fused (kernels.h's attention_forward): queries in blocks of `chunk`
+ * rows against all keys, the scores only in a transient block of the arena, given back when
+ * the op is done, so an op keeps only out and each row's log-sum-exp, O(B*NH*N) floats. Its
+ * backward recomputes the scores block by block in a transient block of its own (the arena's
+ * top again). chunk 0 is td_attn_chunk's automatic choice.
+ *
+ * td_attention: the GPT's causal self-attention of llm.c's packed qkv (B,T,3C) (q, k, v side
+ * by side, heads of C/NH inside each) -> (B,T,C), chunk automatic; td_attention_chunk the
+ * same with a chunk. td_attention_qkv: q (B,Nq,C), k and v (B,Nk,C), three tensors -> out
+ * (B,Nq,C), causal (then Nq == Nk) or not: a ViT's self-attention (q, k, v of one input) or
+ * cross-attention (a MAP head's probe, Nq = 1, against Nk patches). */
 td_tensor *td_attention(td_ctx *c, td_tensor *qkv, int NH);
+td_tensor *td_attention_chunk(td_ctx *c, td_tensor *qkv, int NH, int chunk);
+td_tensor *td_attention_qkv(td_ctx *c, td_tensor *q, td_tensor *k, td_tensor *v, int NH, int causal,
+                            int chunk);
+
+/* td_attention_chunk's self-attention of a packed qkv (B,T,3C), causal or not (a ViT's): the
+ * same op, any mask. */
+td_tensor *td_attention_packed(td_ctx *c, td_tensor *qkv, int NH, int causal, int chunk);
+
+/* The automatic chunk's bound: the largest chunk whose block of scores, B*NH*chunk*Nk floats,
+ * takes at most this many bytes (the backward takes two such blocks). */
+#define TD_ATTN_BLOCK_BYTES ((size_t)64 << 20)
+
+/* The chunk an attention op of these dimensions uses for `chunk`: 0 picks the largest chunk
+ * whose block B*NH*chunk*Nk floats fits in TD_ATTN_BLOCK_BYTES (at least 1), any other value
+ * is taken as it is; either way at most Nq. */
+int td_attn_chunk(int chunk, int B, int NH, int Nq, int Nk);
 
 /* Arena bytes the ops above take, for models to size the arena exactly: each mirrors the op's
  * allocations one for one (train: the op records, so outputs carry gradients). */
 size_t td_op_bytes_softmax_xent(size_t rows, int Vp, int train);
 size_t td_op_bytes_layernorm(size_t rows, int C, int train);
-size_t td_op_bytes_attention(int B, int T, int C, int NH, int train);
-size_t td_op_bytes_attention_backward(int T); /* the scratch on top, during td_backward */
+/* An attention op's out (B,Nq,C) (with its gradient when train) and lse (B,NH,Nq). */
+size_t td_op_bytes_attention(int B, int Nq, int C, int NH, int train);
+/* Its transient block on the arena's top (not kept): the forward's (backward 0) or the
+ * backward's (1), td_attn_scratch floats for td_attn_chunk(chunk, ...). */
+size_t td_op_bytes_attention_scratch(int B, int NH, int Nq, int Nk, int chunk, int backward);
+
+/* ---- ops of two-tower models (sensorlm) ---------------------------------------------------- */
+
+/* A view of t with another shape of the same elements: a header from the arena's pool that
+ * points at t's data and gradient, so gradients flow through it as through t. No tape entry,
+ * no arena bytes. */
+td_tensor *td_view(td_ctx *c, td_tensor *t, int ndim, const int *shape);
+
+/* out = x + p, p repeated over x's leading rows: x's elements are rows of p->n (a ViT's (N,D)
+ * position table added to (B,N,D)); out like x. The backward sums dout over the rows into
+ * p's gradient (kernels.h's bias_forward and bias_backward). */
+td_tensor *td_add_broadcast(td_ctx *c, td_tensor *x, td_tensor *p);
+
+/* out = B copies of x, shape (B, x's shape) (a MAP head's one query for every sequence); the
+ * backward sums the copies' gradients into x's. */
+td_tensor *td_repeat(td_ctx *c, td_tensor *x, int B);
+
+/* x (B,N,C) -> (B,C), the mean over the N tokens (global average pooling). */
+td_tensor *td_token_mean(td_ctx *c, td_tensor *x);
+
+/* x (B,T,C) -> (B,C): row idx[b] of each sequence b (a text tower's end token). idx is (B) ints
+ * of the backend's memory, borrowed until the tape is reset. */
+td_tensor *td_gather_rows(td_ctx *c, td_tensor *x, const int *idx);
+
+/* Rows of x (..., C) scaled to unit length: x / max(||x||_2, 1e-12); keeps each row's norm. */
+td_tensor *td_l2norm(td_ctx *c, td_tensor *x);
+
+/* SigLIP's loss (1) over dots (N,M), scale t and bias b (one-element tensors):
+ * weight * sum_ij -log sigmoid(y_ij (exp(t) dots_ij + b)), y_ij = 1 when j == i + diag, else
+ * -1. */
+td_tensor *td_siglip(td_ctx *c, td_tensor *dots, td_tensor *t, td_tensor *b, int diag,
+                     float weight);
+
+/* Data parallel: x (n,C), this replica's rows, becomes (rows,C) holding every replica's rows,
+ * this one's at row0: a zeroed buffer with x at row0, averaged across c's replicas and
+ * multiplied by c->world (an all-gather through one all-reduce). The backward does the same
+ * to the gradient, so each row's gradient from every replica's loss reaches its owner, which
+ * takes its own rows'. Every replica must call it, with the same rows. */
+td_tensor *td_allgather_rows(td_ctx *c, td_tensor *x, int rows, int row0);
+
+/* Arena bytes of td_l2norm over rows of C (with the gradient when train) and of td_siglip. */
+size_t td_op_bytes_l2norm(size_t rows, int C, int train);
+size_t td_op_bytes_siglip(int train);
 
 /* Seeds loss's gradient with 1 and replays the tape in reverse, each op accumulating into
  * its inputs' gradients (parameters' land in td_params.grad). Then empties the tape. */
@@ -288,6 +374,8 @@ enum {
  * of the stacked tensor p[2 + i] (pointed by td_gpt_bind). */
 typedef struct td_gpt {
     td_gpt_dims d;
+    int attn_chunk; /* query rows per block of the attention (td_attn_chunk; 0, as
+                     * td_gpt_declare leaves it: automatic); the trainer sets the job's */
     td_tensor p[TD_GPT_TENSORS];
     td_tensor layer[TD_GPT_MAX_LAYERS][TD_GPT_LAYER_T];
 } td_gpt;
@@ -323,6 +411,129 @@ td_tensor *td_gpt_forward(td_ctx *c, td_gpt *m, const int *tokens, const int *ta
  * scratch on top), and the tape entries it records. */
 size_t td_gpt_arena_bytes(const td_gpt *m, int B, int T, int train);
 int td_gpt_tape_len(const td_gpt *m);
+
+/* ---- SensorLM (sensorlm.c) ------------------------------------------------------------------
+ *
+ * A sensor tower (a ViT over patches of a (T, C) grid of readings) and a text tower (a causal
+ * transformer over a caption's bytes) whose embeddings meet in SigLIP's sigmoid loss. README.md
+ * ("SensorLM") is the reference: every parameter's name and shape, the forward pass, the loss,
+ * the initialisation, the presets. */
+
+#define TD_SLM_MAX_DEPTH   32  /* blocks of one tower */
+#define TD_SLM_VOCAB       258 /* text tokens: the bytes 0..255, then the end and pad tokens */
+#define TD_SLM_END         256 /* the token after a caption's last byte */
+#define TD_SLM_PAD         257 /* the tokens after the end token */
+#define TD_SLM_BLOCK_T     12  /* parameter tensors of one transformer block */
+#define TD_SLM_MAX_TENSORS (2 * TD_SLM_MAX_DEPTH * TD_SLM_BLOCK_T + 32)
+#define TD_SLM_NAME_MAX    48 /* bytes of a parameter's name, NUL included */
+
+/* One tower's transformer: width, blocks, heads, MLP width. */
+typedef struct td_slm_tower {
+    int D, depth, H, M;
+} td_slm_tower;
+
+/* A sensorlm's dimensions, resolved from the job (sizes.c td__train_slm_dims): the preset, the
+ * job's keys over it, the shards' T and C where the job gives none. */
+typedef struct td_slm_dims {
+    int T, C;   /* a window: T time steps of C channels */
+    int pt, pc; /* a patch: pt time steps of pc channels */
+    int Cp;     /* C rounded up to a multiple of pc (channels C..Cp-1 are zero) */
+    int N;      /* tokens of a window: (T/pt) * (Cp/pc) */
+    int P;      /* floats of a patch: pt * pc */
+    int L;      /* text tokens (text_len), the end token included */
+    int E;      /* the shared embedding */
+    td_slm_pool pool;
+    td_slm_tower s, t; /* sensor and text towers */
+} td_slm_dims;
+
+/* The tensors of one pre-LayerNorm block, in their declared order. */
+typedef struct td_slm_block {
+    td_tensor *ln1_w, *ln1_b, *qkv_w, *qkv_b, *out_w, *out_b;
+    td_tensor *ln2_w, *ln2_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+} td_slm_block;
+
+/* The model: its parameters p[0..n) declared in this order in the trainer's td_params (so the
+ * flat buffer is this list with alignment padding), name[i] p[i]'s export name
+ * ("sensor.blocks.0.attn.qkv.weight"), and named pointers into p for the forward. */
+typedef struct td_sensorlm {
+    td_slm_dims d;
+    int attn_chunk; /* query rows per attention block (td_attn_chunk; 0: automatic) */
+    int n;
+    td_tensor p[TD_SLM_MAX_TENSORS];
+    char name[TD_SLM_MAX_TENSORS][TD_SLM_NAME_MAX];
+    struct {
+        td_tensor *patch_w, *patch_b, *pos;
+        td_slm_block blk[TD_SLM_MAX_DEPTH];
+        td_tensor *lnf_w, *lnf_b;
+        td_tensor *probe, *q_w, *q_b, *k_w, *k_b, *v_w, *v_b, *o_w, *o_b; /* map. (pool map) */
+        td_tensor *ln_w, *ln_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+        td_tensor *proj;
+    } s;
+    struct {
+        td_tensor *tok, *pos;
+        td_slm_block blk[TD_SLM_MAX_DEPTH];
+        td_tensor *lnf_w, *lnf_b, *proj;
+    } t;
+    td_tensor *logit_scale, *logit_bias;
+} td_sensorlm;
+
+/* A preset's tower and embedding width (train.h td_slm_size). */
+void td_slm_preset(td_slm_size size, td_slm_tower *tower, int *E);
+
+/* Resolves cfg's model keys over its preset, with T and C for a window (the job's, or the
+ * shards' when the job gives none), and checks them: TD_EINVAL naming the job's key
+ * ("model.sensor.patch_t: 7 does not divide time_steps 1440"). */
+int td_slm_dims_of(const td_sensorlm_config *cfg, int T, int C, td_slm_dims *d, td_error_t *err);
+
+/* Checks d against the engine's limits (td_slm_dims_of does), TD_EINVAL naming the key. */
+int td_slm_check_dims(const td_slm_dims *d, td_error_t *err);
+
+/* Checks d and declares every parameter in p in the README's order, each with its name (then
+ * call td_params_alloc). AdamW decays the 2-D tensors: every linear weight, the position
+ * tables, the token table. */
+int td_sensorlm_declare(td_sensorlm *m, td_params *p, const td_slm_dims *d, td_error_t *err);
+
+/* Initialisation, deterministic from seed (its stream 1): tensor by tensor in the declared
+ * order, each element of a linear weight, tok, pos and the MAP probe from N(0, 0.02) (Box-Muller
+ * in double, as the gpt's), biases 0, LayerNorm weights 1, logit_scale ln 10, logit_bias -10. */
+void td_sensorlm_init(td_sensorlm *m, uint64_t seed);
+
+/* Parameters (no padding). */
+size_t td_sensorlm_num_params(const td_slm_dims *d);
+
+/* FLOPs of one training step over a global batch of B rows, llm.c's convention: 6 per weight of
+ * a matmul per row it multiplies, plus attention's 12 per score element (6 when causal: half
+ * the scores), plus the head's B*B*E dot products, times 6. */
+double td_sensorlm_flops(const td_slm_dims *d, int B);
+
+/* The sensor tower: patches (B,N,P) -> s (B,E), unit rows. */
+td_tensor *td_sensorlm_sensor(td_ctx *c, td_sensorlm *m, td_tensor *patches);
+
+/* The text tower: tokens (B,L) and each caption's end position end (B), both ints of the
+ * backend's memory borrowed until the tape is reset -> u (B,E), unit rows. */
+td_tensor *td_sensorlm_text(td_ctx *c, td_sensorlm *m, const int *tokens, const int *end, int B);
+
+/* SigLIP's loss of this replica's s and u (B,E each), rows [row0, row0+B) of a global batch of
+ * `rows`: u gathered from every replica when c->world > 1 (td_allgather_rows), then
+ * (world/rows) * sum over this replica's rows i and all rows j of -log sigmoid(y_ij z_ij), so
+ * that the mean over replicas is the global batch's loss. */
+td_tensor *td_sensorlm_loss(td_ctx *c, td_sensorlm *m, td_tensor *s, td_tensor *u, int rows,
+                            int row0);
+
+/* Arena bytes, mirroring the functions above allocation for allocation with the attention's
+ * transient blocks on top (the peak): a training step's sensor, text and loss of B rows of a
+ * global batch of `rows` (train: with gradients and the backward's scratch; world > 1: the
+ * gather's rows), or an evaluation's (no tape: the towers asked for, and the loss when
+ * `rows` > 0). */
+size_t td_sensorlm_arena_bytes(const td_sensorlm *m, int B, int rows, int world, int train);
+size_t td_sensorlm_embed_bytes(const td_sensorlm *m, int B, int sensor, int text, int rows);
+/* Of a training step's (as td_sensorlm_arena_bytes), what the attention ops keep of their own
+ * (each row's log-sum-exp; their outputs are activations like any layer's) plus their largest
+ * transient block of scores (the backward's): the estimate's "attention", what stands where a
+ * non-fused attention keeps its (B,H,N,N) scores and probabilities in every layer. */
+size_t td_sensorlm_attention_bytes(const td_sensorlm *m, int B, int train);
+/* Tape entries one training step records. */
+int td_sensorlm_tape_len(const td_sensorlm *m);
 
 /* ---- llm.c model files ------------------------------------------------------------------ */
 
@@ -408,6 +619,13 @@ uint64_t td__train_config_hash(const td_train_config *cfg);
  * TD_ESTATE when it belongs to another configuration. */
 int td__train_load_gpt(const td_train_config *cfg, td_gpt *m, td_params *p, int64_t *step,
                        td_error_t *err);
+
+/* Builds m in p (zeroed by the caller; release with td_params_free) from cfg and loads the
+ * sensorlm job's latest checkpoint into it: *step is the checkpoint's, norm (2*C floats: the
+ * channels' mean, then their std) the statistics the job normalised windows with. Errors as
+ * td__train_load_gpt's; TD_EINVAL for a job that is not sensorlm. */
+int td__train_load_sensorlm(const td_train_config *cfg, td_sensorlm *m, td_params *p, int64_t *step,
+                            float *norm, td_error_t *err);
 
 /* ---- a trainer's insides, for tests and benches ---------------------------------------- */
 

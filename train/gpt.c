@@ -183,7 +183,7 @@ static td_tensor *block(td_ctx *c, td_gpt *m, int l, td_tensor *x)
 
     h = td_layernorm(c, x, &w[TD_GPT_LN1W - 2], &w[TD_GPT_LN1B - 2]);
     h = td_linear(c, h, &w[TD_GPT_QKVW - 2], &w[TD_GPT_QKVB - 2]); /* (B,T,3C) */
-    h = td_attention(c, h, m->d.NH);                               /* (B,T,C) */
+    h = td_attention_chunk(c, h, m->d.NH, m->attn_chunk);          /* (B,T,C) */
     h = td_linear(c, h, &w[TD_GPT_ATTPROJW - 2], &w[TD_GPT_ATTPROJB - 2]);
     x2 = td_residual(c, x, h);
     h = td_layernorm(c, x2, &w[TD_GPT_LN2W - 2], &w[TD_GPT_LN2B - 2]);
@@ -208,18 +208,21 @@ td_tensor *td_gpt_forward(td_ctx *c, td_gpt *m, const int *tokens, const int *ta
     return targets != NULL ? td_softmax_xent_padded(c, h, targets, m->d.V) : NULL;
 }
 
-/* Mirrors td_gpt_forward's allocations one for one, then the attention backward's scratch
- * (train), which sits on top of everything the forward took. */
+/* Mirrors td_gpt_forward's allocations one for one, and the transient blocks on the arena's
+ * top: each attention's forward block (given back at once; the last layer's, on top of the
+ * most, counts) and, training, the attention backward's, on top of everything the forward
+ * took. The larger of the two ends is the peak. */
 size_t td_gpt_arena_bytes(const td_gpt *m, int B, int T, int train)
 {
     const td_gpt_dims *d = &m->d;
-    size_t BT = (size_t)B * T, C = (size_t)d->C, bytes = 0;
+    size_t BT = (size_t)B * T, C = (size_t)d->C, bytes = 0, peak = 0;
 
     bytes += td_tensor_bytes(BT * C, train); /* embedding */
     for (int l = 0; l < d->L; l++) {
         bytes += td_op_bytes_layernorm(BT, d->C, train);
         bytes += td_tensor_bytes(BT * 3 * C, train); /* qkv */
         bytes += td_op_bytes_attention(B, T, d->C, d->NH, train);
+        peak = bytes + td_op_bytes_attention_scratch(B, d->NH, T, T, m->attn_chunk, 0);
         bytes += td_tensor_bytes(BT * C, train); /* attproj */
         bytes += td_tensor_bytes(BT * C, train); /* residual */
         bytes += td_op_bytes_layernorm(BT, d->C, train);
@@ -230,8 +233,8 @@ size_t td_gpt_arena_bytes(const td_gpt *m, int B, int T, int train)
     bytes += td_tensor_bytes(BT * (size_t)d->Vp, train); /* logits */
     bytes += td_op_bytes_softmax_xent(BT, d->Vp, train);
     if (train)
-        bytes += td_op_bytes_attention_backward(T);
-    return bytes;
+        bytes += td_op_bytes_attention_scratch(B, d->NH, T, T, m->attn_chunk, 1);
+    return bytes > peak ? bytes : peak;
 }
 
 int td_gpt_tape_len(const td_gpt *m)

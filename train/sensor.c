@@ -353,13 +353,42 @@ static int pread_all(int fd, void *buf, size_t n, uint64_t off, const char *path
     return 0;
 }
 
-/* Opens path read-only and checks its header and size; *fd stays open on success. */
-static int open_checked(const char *path, const td_sensor_expect *want, td_sensor_header *h,
-                        int *fd, td_error_t *err)
+/* Checks the open file fd (named path in messages): a regular file, its header and its size
+ * against the header. */
+static int check_fd(int fd, const char *path, const td_sensor_expect *want, td_sensor_header *h,
+                    td_error_t *err)
 {
     unsigned char b[TD_SENSOR_HEADER_BYTES];
     struct stat st;
     uint64_t want_size;
+    int rc;
+
+    if (fstat(fd, &st) != 0)
+        return td_error_set(err, TD_EIO, "%s: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return td_error_set(err, TD_EDATA, "%s: not a regular file", path);
+    if (st.st_size < TD_SENSOR_HEADER_BYTES)
+        return td_error_set(err, TD_EDATA,
+                            "%s: file size: %lld bytes, shorter than a sensor shard's %d-byte "
+                            "header",
+                            path, (long long)st.st_size, TD_SENSOR_HEADER_BYTES);
+    if ((rc = pread_all(fd, b, sizeof(b), 0, path, "the header", err)) != 0 ||
+        (rc = decode_header(path, b, h, err)) != 0)
+        return rc;
+    want_size = td_sensor_file_bytes(h);
+    if ((uint64_t)st.st_size != want_size)
+        return td_error_set(err, TD_EDATA,
+                            "%s: file size: %lld bytes, but the header's %lld samples of %d x %d, "
+                            "caption_len %d and %d labels take %llu",
+                            path, (long long)st.st_size, (long long)h->N, (int)h->T, (int)h->C,
+                            (int)h->caption_len, (int)h->n_labels, (unsigned long long)want_size);
+    return check_expect(path, h, want, err);
+}
+
+/* Opens path read-only and checks its header and size; *fd stays open on success. */
+static int open_checked(const char *path, const td_sensor_expect *want, td_sensor_header *h,
+                        int *fd, td_error_t *err)
+{
     int rc;
 
     /* O_NONBLOCK: a FIFO named as a shard must not hang the caller (traind's loop thread at
@@ -368,40 +397,10 @@ static int open_checked(const char *path, const td_sensor_expect *want, td_senso
     if (*fd < 0)
         return td_error_set(err, errno == ENOENT ? TD_ENOTFOUND : TD_EIO, "%s: %s", path,
                             strerror(errno));
-    if (fstat(*fd, &st) != 0) {
-        rc = td_error_set(err, TD_EIO, "%s: %s", path, strerror(errno));
-        goto fail;
+    if ((rc = check_fd(*fd, path, want, h, err)) != 0) {
+        close(*fd);
+        *fd = -1;
     }
-    if (!S_ISREG(st.st_mode)) {
-        rc = td_error_set(err, TD_EDATA, "%s: not a regular file", path);
-        goto fail;
-    }
-    if (st.st_size < TD_SENSOR_HEADER_BYTES) {
-        rc = td_error_set(err, TD_EDATA,
-                          "%s: file size: %lld bytes, shorter than a sensor shard's %d-byte "
-                          "header",
-                          path, (long long)st.st_size, TD_SENSOR_HEADER_BYTES);
-        goto fail;
-    }
-    if ((rc = pread_all(*fd, b, sizeof(b), 0, path, "the header", err)) != 0 ||
-        (rc = decode_header(path, b, h, err)) != 0)
-        goto fail;
-    want_size = td_sensor_file_bytes(h);
-    if ((uint64_t)st.st_size != want_size) {
-        rc = td_error_set(err, TD_EDATA,
-                          "%s: file size: %lld bytes, but the header's %lld samples of %d x %d, "
-                          "caption_len %d and %d labels take %llu",
-                          path, (long long)st.st_size, (long long)h->N, (int)h->T, (int)h->C,
-                          (int)h->caption_len, (int)h->n_labels, (unsigned long long)want_size);
-        goto fail;
-    }
-    if ((rc = check_expect(path, h, want, err)) != 0)
-        goto fail;
-    return 0;
-
-fail:
-    close(*fd);
-    *fd = -1;
     return rc;
 }
 
@@ -417,6 +416,17 @@ int td_sensor_check(const char *path, const td_sensor_expect *want, td_sensor_he
     if (out != NULL)
         *out = h;
     return 0;
+}
+
+int td_sensor_check_fd(int fd, const char *path, const td_sensor_expect *want,
+                       td_sensor_header *out, td_error_t *err)
+{
+    td_sensor_header h;
+    int rc = check_fd(fd, path, want, &h, err);
+
+    if (rc == 0 && out != NULL)
+        *out = h;
+    return rc;
 }
 
 int td_sensor_compatible(const char *path_a, const td_sensor_header *a, const char *path_b,
@@ -489,21 +499,30 @@ static int read_labels(td_sensor *s, td_error_t *err)
     return 0;
 }
 
-int td_sensor_open(td_sensor **out, const char *path, const td_sensor_expect *want, td_error_t *err)
+/* td_sensor_open's and td_sensor_open_fd's: fd is open (and taken) or -1 (open path here). */
+static int sensor_open(td_sensor **out, int fd, const char *path, const td_sensor_expect *want,
+                       td_error_t *err)
 {
     td_sensor *s = calloc(1, sizeof(*s));
     int rc;
 
     *out = NULL;
-    if (s == NULL)
+    if (s == NULL) {
+        if (fd >= 0)
+            close(fd);
         return td_error_set(err, TD_ENOMEM, "%s: no memory", path);
-    s->fd = -1;
+    }
+    s->fd = fd;
     s->path = strdup(path);
     if (s->path == NULL) {
         rc = td_error_set(err, TD_ENOMEM, "%s: no memory", path);
         goto fail;
     }
-    if ((rc = open_checked(path, want, &s->h, &s->fd, err)) != 0)
+    if (fd < 0)
+        rc = open_checked(path, want, &s->h, &s->fd, err);
+    else
+        rc = check_fd(fd, path, want, &s->h, err);
+    if (rc != 0)
         goto fail;
     s->at = layout_of(&s->h);
     s->grid_bytes = (size_t)s->h.T * (size_t)s->h.C * sizeof(float);
@@ -515,6 +534,17 @@ int td_sensor_open(td_sensor **out, const char *path, const td_sensor_expect *wa
 fail:
     td_sensor_close(s);
     return rc;
+}
+
+int td_sensor_open(td_sensor **out, const char *path, const td_sensor_expect *want, td_error_t *err)
+{
+    return sensor_open(out, -1, path, want, err);
+}
+
+int td_sensor_open_fd(td_sensor **out, int fd, const char *path, const td_sensor_expect *want,
+                      td_error_t *err)
+{
+    return sensor_open(out, fd, path, want, err);
 }
 
 void td_sensor_close(td_sensor *s)

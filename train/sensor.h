@@ -98,6 +98,12 @@ uint64_t td_sensor_file_bytes(const td_sensor_header *h);
 int td_sensor_check(const char *path, const td_sensor_expect *want, td_sensor_header *out,
                     td_error_t *err);
 
+/* td_sensor_check() of a file the caller opened (fd, read-only; named path in messages), for
+ * a caller that opens files with another user's rights (data.h's td_data_open_file): the same
+ * checks, the regular-file one included. Reads the header with pread; fd stays the caller's. */
+int td_sensor_check_fd(int fd, const char *path, const td_sensor_expect *want,
+                       td_sensor_header *out, td_error_t *err);
+
 /* Files that one job reads together must agree on T, C, the channel names in order, and the
  * label names in order where both have labels. TD_ESHAPE naming both files and the field. */
 int td_sensor_compatible(const char *path_a, const td_sensor_header *a, const char *path_b,
@@ -113,6 +119,11 @@ typedef struct td_sensor td_sensor;
  * labels") or label entry. Caller frees with td_sensor_close(). */
 int td_sensor_open(td_sensor **out, const char *path, const td_sensor_expect *want,
                    td_error_t *err);
+
+/* td_sensor_open() of a file the caller opened (fd, read-only, named path in messages), as
+ * td_sensor_check_fd(): the td_sensor takes fd, and closes it on failure too. */
+int td_sensor_open_fd(td_sensor **out, int fd, const char *path, const td_sensor_expect *want,
+                      td_error_t *err);
 
 void td_sensor_close(td_sensor *s); /* accepts NULL */
 

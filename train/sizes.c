@@ -1,7 +1,9 @@
 /* A job's sizes (sizes.h): what the trainer allocates by and the memory estimate counts. */
 #include <stdint.h>
 
+#include "safetensors.h"
 #include "sizes.h"
+#include "slm.h"
 
 int td__train_gpt_dims(const td_train_config *cfg, td_gpt_dims *d, td_error_t *err)
 {
@@ -18,7 +20,7 @@ int td__train_gpt_dims(const td_train_config *cfg, td_gpt_dims *d, td_error_t *e
         d->C = cfg->n_embd;
         return td_gpt_check_dims(d, err);
     }
-    rc = td_llmc_peek(f, &fd, err);
+    rc = td_st_is_path(f) ? td_st_gpt_peek(f, cfg->n_head, &fd, err) : td_llmc_peek(f, &fd, err);
     if (rc != 0)
         return rc;
     if (cfg->n_layer != 0 && cfg->n_layer != fd.L)
@@ -73,6 +75,53 @@ size_t td__train_gpt_arena_bytes(const td_gpt *m, int rows, int T, int train)
     return td__train_gpt_input_bytes(rows, T) + td_gpt_arena_bytes(m, rows, T, train);
 }
 
+int td__train_slm_dims(const td_train_config *cfg, td_slm_dims *d, td_slm_peek *peek,
+                       td_error_t *err)
+{
+    const td_sensorlm_config *c = &cfg->slm;
+    td_slm_peek own;
+    int T = c->time_steps, C = c->channels, rc;
+
+    if (peek == NULL && T > 0 && C > 0)
+        return td_slm_dims_of(c, T, C, d, err);
+    if (peek == NULL)
+        peek = &own;
+    if ((rc = td__slm_peek(cfg, T, C, peek, err)) != 0)
+        return rc;
+    if (T <= 0 && (T = peek->T) <= 0)
+        return td_error_set(err, TD_EINVAL,
+                            "model.sensor.time_steps: not given, and no sensor file to take it "
+                            "from");
+    if (C <= 0 && (C = peek->C) <= 0)
+        return td_error_set(err, TD_EINVAL,
+                            "model.sensor.channels: not given, and no sensor file to take it from");
+    return td_slm_dims_of(c, T, C, d, err);
+}
+
+size_t td__slm_input_bytes(const td_slm_dims *d, int B)
+{
+    return td_tensor_bytes((size_t)B * d->N * d->P, 0) +
+           td_arena_round((size_t)B * d->L * sizeof(int)) + td_arena_round((size_t)B * sizeof(int));
+}
+
+size_t td__train_slm_arena_bytes(const td_sensorlm *m, int B, int rows, int world, int train)
+{
+    return td__slm_input_bytes(&m->d, B) + td_sensorlm_arena_bytes(m, B, rows, world, train);
+}
+
+size_t td__slm_eval_bytes(const td_sensorlm *m, int B, int64_t nv, int K)
+{
+    size_t E = (size_t)m->d.E, kept, batch, sims;
+    int rows = nv < B ? (int)nv : B;
+
+    if (nv <= 0)
+        return 0;
+    kept = 2 * td_tensor_bytes((size_t)nv * E, 0) + (K > 0 ? td_tensor_bytes((size_t)K * E, 0) : 0);
+    batch = td__slm_input_bytes(&m->d, rows) + td_sensorlm_embed_bytes(m, rows, 1, 1, rows);
+    sims = td_tensor_bytes((size_t)rows * (size_t)(nv > K ? nv : K), 0);
+    return kept + (batch > sims ? batch : sims);
+}
+
 /* llm.c's count (gpt2_estimate_mfu): per token 6 FLOPs per parameter (forward 2, backward 4;
  * its parameter count includes the padded vocabulary rows) plus attention's 6*L*C*T; an mlp 6
  * per parameter per sample. Over the global batch. */
@@ -88,6 +137,12 @@ double td_train_flops_per_step(const td_train_config *cfg)
         T = cfg->seq_len > 0 ? cfg->seq_len : d.maxT;
         N = (double)td_gpt_num_params(&d) + (double)(d.Vp - d.V) * d.C;
         return (6.0 * N + 6.0 * d.L * d.C * T) * T * cfg->batch_size;
+    }
+    if (cfg->model == TD_MODEL_SENSORLM) {
+        td_slm_dims d;
+        if (td__train_slm_dims(cfg, &d, NULL, &e) != 0)
+            return 0.0;
+        return td_sensorlm_flops(&d, cfg->batch_size);
     }
     if (cfg->model == TD_MODEL_MLP) {
         double N = 0.0;

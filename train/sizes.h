@@ -38,4 +38,16 @@ size_t td__train_gpt_input_bytes(int rows, int T);
 size_t td__train_mlp_arena_bytes(const td_mlp *m, int rows, int train);
 size_t td__train_gpt_arena_bytes(const td_gpt *m, int rows, int T, int train);
 
+/* A sensorlm job's dimensions (engine.h td_slm_dims): its keys over its preset, with T and C
+ * the job's or, where it gives none, the first train shard's (its header read as data.h's
+ * access says); the whole data's headers into *peek when not NULL (and then always read).
+ * Errors: td_slm_dims_of's naming the key, the files' (slm.h td__slm_peek). */
+struct td_slm_peek;
+int td__train_slm_dims(const td_train_config *cfg, td_slm_dims *d, struct td_slm_peek *peek,
+                       td_error_t *err);
+
+/* Arena bytes of a sensorlm training step of B rows (of a global batch of rows, over world
+ * replicas): the batch's inputs plus td_sensorlm_arena_bytes. */
+size_t td__train_slm_arena_bytes(const td_sensorlm *m, int B, int rows, int world, int train);
+
 #endif

@@ -22,8 +22,13 @@
 #define TD_PATH_MAX     1024 /* bytes of a path in a job, NUL included */
 #define TD_MAX_PATTERNS 16   /* paths or globs per split */
 
-typedef enum { TD_MODEL_MLP = 1, TD_MODEL_GPT = 2 } td_model_kind;
-typedef enum { TD_DATA_IDX = 1, TD_DATA_TEXT = 2, TD_DATA_TOKENS = 3 } td_data_kind;
+typedef enum { TD_MODEL_MLP = 1, TD_MODEL_GPT = 2, TD_MODEL_SENSORLM = 3 } td_model_kind;
+typedef enum {
+    TD_DATA_IDX = 1,
+    TD_DATA_TEXT = 2,
+    TD_DATA_TOKENS = 3,
+    TD_DATA_SENSOR = 4 /* sensor shards (train/sensor.h) */
+} td_data_kind;
 typedef enum { TD_OPTIM_ADAMW = 1, TD_OPTIM_SGD = 2 } td_optim_kind;
 /* constant: lr. cosine: linear warmup over the first warmup*total steps, then cosine from lr
  * to min_lr at the last step. rsqrt: linear warmup over w = warmup*total steps, then
@@ -49,6 +54,29 @@ typedef enum {
  * DEFAULT: bf16 for a gpt on cuda devices, fp32 otherwise (the daemon resolves it). The CPU
  * backend computes fp32 whatever this says. */
 typedef enum { TD_PRECISION_DEFAULT = 0, TD_PRECISION_FP32, TD_PRECISION_BF16 } td_precision;
+
+/* sensorlm's presets (model.size): both towers' width, depth, heads and MLP width, and the
+ * embedding: tiny 64/2/4/256, E 64; small 256/6/4/1024, E 256; base 768/12/12/3072, E 768
+ * (ViT-B for both towers). */
+typedef enum { TD_SLM_TINY = 0, TD_SLM_SMALL = 1, TD_SLM_BASE = 2 } td_slm_size;
+/* How the sensor tower pools its tokens: a multi-head attention-pooling head (SigLIP's MAP)
+ * or the mean of the tokens (global average pooling). */
+typedef enum { TD_SLM_POOL_MAP = 0, TD_SLM_POOL_GAP = 1 } td_slm_pool;
+
+/* A sensorlm job's model keys (model.sensor.*, model.text.*, model.embed_dim, model.size); 0
+ * in any dimension: the preset's (or the default's: patch_t 10, patch_c 2, text_len 64,
+ * time_steps and channels the train shards'). README.md "SensorLM" is the model's reference;
+ * train/engine.h td_slm_dims the resolved dimensions. */
+typedef struct td_sensorlm_config {
+    td_slm_size size;                     /* default tiny */
+    int time_steps, channels;             /* the sensor grid (T, C) */
+    int patch_t, patch_c;                 /* a patch: patch_t steps of patch_c channels */
+    int s_width, s_depth, s_heads, s_mlp; /* sensor tower: d_model, depth, n_head, mlp_dim */
+    td_slm_pool pool;                     /* default map */
+    int text_len;                         /* L: tokens of a caption, the end token included */
+    int t_width, t_depth, t_heads, t_mlp; /* text tower */
+    int embed_dim;                        /* E: both towers' output */
+} td_sensorlm_config;
 
 /* An IDX image file and its label file (gzipped or not, told apart by the gzip magic). */
 typedef struct td_idx_split {
@@ -89,14 +117,21 @@ typedef struct td_train_config {
                          * keeps one pool per process, so the last trainer built sets it */
 
     /* gpt: llm.c's GPT-2. vocab_size V is padded to Vp, a multiple of 64, for the lm head.
-     * With init_from (an llm.c model file) the dimensions come from the file; any also given
-     * here (non-zero) must agree with it. */
+     * With init_from (an llm.c model file, or a safetensors file with Hugging Face GPT-2's
+     * names; for a sensorlm a safetensors file of its own names) the dimensions come from the
+     * file; any also given here (non-zero) must agree with it. */
     int n_layer, n_head, n_embd, seq_len, vocab_size;
     char init_from[TD_PATH_MAX]; /* "" = initialise from the seed */
+    int attn_chunk;              /* gpt, sensorlm: query rows per block of the fused attention
+                                  * (model.attn_chunk), >= 0; 0 (default): the largest whose block of
+                                  * scores, rows x n_head x keys floats per sequence of the batch, fits in
+                                  * 64 MiB (TD_ATTN_BLOCK_BYTES, td_attn_chunk in train/engine.h) */
+    td_sensorlm_config slm;      /* sensorlm */
 
-    /* text/tokens data: paths or globs; text files are read as bytes (vocabulary 256),
-     * tokens files are llm.c shards. valid_fraction holds out that fraction of the train
-     * data as the valid split when valid_files is empty (0: no valid split). */
+    /* text/tokens/sensor data: paths or globs; text files are read as bytes (vocabulary 256),
+     * tokens files are llm.c shards, sensor files sensor shards (train/sensor.h).
+     * valid_fraction holds out that fraction of the train data (sensor: of its windows) as
+     * the valid split when valid_files is empty (0: no valid split). */
     char train_files[TD_MAX_PATTERNS][TD_PATH_MAX];
     int n_train_files;
     char valid_files[TD_MAX_PATTERNS][TD_PATH_MAX];
@@ -150,16 +185,20 @@ typedef struct td_train_hooks {
     void *ud;
     /* One sample. May block (the daemon's metric queue applies back-pressure). Keys a job
      * records: train_loss, lr, grad_norm, step_ms and tokens_per_s (gpt) or samples_per_s
-     * (mlp) every step; nan_skipped when a step was skipped (the count so far); epoch at the
-     * first step of each epoch (mlp); valid_loss (and valid_accuracy, mlp) at each evaluation
-     * of the valid split; test_loss and test_accuracy at each evaluation of an mlp's test
+     * (mlp, sensorlm) every step; nan_skipped when a step was skipped (the count so far);
+     * epoch at the first step of each epoch (mlp); valid_loss (and valid_accuracy, mlp;
+     * recall_at_1, recall_at_5, text_recall_at_1 and, with labels, zeroshot_accuracy,
+     * sensorlm) at each evaluation of the valid split; test_loss and test_accuracy at each
+     * evaluation of an mlp's test
      * split; mfu every step when cfg.peak_flops > 0 (td_train_flops_per_step over the step's
      * time and the peak of all the job's devices). Only rank 0 of a data-parallel job
      * records. */
     void (*metric)(void *ud, const char *key, int64_t step, double value);
     /* Data-parallel: averages buf (n floats) in place across the job's replicas; called by
      * every replica at the same point of each step with the same n. NULL when world == 1.
-     * It may td_panic (a peer failed). */
+     * It may td_panic (a peer failed). A sensorlm step calls it three times: the text
+     * embeddings' gather in the forward, their gradient's in the backward, then the
+     * gradients. */
     void (*allreduce)(void *ud, float *buf, size_t n);
 } td_train_hooks;
 
@@ -172,7 +211,8 @@ double td_train_flops_per_step(const td_train_config *cfg);
 
 /* Builds a trainer: reads the dataset, checks it against the model (mlp: layers[0] must equal
  * the image size, the last layer must cover every label; gpt: text needs vocab_size >= 256),
- * initialises parameters from the seed or from init_from (an llm.c model file), then, when
+ * initialises parameters from the seed or from init_from (an llm.c model file or a safetensors
+ * file, README "Safetensors"), then, when
  * checkpoint_dir holds a checkpoint, resumes from the newest intact one.
  * Errors are returned, never panicked: TD_EDATA naming the file and what was wrong (a bad
  * llm.c file says whether its magic, version or size is wrong), TD_ESHAPE for a model that
@@ -255,12 +295,39 @@ typedef struct td_mem_estimate {
                          * backend's context: cuBLAS workspace, scratch, fixed buffers; 0 on
                          * the CPU */
     size_t total;       /* params + grads + optim + activations + workspace */
+    size_t data;        /* not in total: the dataset this replica holds in host memory
+                         * (td_train_data_bytes), which on a host backend shares the memory
+                         * total is held against (the memory guard adds it there) */
 } td_mem_estimate;
 
-/* Estimates cfg's memory on one device into *out (no file is read but init_from's header). Errors
+/* Estimates cfg's memory on one device into *out (no file is read but init_from's header and,
+ * for out->data, the datasets' headers and sizes: td_train_data_bytes). Errors
  * as td_trainer_new's for a bad model (TD_EINVAL, TD_ESHAPE, TD_EDATA), TD_E2BIG when the
  * numbers do not fit in a size_t. */
 int td_train_memory_estimate(const td_train_config *cfg, td_mem_estimate *out, td_error_t *err);
+
+/* The bytes of dataset one replica of cfg holds in host memory, from the files' headers and
+ * sizes (read as data.h's access says), without loading them: an mlp's IDX pixels and labels
+ * as their headers declare them (the reader holds a file to its header) and its sample order;
+ * text as 2-byte tokens (every regular file the patterns match, an upper bound: binary and
+ * duplicate files are skipped at load) and the shuffle's row order; token shards are mapped,
+ * not copied, so only their shuffle order counts. 0 for a config without files. Errors: the
+ * files' (TD_EDATA, TD_EPERM naming the file), TD_E2BIG past TD_DATA_MAX_TEXT_BYTES of text. */
+int td_train_data_bytes(const td_train_config *cfg, size_t *bytes, td_error_t *err);
+
+/* Checks cfg's files against its model as td_trainer_new would, without loading them, for a
+ * refusal at submit rather than at start: every file opened as data.h's access says and
+ * regular; IDX headers (magic, counts, a plain file's size; a labels file's every label, for
+ * its largest), the images' size against layers[0], the labels' range against the last
+ * layer and their count against the images'; init_from's header (magic, version, size) and
+ * the job's dimensions against it; each token shard's header (magic, version, size); text
+ * data's vocabulary; and the dataset's bytes in memory (td_train_data_bytes) against
+ * TD_DATA_MAX_BYTES. Messages name the job file's field, then the file and what was wrong:
+ * "model.layers[3]: 5 outputs, but /x/labels.gz has labels up to 9 (10 classes)",
+ * "data.train.images: /x/labels.gz: magic 0x00000801 is an IDX labels file, expected images
+ * (0x00000803)". The files' codes (TD_EDATA, TD_EPERM, TD_ENOTFOUND, TD_EIO), TD_ESHAPE for a
+ * model that does not fit its data, TD_E2BIG past the limit. */
+int td_train_check_files(const td_train_config *cfg, td_error_t *err);
 
 /* The largest global batch_size (at least cfg->world, at most TD_MEM_MAX_BATCH) whose estimate
  * fits in bytes, every other field of cfg as it is, into *batch. TD_ENOMEM when even a batch of
@@ -268,5 +335,55 @@ int td_train_memory_estimate(const td_train_config *cfg, td_mem_estimate *out, t
  * available"); the estimate's errors. */
 #define TD_MEM_MAX_BATCH (1 << 24) /* rows */
 int td_train_largest_batch(const td_train_config *cfg, size_t bytes, int *batch, td_error_t *err);
+
+/* ---- sensorlm embeddings (slm_eval.c) ---------------------------------------------------- */
+
+/* A sensorlm model that embeds sensor windows and texts into its shared space: E floats a row,
+ * unit length, so a dot product is a cosine similarity (what classification, retrieval and the
+ * job's own evaluation rank by). Built from a job's latest checkpoint or from a trainer's
+ * current parameters, it owns copies of them and its own buffers, computes on cfg->kernels
+ * (NULL: the CPU; a device backend on the calling thread's context, as a trainer does) and is
+ * used by one thread at a time. Nothing here panics: errors are returned. */
+typedef struct td_sensorlm_embedder td_sensorlm_embedder;
+
+/* What an embedder takes and gives. */
+typedef struct td_sensorlm_info {
+    int time_steps, channels; /* a window: a (T, C) grid of raw readings, time-major */
+    int embed_dim;            /* E: floats of an embedding */
+    int text_len;             /* L: a text's tokens; its first L-1 bytes are read */
+    int64_t step;             /* the checkpoint's step (or the trainer's steps done) */
+    const float *mean, *std;  /* (C) each: the statistics windows are normalised with (the first
+                               * train shard's at the job's start); borrowed */
+} td_sensorlm_info;
+
+/* The latest checkpoint of the sensorlm job cfg (cfg->checkpoint_dir, the job's config as it
+ * was submitted; its files are read for T and C only when the job gave no time_steps and
+ * channels): its parameters and its statistics. rows: windows or texts per forward (0: 64),
+ * which sizes the embedder's memory. Errors: TD_ENOTFOUND (no checkpoint yet), TD_ESTATE (a
+ * checkpoint of another configuration), TD_EINVAL (not a sensorlm job), the files' errors.
+ * Caller frees with td_sensorlm_embedder_free(). */
+int td_sensorlm_embedder_open(td_sensorlm_embedder **out, const td_train_config *cfg, int rows,
+                              td_error_t *err);
+
+/* The same from trainer t's parameters as they are now (t goes on unchanged; on a device
+ * backend they are copied down first, so call it between steps, on t's thread). TD_EINVAL
+ * when t is not a sensorlm trainer. */
+int td_sensorlm_embedder_from_trainer(td_sensorlm_embedder **out, td_trainer *t, int rows,
+                                      td_error_t *err);
+
+void td_sensorlm_embedder_free(td_sensorlm_embedder *e); /* accepts NULL */
+
+void td_sensorlm_embedder_info(const td_sensorlm_embedder *e, td_sensorlm_info *info);
+
+/* n windows of raw readings, grids (n, T, C) time-major (NaN: missing), each normalised,
+ * patched and put through the sensor tower as in training -> out (n, E). */
+int td_sensorlm_embed_windows(td_sensorlm_embedder *e, const float *grids, int n, float *out,
+                              td_error_t *err);
+
+/* n texts (NUL-terminated; their first L-1 bytes, as captions are read) through the text tower
+ * -> out (n, E). A label's prompt embedded so is what zero-shot classification compares
+ * windows with. */
+int td_sensorlm_embed_texts(td_sensorlm_embedder *e, const char *const *texts, int n, float *out,
+                            td_error_t *err);
 
 #endif

@@ -16,7 +16,11 @@
  * [rank*N/world, (rank+1)*N/world); its gradients and loss (grad[n], the buffer's slack) are
  * scaled by world*rows/N (1 for even slices, then left alone) and averaged by one
  * hooks.allreduce call of n + 1 floats, so every replica sees the global batch's mean and
- * takes the same update. Only rank 0 records metrics, evaluates and writes checkpoints. */
+ * takes the same update. Only rank 0 records metrics, evaluates and writes checkpoints.
+ *
+ * sensorlm: batches and evaluation come from slm.h (slm_data.c, slm_eval.c); each replica's
+ * loss is already weighted for the global batch (the text embeddings are gathered across the
+ * replicas inside the step, engine.h td_allgather_rows), so its slice is never reweighted. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +30,9 @@
 #include "ckpt.h"
 #include "data.h"
 #include "engine.h"
+#include "safetensors.h"
 #include "sizes.h"
+#include "slm.h"
 #include "td_clock.h"
 #include "td_panic.h"
 
@@ -63,6 +69,11 @@ struct td_trainer {
     td_data_info info;
     int T;          /* tokens per row */
     int64_t n_eval; /* valid batches per evaluation */
+
+    /* sensorlm */
+    td_sensorlm *slm;
+    td_slm_data *sdata;
+    td_slm_eval ev; /* ev.nv == 0: no evaluation */
 
     int64_t total_steps;
     int64_t steps_done;
@@ -113,6 +124,21 @@ static int check_mlp_config(const td_train_config *cfg, td_error_t *err)
     return 0;
 }
 
+static int check_slm_config(const td_train_config *cfg, td_error_t *err)
+{
+    if (cfg->data != TD_DATA_SENSOR)
+        return td_error_set(err, TD_EINVAL, "data: a sensorlm reads sensor data, not kind %d",
+                            (int)cfg->data);
+    if (cfg->n_train_files < 1 || cfg->n_train_files > TD_MAX_PATTERNS || cfg->n_valid_files < 0 ||
+        cfg->n_valid_files > TD_MAX_PATTERNS)
+        return td_error_set(err, TD_EINVAL, "data: %d train and %d valid paths (train 1 to %d)",
+                            cfg->n_train_files, cfg->n_valid_files, TD_MAX_PATTERNS);
+    if (cfg->eval_batches < 0 || cfg->attn_chunk < 0)
+        return td_error_set(err, TD_EINVAL, "eval_batches %d, attn_chunk %d: must be >= 0",
+                            cfg->eval_batches, cfg->attn_chunk);
+    return 0;
+}
+
 static int check_gpt_config(const td_train_config *cfg, td_error_t *err)
 {
     if (cfg->data != TD_DATA_TEXT && cfg->data != TD_DATA_TOKENS)
@@ -137,6 +163,8 @@ static int check_config(const td_train_config *cfg, const td_train_hooks *hooks,
         rc = check_mlp_config(cfg, err);
     else if (cfg->model == TD_MODEL_GPT)
         rc = check_gpt_config(cfg, err);
+    else if (cfg->model == TD_MODEL_SENSORLM)
+        rc = check_slm_config(cfg, err);
     else
         rc = td_error_set(err, TD_EINVAL, "model: unknown kind %d", (int)cfg->model);
     if (rc != 0)
@@ -185,6 +213,17 @@ static uint64_t hash_str(uint64_t h, const char *s)
 /* Feeds one field's bytes (a scalar: no padding inside). */
 #define HASH(h, field) td_ckpt_hash((h), &(field), sizeof(field))
 
+/* A sensorlm's model keys, field by field. */
+static uint64_t hash_slm(uint64_t h, const td_sensorlm_config *m)
+{
+    h = HASH(h, m->size), h = HASH(h, m->time_steps), h = HASH(h, m->channels);
+    h = HASH(h, m->patch_t), h = HASH(h, m->patch_c), h = HASH(h, m->s_width);
+    h = HASH(h, m->s_depth), h = HASH(h, m->s_heads), h = HASH(h, m->s_mlp), h = HASH(h, m->pool);
+    h = HASH(h, m->text_len), h = HASH(h, m->t_width), h = HASH(h, m->t_depth);
+    h = HASH(h, m->t_heads), h = HASH(h, m->t_mlp), h = HASH(h, m->embed_dim);
+    return h;
+}
+
 /* What must not change across a resume: the model, the data and its order, the optimizer,
  * the schedule and the length of the job (the schedule depends on it). Not the replica
  * layout (a job may resume on another number of devices: the global batch is the same),
@@ -213,12 +252,21 @@ uint64_t td__train_config_hash(const td_train_config *c)
     h = HASH(h, c->schedule), h = HASH(h, c->warmup), h = HASH(h, c->cooldown);
     h = HASH(h, c->min_lr);
     h = HASH(h, c->batch_size), h = HASH(h, c->epochs), h = HASH(h, c->max_steps);
+    if (c->model == TD_MODEL_SENSORLM) /* only then: the other kinds' hashes stay as they were */
+        h = hash_slm(h, &c->slm);
+    /* Another chunk sums the attention's gradients in other blocks (on the CPU the bits agree
+     * only when both chunks are multiples of its 64-row sgemms or cover the sequence), so a job
+     * resumes with its own. Only when set, so the hash of a job that leaves it 0 stays as it
+     * was before the key existed. */
+    if (c->attn_chunk != 0)
+        h = HASH(h, c->attn_chunk);
     return h;
 }
 
 /* The checkpoint's float sections: the parameters and the optimizer's moments, each a whole
- * flat buffer (padding included). Returns how many. */
-int td__train_ckpt_sections(td_params *p, td_ckpt_section *s)
+ * flat buffer (padding included), and a sensorlm's statistics ("norm": the C means, then the C
+ * stds its windows are normalised with; norm NULL for the other models). Returns how many. */
+static int ckpt_sections(td_params *p, float *norm, int C, td_ckpt_section *s)
 {
     int n = 0;
 
@@ -227,7 +275,17 @@ int td__train_ckpt_sections(td_params *p, td_ckpt_section *s)
         s[n++] = (td_ckpt_section){.name = "m", .data = p->host_m, .count = p->n};
     if (p->host_v != NULL)
         s[n++] = (td_ckpt_section){.name = "v", .data = p->host_v, .count = p->n};
+    if (norm != NULL)
+        s[n++] = (td_ckpt_section){.name = "norm", .data = norm, .count = 2 * (size_t)C};
     return n;
+}
+
+/* The trainer's sections (ckpt_sections). */
+static int trainer_sections(td_trainer *t, td_ckpt_section *s)
+{
+    if (t->sdata != NULL)
+        return ckpt_sections(&t->params, td__slm_norm(t->sdata), t->slm->d.C, s);
+    return ckpt_sections(&t->params, NULL, 0, s);
 }
 
 /* The model must fit the data: one input per pixel, one output per class present. */
@@ -369,11 +427,14 @@ static int build_gpt(td_trainer *t, td_error_t *err)
     rc = td_gpt_declare(&t->gpt, &t->params, &d, err);
     if (rc != 0)
         return rc;
+    t->gpt.attn_chunk = cfg->attn_chunk;
     if (td_params_alloc(&t->params, td_optim_moments(cfg)) != 0)
         return td_error_set(err, TD_ENOMEM, "no memory for %zu parameters (4 buffers)",
                             t->params.n);
     td_gpt_bind(&t->gpt);
-    if (cfg->init_from[0] != '\0')
+    if (cfg->init_from[0] != '\0' && td_st_is_path(cfg->init_from))
+        rc = td_st_gpt_load(cfg->init_from, &t->gpt, err);
+    else if (cfg->init_from[0] != '\0')
         rc = td_llmc_load(cfg->init_from, &t->gpt, err);
     else
         td_gpt_init(&t->gpt, cfg->seed);
@@ -401,6 +462,77 @@ static int build_gpt(td_trainer *t, td_error_t *err)
     return 0;
 }
 
+/* A sensorlm's evaluation buffers on the host: the similarities of a block of rows, the valid
+ * windows' labels, the label prompts. */
+static int alloc_slm_eval(td_trainer *t, td_error_t *err)
+{
+    td_slm_eval *ev = &t->ev;
+    int64_t wide = ev->nv > ev->K ? ev->nv : ev->K, rows = ev->nv < ev->B ? ev->nv : ev->B;
+    int L = t->slm->d.L;
+
+    ev->sims = malloc((size_t)(rows * wide) * sizeof(float));
+    ev->labels = malloc((size_t)ev->nv * sizeof(int));
+    ev->ptok = malloc((size_t)(ev->K > 0 ? ev->K : 1) * L * sizeof(int));
+    ev->pend = malloc((size_t)(ev->K > 0 ? ev->K : 1) * sizeof(int));
+    if (ev->sims == NULL || ev->labels == NULL || ev->ptok == NULL || ev->pend == NULL)
+        return td_error_set(err, TD_ENOMEM, "no memory for the evaluation of %lld windows",
+                            (long long)ev->nv);
+    if (ev->K > 0)
+        td__slm_prompts(t->sdata, ev->ptok, ev->pend);
+    return 0;
+}
+
+/* The model, its flat buffers and initialisation, the sensor data, and an arena and tape for
+ * the larger of a training step and an evaluation (rank 0, with a valid split). */
+static int build_sensorlm(td_trainer *t, td_error_t *err)
+{
+    const td_train_config *cfg = &t->cfg;
+    int BL = td__train_max_rows(cfg), B = cfg->batch_size, rc;
+    size_t step_bytes, eval_bytes = 0, stage;
+    td_slm_dims d;
+
+    if ((rc = td__train_slm_dims(cfg, &d, NULL, err)) != 0)
+        return rc;
+    if ((t->slm = calloc(1, sizeof(*t->slm))) == NULL)
+        return td_error_set(err, TD_ENOMEM, "no memory for a sensorlm");
+    if ((rc = td_sensorlm_declare(t->slm, &t->params, &d, err)) != 0)
+        return rc;
+    t->slm->attn_chunk = cfg->attn_chunk;
+    if (td_params_alloc(&t->params, td_optim_moments(cfg)) != 0)
+        return td_error_set(err, TD_ENOMEM, "no memory for %zu parameters (4 buffers)",
+                            t->params.n);
+    if (cfg->init_from[0] != '\0' && (rc = td_st_slm_load(cfg->init_from, t->slm, err)) != 0)
+        return rc;
+    if (cfg->init_from[0] == '\0')
+        td_sensorlm_init(t->slm, cfg->seed);
+    if ((rc = td__slm_data_open(&t->sdata, cfg, &d, err)) != 0)
+        return rc;
+    t->ev = (td_slm_eval){.m = t->slm, .data = t->sdata, .arena = &t->arena, .k = t->k, .B = B};
+    if (cfg->rank == 0) {
+        t->ev.nv = td__slm_eval_windows(cfg, td__slm_valid_windows(t->sdata));
+        t->ev.K = td__slm_labels(t->sdata);
+    }
+    step_bytes = td__train_slm_arena_bytes(t->slm, BL, B, cfg->world, 1);
+    stage = td__slm_input_bytes(&d, BL);
+    if (t->ev.nv > 0) {
+        int rows = t->ev.nv < B ? (int)t->ev.nv : B;
+        eval_bytes = td__slm_eval_bytes(t->slm, B, t->ev.nv, t->ev.K);
+        stage = td__slm_input_bytes(&d, rows) > stage ? td__slm_input_bytes(&d, rows) : stage;
+        if ((rc = alloc_slm_eval(t, err)) != 0)
+            return rc;
+    }
+    rc = td_arena_init_on(&t->arena, step_bytes > eval_bytes ? step_bytes : eval_bytes, t->k, err);
+    if (rc == 0)
+        rc = alloc_stage(t, stage, err);
+    if (rc != 0)
+        return rc;
+    t->ev.stage = t->stage;
+    if (td_tape_init(&t->tape, td_sensorlm_tape_len(t->slm)) != 0)
+        return td_error_set(err, TD_ENOMEM, "no memory for the tape");
+    t->steps_per_epoch = td__slm_batches(t->sdata);
+    return 0;
+}
+
 /* Fisher-Yates over the mlp's train samples. */
 static void shuffle(td_trainer *t)
 {
@@ -417,10 +549,10 @@ static void shuffle(td_trainer *t)
  * every epoch begun so far, replayed). */
 static int resume(td_trainer *t, td_error_t *err)
 {
-    td_ckpt_section sec[3];
+    td_ckpt_section sec[4];
     td_ckpt_meta meta;
     td_ckpt_found found;
-    int n = td__train_ckpt_sections(&t->params, sec), rc;
+    int n = trainer_sections(t, sec), rc;
 
     if (t->cfg.checkpoint_dir[0] == '\0')
         return 0;
@@ -445,6 +577,9 @@ static int resume(td_trainer *t, td_error_t *err)
     if (t->data != NULL) {
         td_data_cursor c = {.epoch = meta.cursor[0], .batch = meta.cursor[1]};
         rc = td_data_seek(t->data, c, err);
+    } else if (t->sdata != NULL) {
+        td_data_cursor c = {.epoch = meta.cursor[0], .batch = meta.cursor[1]};
+        rc = td__slm_seek(t->sdata, c, err);
     } else if (t->cfg.shuffle) {
         int64_t begun = (meta.step + t->steps_per_epoch - 1) / t->steps_per_epoch;
         for (int64_t e = 0; e < begun; e++)
@@ -497,7 +632,9 @@ int td_trainer_new(td_trainer **out, const td_train_config *cfg, const td_train_
         t->k->set_threads(cfg->threads);
     t->config_hash = td__train_config_hash(cfg);
 
-    rc = cfg->model == TD_MODEL_MLP ? build_mlp(t, err) : build_gpt(t, err);
+    rc = cfg->model == TD_MODEL_MLP   ? build_mlp(t, err)
+         : cfg->model == TD_MODEL_GPT ? build_gpt(t, err)
+                                      : build_sensorlm(t, err);
     if (rc != 0)
         goto out;
     t->total_steps = cfg->max_steps >= 0 ? cfg->max_steps : cfg->epochs * t->steps_per_epoch;
@@ -525,31 +662,15 @@ int64_t td_trainer_steps_done(const td_trainer *t)
     return t->steps_done;
 }
 
-/* For export and sampling: a gpt job's model as of its latest checkpoint, with its moments
- * (so the checkpoint's sections match) and step. */
-int td__train_load_gpt(const td_train_config *cfg, td_gpt *m, td_params *p, int64_t *step,
+/* The latest checkpoint of cfg's job into the nsec sections sec (the job's parameters declared
+ * and allocated), refused when another configuration wrote it; its step into *step. */
+static int load_latest(const td_train_config *cfg, td_ckpt_section *sec, int nsec, int64_t *step,
                        td_error_t *err)
 {
-    td_ckpt_section sec[3];
     td_ckpt_meta meta;
     td_ckpt_found found;
-    td_gpt_dims d;
-    int rc;
+    int rc = td_ckpt_load_latest(cfg->checkpoint_dir, &meta, sec, nsec, &found, err);
 
-    if (cfg->model != TD_MODEL_GPT)
-        return td_error_set(err, TD_EINVAL, "not a gpt job: only gpt models are exported");
-    if (cfg->checkpoint_dir[0] == '\0')
-        return td_error_set(err, TD_ENOTFOUND, "the job has no checkpoint directory");
-    rc = td__train_gpt_dims(cfg, &d, err);
-    if (rc == 0)
-        rc = td_gpt_declare(m, p, &d, err);
-    if (rc != 0)
-        return rc;
-    if (td_params_alloc(p, td_optim_moments(cfg)) != 0)
-        return td_error_set(err, TD_ENOMEM, "no memory for %zu parameters", p->n);
-    td_gpt_bind(m);
-    rc = td_ckpt_load_latest(cfg->checkpoint_dir, &meta, sec, td__train_ckpt_sections(p, sec),
-                             &found, err);
     if (rc == TD_ENOTFOUND)
         return td_error_set(err, rc, "no checkpoint in %s yet", cfg->checkpoint_dir);
     if (rc != 0)
@@ -562,6 +683,54 @@ int td__train_load_gpt(const td_train_config *cfg, td_gpt *m, td_params *p, int6
                             (unsigned long long)td__train_config_hash(cfg));
     *step = meta.step;
     return 0;
+}
+
+/* For export and sampling: a gpt job's model as of its latest checkpoint, with its moments
+ * (so the checkpoint's sections match) and step. */
+int td__train_load_gpt(const td_train_config *cfg, td_gpt *m, td_params *p, int64_t *step,
+                       td_error_t *err)
+{
+    td_ckpt_section sec[4];
+    td_gpt_dims d;
+    int rc;
+
+    if (cfg->model != TD_MODEL_GPT)
+        return td_error_set(err, TD_EINVAL, "not a gpt job");
+    if (cfg->checkpoint_dir[0] == '\0')
+        return td_error_set(err, TD_ENOTFOUND, "the job has no checkpoint directory");
+    rc = td__train_gpt_dims(cfg, &d, err);
+    if (rc == 0)
+        rc = td_gpt_declare(m, p, &d, err);
+    if (rc != 0)
+        return rc;
+    m->attn_chunk = cfg->attn_chunk;
+    if (td_params_alloc(p, td_optim_moments(cfg)) != 0)
+        return td_error_set(err, TD_ENOMEM, "no memory for %zu parameters", p->n);
+    td_gpt_bind(m);
+    return load_latest(cfg, sec, ckpt_sections(p, NULL, 0, sec), step, err);
+}
+
+/* For embedders and export: a sensorlm job's model as of its latest checkpoint, with its
+ * moments (so the checkpoint's sections match), step and statistics. */
+int td__train_load_sensorlm(const td_train_config *cfg, td_sensorlm *m, td_params *p, int64_t *step,
+                            float *norm, td_error_t *err)
+{
+    td_ckpt_section sec[4];
+    td_slm_dims d;
+    int rc;
+
+    if (cfg->model != TD_MODEL_SENSORLM)
+        return td_error_set(err, TD_EINVAL, "not a sensorlm job");
+    if (cfg->checkpoint_dir[0] == '\0')
+        return td_error_set(err, TD_ENOTFOUND, "the job has no checkpoint directory");
+    rc = td__train_slm_dims(cfg, &d, NULL, err);
+    if (rc == 0)
+        rc = td_sensorlm_declare(m, p, &d, err);
+    if (rc != 0)
+        return rc;
+    if (td_params_alloc(p, td_optim_moments(cfg)) != 0)
+        return td_error_set(err, TD_ENOMEM, "no memory for %zu parameters", p->n);
+    return load_latest(cfg, sec, ckpt_sections(p, norm, d.C, sec), step, err);
 }
 
 /* ---- evaluation ----------------------------------------------------------------------------- */
@@ -688,12 +857,31 @@ static void evaluate_gpt(td_trainer *t, int64_t step)
     emit(t, "valid_loss", step, loss_sum / (double)t->n_eval);
 }
 
+/* A sensorlm's evaluation (slm_eval.c) on the first ev.nv valid windows, its five metrics. */
+static void evaluate_slm(td_trainer *t, int64_t step)
+{
+    td_slm_metrics m;
+
+    td__slm_evaluate(&t->ev, &m);
+    emit(t, "valid_loss", step, m.valid_loss);
+    emit(t, "recall_at_1", step, m.recall_at_1);
+    emit(t, "recall_at_5", step, m.recall_at_5);
+    emit(t, "text_recall_at_1", step, m.text_recall_at_1);
+    if (!isnan(m.zeroshot_accuracy))
+        emit(t, "zeroshot_accuracy", step, m.zeroshot_accuracy);
+}
+
 /* The evaluations due after step (rank 0 alone: the others go on to the next step and wait
  * for rank 0 in its all-reduce). */
 static void evaluate(td_trainer *t, int64_t step)
 {
     if (t->cfg.rank != 0)
         return;
+    if (t->cfg.model == TD_MODEL_SENSORLM) {
+        if (t->ev.nv > 0)
+            evaluate_slm(t, step);
+        return;
+    }
     if (t->cfg.model == TD_MODEL_GPT) {
         if (t->n_eval > 0)
             evaluate_gpt(t, step);
@@ -733,9 +921,25 @@ static int params_to_host(td_params *p, td_error_t *err)
     return err->code;
 }
 
+int td_sensorlm_embedder_from_trainer(td_sensorlm_embedder **out, td_trainer *t, int rows,
+                                      td_error_t *err)
+{
+    td_train_config cfg = t->cfg;
+    int rc;
+
+    *out = NULL;
+    if (t->slm == NULL)
+        return td_error_set(err, TD_EINVAL, "not a sensorlm trainer");
+    if ((rc = params_to_host(&t->params, err)) != 0)
+        return rc;
+    cfg.kernels = t->k;
+    return td__slm_embedder_new(out, &cfg, &t->slm->d, t->params.host_data, t->params.n,
+                                td__slm_norm(t->sdata), t->steps_done, rows, err);
+}
+
 int td_trainer_checkpoint(td_trainer *t, td_error_t *err)
 {
-    td_ckpt_section sec[3];
+    td_ckpt_section sec[4];
     td_ckpt_meta meta = {0};
     int n, rc;
 
@@ -743,12 +947,12 @@ int td_trainer_checkpoint(td_trainer *t, td_error_t *err)
         return 0;
     if ((rc = params_to_host(&t->params, err)) != 0)
         return rc;
-    n = td__train_ckpt_sections(&t->params, sec);
+    n = trainer_sections(t, sec);
     meta.step = t->steps_done;
     meta.config_hash = t->config_hash;
     memcpy(meta.rng, t->shuffle_rng.s, sizeof(t->shuffle_rng.s));
-    if (t->data != NULL) {
-        td_data_cursor c = td_data_tell(t->data);
+    if (t->data != NULL || t->sdata != NULL) {
+        td_data_cursor c = t->data != NULL ? td_data_tell(t->data) : td__slm_tell(t->sdata);
         meta.cursor[0] = c.epoch;
         meta.cursor[1] = c.batch;
     } else {
@@ -852,6 +1056,42 @@ static pass gpt_forward(td_trainer *t, td_ctx *c)
     return p;
 }
 
+/* The sensorlm's forward on this replica's rows of the batch at the data's cursor: both towers,
+ * then the loss over the global batch (the text side gathered across the replicas). */
+static pass slm_forward(td_trainer *t, td_ctx *c)
+{
+    const td_train_config *cfg = &t->cfg;
+    const td_slm_dims *d = &t->slm->d;
+    int B = cfg->batch_size, r0 = (int)((int64_t)cfg->rank * B / cfg->world);
+    pass p = {.rows = td__train_local_rows(cfg, B), .global_rows = B, .samples = B};
+    size_t xb = td_tensor_bytes((size_t)p.rows * d->N * d->P, 0);
+    size_t tb = td_arena_round((size_t)p.rows * d->L * sizeof(int));
+    td_tensor *x = td_tensor_new(c, 3, (int[]){p.rows, d->N, d->P}, 0), *s, *u;
+    int *tok = td_arena_alloc(c->arena, (size_t)p.rows * d->L * sizeof(int));
+    int *end = td_arena_alloc(c->arena, (size_t)p.rows * sizeof(int));
+    float *hx = t->stage != NULL ? (float *)t->stage : x->data;
+    int *htok = t->stage != NULL ? (int *)(t->stage + xb) : tok;
+    int *hend = t->stage != NULL ? (int *)(t->stage + xb + tb) : end;
+    td_error_t e = {0};
+
+    if (td__slm_fill(t->sdata, r0, r0 + p.rows, hx, htok, hend, &e) != 0)
+        td_panic(TD_EDATA, "%s", e.msg);
+    if (t->stage != NULL) {
+        t->k->upload(x->data, hx, (size_t)p.rows * d->N * d->P * sizeof(float));
+        t->k->upload(tok, htok, (size_t)p.rows * d->L * sizeof(int));
+        t->k->upload(end, hend, (size_t)p.rows * sizeof(int));
+    }
+    if (cfg->world > 1) {
+        c->allreduce = t->hooks.allreduce;
+        c->allreduce_ud = t->hooks.ud;
+        c->world = cfg->world;
+    }
+    s = td_sensorlm_sensor(c, t->slm, x);
+    u = td_sensorlm_text(c, t->slm, tok, end, p.rows);
+    p.loss = td_sensorlm_loss(c, t->slm, s, u, B, r0);
+    return p;
+}
+
 static const char *nonfinite(float x)
 {
     return isnan(x) ? "NaN" : "Inf";
@@ -864,7 +1104,9 @@ static float step_loss(td_trainer *t, td_ctx *c, int64_t step, pass *p)
     const td_train_config *cfg = &t->cfg;
     float value = 0.0f;
 
-    *p = cfg->model == TD_MODEL_MLP ? mlp_forward(t, c, step) : gpt_forward(t, c);
+    *p = cfg->model == TD_MODEL_MLP   ? mlp_forward(t, c, step)
+         : cfg->model == TD_MODEL_GPT ? gpt_forward(t, c)
+                                      : slm_forward(t, c);
     if (p->loss != NULL)
         value = scalar(t, p->loss);
     if (cfg->debug_fail_kind == TD_FAIL_NAN && cfg->debug_fail_step == step)
@@ -889,7 +1131,7 @@ static float allreduce(td_trainer *t, const pass *p, float value)
         return value;
     t->k->upload(g + n, &value, sizeof(value));
     w = (float)((double)t->cfg.world * p->rows / p->global_rows);
-    if (w != 1.0f)
+    if (w != 1.0f && t->cfg.model != TD_MODEL_SENSORLM) /* its loss is weighted already */
         t->k->scale(g, w, n + 1);
     t->hooks.allreduce(t->hooks.ud, g, n + 1);
     t->k->download(&value, g + n, sizeof(value));
@@ -950,6 +1192,8 @@ int td_trainer_step(td_trainer *t)
     }
     if (t->data != NULL)
         td_data_advance(t->data);
+    if (t->sdata != NULL)
+        td__slm_advance(t->sdata);
     ms = td_mono_ms() - t0;
     t->steps_done = step;
 
@@ -978,11 +1222,17 @@ void td_trainer_free(td_trainer *t)
     if (t == NULL)
         return;
     td_tape_free(&t->tape);
+    td__slm_data_free(t->sdata);
+    free(t->ev.sims);
+    free(t->ev.labels);
+    free(t->ev.ptok);
+    free(t->ev.pend);
     if (t->scalars != NULL)
         t->k->free(t->scalars);
     free(t->stage);
     td_arena_free(&t->arena);
-    td_params_free(&t->params);
+    td_params_free(&t->params); /* it points into t->slm's tensors */
+    free(t->slm);
     td_data_free(t->data);
     free(t->order);
     td_idx_free(&t->test);
@@ -1006,5 +1256,7 @@ size_t td_trainer_step_bytes(const td_trainer *t)
 
     if (t->cfg.model == TD_MODEL_GPT)
         return td__train_gpt_arena_bytes(&t->gpt, BL, t->T, 1);
+    if (t->cfg.model == TD_MODEL_SENSORLM)
+        return td__train_slm_arena_bytes(t->slm, BL, t->cfg.batch_size, t->cfg.world, 1);
     return td__train_mlp_arena_bytes(&t->mlp, BL, 1);
 }

@@ -7,13 +7,13 @@
  * (compiled without FMA) rounds twice. With it, the elementwise ops (ReLU, GELU with the same
  * fexp, the residual, the encoder, scale, AdamW, SGD) do exactly cpu.c's float operations in
  * cpu.c's order; they are memory-bound, so the lost FMAs cost nothing. The sums differ in
- * order only: per-warp tree sums for layernorm and the attention softmax, fixed-shape two-
+ * order only: per-warp tree sums for layernorm and the attention's rows, fixed-shape two-
  * stage sums for sumsq, the loss and layernorm's weight and bias gradients, cuBLAS for the
  * matmuls. No atomics on floats, so every op gives the same bits every run.
  *
- * With bf16 on (td_cuda_ctx_set_bf16), the matmuls and attention's products multiply bf16
- * copies of their operands, rounded into the context's scratch in chunks that fit, with fp32
- * sums and outputs (cublasGemmEx, cublasGemmStridedBatchedEx); see "bf16 mixed precision".
+ * With bf16 on (td_cuda_ctx_set_bf16), the matmuls multiply bf16 copies of their operands,
+ * rounded into the context's scratch in chunks that fit, with fp32 sums and outputs
+ * (cublasGemmEx); see "bf16 mixed precision". The fused attention's gemms stay fp32, in TF32.
  *
  * Ops run asynchronously on the context's stream; a launch is checked at once, a fault in a
  * kernel at the next synchronizing call. Owns nothing. */
@@ -25,6 +25,7 @@
 #include <cuda_bf16.h>
 
 #include "cuda_internal.h"
+#include "heads.h"
 
 extern "C" {
 /* td_panic.h is C11 (_Noreturn), so its one function is declared here for C++. */
@@ -532,61 +533,98 @@ __global__ void column_finish_kernel(float *dst, const float *part, int G, int C
 }
 
 // ---- attention ------------------------------------------------------------------------------
+//
+// The fused attention's row kernels, a warp per query row of a block of scores. A block holds,
+// for every (sequence, head) bh, rows [r0, r0 + rows) of its queries against keys [0, cols),
+// at s + bh * slot, row t at t * cols; query r0 + t sees keys [0, n) with n = r0 + t + 1 when
+// causal, else cols.
 
-// Causal softmax of each (T) row in place, a warp per row: row r is position t = r % T of its
-// head; entries past t become 0. cpu.c's causal_softmax_row with fexp.
-// att is (rows, T)
-__global__ void causal_softmax_kernel(float *att, size_t rows, int T)
+// Softmax of each row in place (cpu.c's softmax_row with fexp), zero past n, and its
+// log-sum-exp: lse[bh * Nq + r0 + t] = max + log(sum)
+// s is (BH, slot), lse is (BH, Nq)
+__global__ void attn_softmax_kernel(float *s, float *lse, int BH, int rows, int cols, size_t slot,
+                                    int r0, int Nq, int causal)
 {
     int lane = threadIdx.x & 31;
     size_t row = (size_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
-    float *a = att + row * T;
     float maxv, sum = 0.0f, inv;
-    int t;
+    float *a;
+    int bh, t, n;
 
-    if (row >= rows)
+    if (row >= (size_t)BH * rows)
         return;
-    t = (int)(row % (size_t)T);
+    bh = (int)(row / (size_t)rows);
+    t = (int)(row % (size_t)rows);
+    a = s + (size_t)bh * slot + (size_t)t * cols;
+    n = causal ? r0 + t + 1 : cols;
     maxv = a[0];
-    for (int j = lane; j <= t; j += 32)
+    for (int j = lane; j < n; j += 32)
         maxv = a[j] > maxv ? a[j] : maxv;
     maxv = warp_max(maxv);
-    for (int j = lane; j <= t; j += 32) {
+    for (int j = lane; j < n; j += 32) {
         float e = fexp(a[j] - maxv);
         a[j] = e;
         sum += e;
     }
     sum = warp_sum(sum);
     inv = 1.0f / sum;
-    for (int j = lane; j <= t; j += 32)
+    for (int j = lane; j < n; j += 32)
         a[j] *= inv;
-    for (int j = t + 1 + lane; j < T; j += 32)
+    for (int j = n + lane; j < cols; j += 32)
         a[j] = 0.0f;
+    if (lane == 0)
+        lse[(size_t)bh * Nq + r0 + t] = maxv + logf(sum);
 }
 
-// The softmax's backward in place over datt, a warp per row: with s = att . datt over [0..t],
-// dpreatt[j] = scale * att[j] (datt[j] - s) for j <= t, 0 past t.
-// d is (rows, T) (datt in, dpreatt out), att is (rows, T)
-__global__ void causal_softmax_backward_kernel(float *d, const float *att, float scale, size_t rows,
-                                               int T)
+// The backward's row kernel: probabilities again from the scores and lse, then the gradient
+// of the scores in place over dp: p = exp(s - lse) (0 past n), dp = scale p (dp - D)
+// p and dp are (BH, slot), lse and D are (BH, Nq)
+__global__ void attn_grad_kernel(float *p, float *dp, const float *lse, const float *D, int BH,
+                                 int rows, int cols, size_t slot, int r0, int Nq, int causal,
+                                 float scale)
 {
     int lane = threadIdx.x & 31;
-    size_t row = (size_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
-    float *dr = d + row * T;
-    const float *a = att + row * T;
-    float s = 0.0f;
-    int t;
+    size_t row = (size_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5), off;
+    float l, d;
+    int bh, t, n;
 
-    if (row >= rows)
+    if (row >= (size_t)BH * rows)
         return;
-    t = (int)(row % (size_t)T);
-    for (int j = lane; j <= t; j += 32)
-        s += a[j] * dr[j];
+    bh = (int)(row / (size_t)rows);
+    t = (int)(row % (size_t)rows);
+    off = (size_t)bh * slot + (size_t)t * cols;
+    n = causal ? r0 + t + 1 : cols;
+    l = lse[(size_t)bh * Nq + r0 + t];
+    d = D[(size_t)bh * Nq + r0 + t];
+    for (int j = lane; j < cols; j += 32) {
+        float e = j < n ? fexp(p[off + j] - l) : 0.0f;
+        p[off + j] = e;
+        dp[off + j] = scale * (e * (dp[off + j] - d));
+    }
+}
+
+// D[bh * Nq + i] = dout_i . out_i over head h's hs columns, a warp per (b, h, i)
+// D is (B, NH, Nq), dout and out are (B, Nq, NH * hs)
+__global__ void attn_d_kernel(float *D, const float *dout, const float *out, int B, int NH, int Nq,
+                              int hs)
+{
+    int lane = threadIdx.x & 31;
+    size_t row = (size_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5), off;
+    float s = 0.0f;
+    int bh, b, h, i;
+
+    if (row >= (size_t)B * NH * Nq)
+        return;
+    bh = (int)(row / (size_t)Nq);
+    i = (int)(row % (size_t)Nq);
+    b = bh / NH;
+    h = bh % NH;
+    off = ((size_t)b * Nq + i) * ((size_t)NH * hs) + (size_t)h * hs;
+    for (int e = lane; e < hs; e += 32)
+        s += dout[off + e] * out[off + e];
     s = warp_sum(s);
-    for (int j = lane; j <= t; j += 32)
-        dr[j] = scale * (a[j] * (dr[j] - s));
-    for (int j = t + 1 + lane; j < T; j += 32)
-        dr[j] = 0.0f;
+    if (lane == 0)
+        D[row] = s;
 }
 
 // ---- sumsq ----------------------------------------------------------------------------------
@@ -693,13 +731,6 @@ static void to_bf16(td_cuda_ctx *x, __nv_bfloat16 *dst, const float *src, size_t
         LAUNCH_N(x, to_bf16_flat_kernel, n, dst, src, n);
     else
         LAUNCH_N(x, to_bf16_kernel, n, dst, src, rows, cols, ld);
-}
-
-// dst (n) = bf16 of src (n), contiguous; n in size_t, as attention's hn (T,T) heads may pass
-// INT_MAX with a large scratch
-static void to_bf16_n(td_cuda_ctx *x, __nv_bfloat16 *dst, const float *src, size_t n)
-{
-    LAUNCH_N(x, to_bf16_flat_kernel, n, dst, src, n);
 }
 
 // Column-major C (m,n) = alpha op(A) op(B) + beta C with bf16 A and B, fp32 C, fp32 sums
@@ -1066,202 +1097,122 @@ static void residual_backward(float *dinp1, float *dinp2, const float *dout, siz
         LAUNCH_N(x, add_kernel, n, dinp2, dout, n);
 }
 
-// Strided-batched column-major C_i = alpha op(A_i) op(B_i) + beta C_i, bf16 A and B, fp32 C and
-// sums: attention's products in bf16 mode
-static void gemm_bf16_batched(td_cuda_ctx *x, cublasOperation_t ta, cublasOperation_t tb, int m,
-                              int n, int k, float alpha, const __nv_bfloat16 *A, int lda,
-                              long long sa, const __nv_bfloat16 *B, int ldb, long long sb,
-                              float beta, float *C, int ldc, long long sc, int batch)
+// ---- fused attention ------------------------------------------------------------------------
+//
+// cuBLAS per block of query rows: for each block of d->chunk rows [r0, r0 + rows), the scores
+// of every (sequence, head) against keys [0, cols) (cols = r0 + rows when causal: the block's
+// last row's diagonal) by strided-batched gemms into the block of the scratch (slot
+// chunk * Nk floats per (sequence, head)), a warp per row for the softmax, and the gemms
+// that use them. The gemms batch over the heads of a sequence (q, k, v and out of head h sit
+// hs floats after head h-1's) or over the sequences of a head, whichever are more, and loop
+// over the other. Nothing is kept but out and lse; the backward recomputes the scores. With
+// bf16 on, these fp32 gemms run in TF32 (the context's math mode: 10 mantissa bits, more than
+// bf16's 7), where the replaced attention multiplied bf16 copies.
+
+// For every sequence b < nb and head h < nh: C_bh = alpha op(A_bh) op(B_bh) + beta C_bh,
+// column-major, X_bh = X + b * xb + h * xh for X in A, B, C
+static void gemm_bh(td_cuda_ctx *x, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                    float alpha, const float *A, int lda, long long ab, long long ah,
+                    const float *B, int ldb, long long bb, long long bh, float beta, float *C,
+                    int ldc, long long cb, long long ch, int nb, int nh)
 {
-    TD_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-        x->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, sa, B, CUDA_R_16BF, ldb, sb, &beta,
-        C, CUDA_R_32F, ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (nh >= nb)
+        for (int b = 0; b < nb; b++)
+            TD_CUBLAS_CHECK(cublasSgemmStridedBatched(x->blas, ta, tb, m, n, k, &alpha, A + b * ab,
+                                                      lda, ah, B + b * bb, ldb, bh, &beta,
+                                                      C + b * cb, ldc, ch, nh));
+    else
+        for (int h = 0; h < nh; h++)
+            TD_CUBLAS_CHECK(cublasSgemmStridedBatched(x->blas, ta, tb, m, n, k, &alpha, A + h * ah,
+                                                      lda, ab, B + h * bh, ldb, bb, &beta,
+                                                      C + h * ch, ldc, cb, nb));
 }
 
-// bf16 attention forward, per sequence b: its (T,3C) qkv rounded to bf16 (Q), then
-// preatt = q k^T / sqrt(hs) for every head from Q, the causal softmax of its NH*T rows (fp32,
-// in att), then per chunk of hc heads att rounded to bf16 (A) and out = A v from Q. Q and A
-// (hc (T,T) heads, as many up to NH as fit) live in the scratch. Returns 0, doing nothing,
-// when not even one head fits beside Q: the caller takes the fp32 path.
-// out is (B,T,C), att is (B,NH,T,T), qkv is (B,T,3C)
-static int attention_forward_bf16(td_cuda_ctx *x, float *out, float *att, const float *qkv, int B,
-                                  int T, int C, int NH)
+// Scores of rows [r0, r0 + rows) against keys [0, cols) into s (every (b, h) at bh * slot,
+// row-major (rows, cols)): s^T = alpha k q^T, column-major; src is q (forward) or dout with
+// alpha 1 and v for k (the backward's dout v^T)
+static void attn_scores(td_cuda_ctx *x, float *s, const float *a, int lda, long long as,
+                        const float *kk, int ldk, long long ks, float alpha, int rows, int cols,
+                        size_t slot, const td_attn_dims *d)
 {
-    int hs = C / NH, C3 = 3 * C, hc;
-    long long TT = (long long)T * T;
-    size_t qr = bf16_round_up((size_t)T * C3), fit;
-    __nv_bfloat16 *Q = (__nv_bfloat16 *)x->scratch, *A = Q + qr;
-    float scale = 1.0f / sqrtf((float)hs);
-
-    fit = bf16_room(x) > qr ? (bf16_room(x) - qr) / (size_t)TT : 0;
-    if (fit < 1)
-        return 0;
-    hc = fit < (size_t)NH ? (int)fit : NH;
-    for (int b = 0; b < B; b++) {
-        float *ab = att + (size_t)b * NH * TT;
-        to_bf16_n(x, Q, qkv + (size_t)b * T * C3, (size_t)T * C3);
-        gemm_bf16_batched(x, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, Q + C, C3, hs, Q, C3, hs,
-                          0.0f, ab, T, TT, NH);
-        causal_softmax_kernel<<<row_blocks((size_t)NH * T), ROW_WARPS * 32, 0, x->stream>>>(
-            ab, (size_t)NH * T, T);
-        LAUNCH_CHECK("causal_softmax_kernel");
-        for (int h0 = 0; h0 < NH; h0 += hc) {
-            int hn = NH - h0 < hc ? NH - h0 : hc;
-            to_bf16_n(x, A, ab + (size_t)h0 * TT, (size_t)hn * TT);
-            gemm_bf16_batched(x, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, Q + 2 * C + h0 * hs, C3,
-                              hs, A, T, TT, 0.0f, out + (size_t)b * T * C + (size_t)h0 * hs, C, hs,
-                              hn);
-        }
-    }
-    return 1;
+    gemm_bh(x, CUBLAS_OP_T, CUBLAS_OP_N, cols, rows, d->hs, alpha, kk, ldk, ks, d->hs, a, lda, as,
+            d->hs, 0.0f, s, cols, (long long)d->NH * slot, (long long)slot, d->B, d->NH);
 }
 
-// The heads of sequence b, NH at once by strided-batched gemms (head h's q, k, v sit hs floats
-// after head h-1's; its (T,T) attention T*T after): preatt = q k^T / sqrt(hs) for every head,
-// then the causal softmax of all B*NH*T rows, then out = att v. The whole (T,T) product is
-// computed and the softmax zeroes its upper triangle, simpler than cpu.c's causal blocks and
-// the same values. With bf16 on, attention_forward_bf16's when its copies fit the scratch.
-// out is (B,T,C), att is (B,NH,T,T), qkv is (B,T,3C)
-static void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+// out is (B,Nq,NH*hs), lse is (B,NH,Nq), scratch is td_attn_scratch(d, 0),
+// q is (B,Nq,ldq), k is (B,Nk,ldk), v is (B,Nk,ldv)
+static void attention_forward(float *out, float *lse, float *scratch, const float *q,
+                              const float *k, const float *v, const td_attn_dims *d)
 {
     td_cuda_ctx *x = td__cuda_ctx();
-    int hs = C / NH, C3 = 3 * C;
-    long long TT = (long long)T * T;
-    float scale = 1.0f / sqrtf((float)hs);
-    const float one = 1.0f, zero = 0.0f;
-    size_t rows = (size_t)B * NH * T;
+    int C = d->NH * d->hs, BH = d->B * d->NH;
+    size_t slot = (size_t)d->chunk * d->Nk;
+    float scale = 1.0f / sqrtf((float)d->hs);
 
-    if (rows == 0)
+    if (d->chunk < 1)
+        td_panic(TD_EINVAL, "attention: a chunk of %d query rows", d->chunk);
+    if (BH == 0 || d->Nq == 0 || d->Nk == 0)
         return;
-    if (x->bf16 && hs > 0 && attention_forward_bf16(x, out, att, qkv, B, T, C, NH))
-        return;
-    for (int b = 0; b < B; b++) {
-        const float *q = qkv + (size_t)b * T * C3;
-        TD_CUBLAS_CHECK(cublasSgemmStridedBatched(x->blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs,
-                                                  &scale, q + C, C3, hs, q, C3, hs, &zero,
-                                                  att + (size_t)b * NH * TT, T, TT, NH));
-    }
-    causal_softmax_kernel<<<row_blocks(rows), ROW_WARPS * 32, 0, x->stream>>>(att, rows, T);
-    LAUNCH_CHECK("causal_softmax_kernel");
-    for (int b = 0; b < B; b++) {
-        const float *v = qkv + (size_t)b * T * C3 + 2 * C;
-        TD_CUBLAS_CHECK(cublasSgemmStridedBatched(x->blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one,
-                                                  v, C3, hs, att + (size_t)b * NH * TT, T, TT,
-                                                  &zero, out + (size_t)b * T * C, C, hs, NH));
+    for (int r0 = 0; r0 < d->Nq; r0 += d->chunk) {
+        int rows = d->Nq - r0 < d->chunk ? d->Nq - r0 : d->chunk;
+        int cols = d->causal ? r0 + rows : d->Nk;
+        attn_scores(x, scratch, q + (size_t)r0 * d->ldq, d->ldq, (long long)d->Nq * d->ldq, k,
+                    d->ldk, (long long)d->Nk * d->ldk, scale, rows, cols, slot, d);
+        attn_softmax_kernel<<<row_blocks((size_t)BH * rows), ROW_WARPS * 32, 0, x->stream>>>(
+            scratch, lse, BH, rows, cols, slot, r0, d->Nq, d->causal);
+        LAUNCH_CHECK("attn_softmax_kernel");
+        /* out^T (hs, rows) = v^T (hs, cols) p^T (cols, rows) */
+        gemm_bh(x, CUBLAS_OP_N, CUBLAS_OP_N, d->hs, rows, cols, 1.0f, v, d->ldv,
+                (long long)d->Nk * d->ldv, d->hs, scratch, cols, (long long)d->NH * slot,
+                (long long)slot, 0.0f, out + (size_t)r0 * C, C, (long long)d->Nq * C, d->hs, d->B,
+                d->NH);
     }
 }
 
-// bf16 attention backward, per sequence b: its qkv and dout rounded to bf16 (Q (T,3C), G (T,C)),
-// then per chunk of hc heads: datt = dout v^T (fp32, into d) from G and Q; att rounded to bf16
-// (A); dv += A^T dout from A and G; the softmax backward in place on d (fp32, the scale folded
-// in); dpreatt rounded to bf16 (into A's room, A being dead); dq += dpreatt k and dk +=
-// dpreatt^T q from it and Q. The scratch holds Q, G and, per head, d (T,T floats) and A (T,T
-// bf16); with room for Q, G and one A but not one d beside it, d is the caller's (T,T)
-// scratch, one head at a time. Returns 0, doing nothing, when not even that fits: the caller
-// takes the fp32 path.
-// dqkv is (B,T,3C), scratch is (T,T), dout is (B,T,C), qkv is (B,T,3C), att is (B,NH,T,T)
-static int attention_backward_bf16(td_cuda_ctx *x, float *dqkv, float *scratch, const float *dout,
-                                   const float *qkv, const float *att, int B, int T, int C, int NH)
-{
-    int hs = C / NH, C3 = 3 * C, hc;
-    long long TT = (long long)T * T;
-    size_t qr = bf16_round_up((size_t)T * C3), gr = bf16_round_up((size_t)T * C), room, fit;
-    __nv_bfloat16 *Q = (__nv_bfloat16 *)x->scratch, *G = Q + qr, *A;
-    float scale = 1.0f / sqrtf((float)hs), *d;
-
-    room = bf16_room(x) > qr + gr + BF16_ALIGN ? bf16_room(x) - qr - gr - BF16_ALIGN : 0;
-    fit = room / (3 * (size_t)TT); /* d (2 bf16 elements a float) and A per head */
-    if (fit >= 1) {
-        hc = fit < (size_t)NH ? (int)fit : NH;
-        d = (float *)(G + gr);
-        A = G + gr + bf16_round_up(2 * (size_t)hc * TT);
-    } else if (room >= (size_t)TT) {
-        hc = 1;
-        d = scratch;
-        A = G + gr;
-    } else {
-        return 0;
-    }
-    for (int b = 0; b < B; b++) {
-        to_bf16_n(x, Q, qkv + (size_t)b * T * C3, (size_t)T * C3);
-        to_bf16_n(x, G, dout + (size_t)b * T * C, (size_t)T * C);
-        for (int h0 = 0; h0 < NH; h0 += hc) {
-            int hn = NH - h0 < hc ? NH - h0 : hc;
-            size_t off = (size_t)b * T * C3 + (size_t)h0 * hs;
-            const __nv_bfloat16 *q = Q + (size_t)h0 * hs, *k = q + C, *v = q + 2 * C;
-            const __nv_bfloat16 *g = G + (size_t)h0 * hs;
-            float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
-            const float *a = att + ((size_t)b * NH + h0) * TT;
-            size_t n = (size_t)hn * TT;
-
-            gemm_bf16_batched(x, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, v, C3, hs, g, C, hs,
-                              0.0f, d, T, TT, hn);
-            to_bf16_n(x, A, a, n);
-            gemm_bf16_batched(x, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, g, C, hs, A, T, TT, 1.0f,
-                              dv, C3, hs, hn);
-            causal_softmax_backward_kernel<<<row_blocks((size_t)hn * T), ROW_WARPS * 32, 0,
-                                             x->stream>>>(d, a, scale, (size_t)hn * T, T);
-            LAUNCH_CHECK("causal_softmax_backward_kernel");
-            to_bf16_n(x, A, d, n);
-            gemm_bf16_batched(x, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, k, C3, hs, A, T, TT,
-                              1.0f, dq, C3, hs, hn);
-            gemm_bf16_batched(x, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, q, C3, hs, A, T, TT,
-                              1.0f, dk, C3, hs, hn);
-        }
-    }
-    return 1;
-}
-
-// Per sequence, hc heads at a time, as many as the context's scratch holds (T,T) matrices of
-// (at least the caller's one (T,T) scratch, one head at a time):
-// datt = dout v^T; dv += att^T dout; dpreatt = softmax backward (scale folded in);
-// dq += dpreatt k; dk += dpreatt^T q. With bf16 on, attention_backward_bf16's when its copies
-// fit the scratch.
-// dqkv is (B,T,3C), scratch is (T,T), dout is (B,T,C), qkv is (B,T,3C), att is (B,NH,T,T)
-static void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int C, int NH)
+// D = rowsum(dout * out) first, into the scratch's head; then per block: p = the scores again
+// (then their softmax from lse), dp = dout v^T, one kernel turning them into p and
+// dS = scale p (dp - D), and dv += p^T dout, dq += dS k, dk += dS^T q.
+// dq, dk, dv like q, k, v (or NULL), scratch is td_attn_scratch(d, 1): D (B*NH*Nq), then the
+// p blocks, then the dp blocks; dout and out are (B,Nq,NH*hs), lse is (B,NH,Nq)
+static void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
+                               const float *q, const float *k, const float *v, const float *out,
+                               const float *lse, const td_attn_dims *d)
 {
     td_cuda_ctx *x = td__cuda_ctx();
-    int hs = C / NH, C3 = 3 * C, hc;
-    long long TT = (long long)T * T;
-    size_t fit = x->scratch_bytes / ((size_t)TT * sizeof(float));
-    float scale = 1.0f / sqrtf((float)hs), *d = scratch;
-    const float one = 1.0f, zero = 0.0f;
+    int C = d->NH * d->hs, BH = d->B * d->NH;
+    size_t slot = (size_t)d->chunk * d->Nk, nd = (size_t)BH * d->Nq;
+    float scale = 1.0f / sqrtf((float)d->hs), *D = scratch, *p = scratch + nd;
+    float *dp = p + (size_t)BH * slot;
+    long long qs = (long long)d->Nq * d->ldq, ks = (long long)d->Nk * d->ldk;
+    long long vs = (long long)d->Nk * d->ldv, os = (long long)d->Nq * C;
+    long long sb = (long long)d->NH * slot, sh = (long long)slot;
 
-    if ((size_t)B * NH * T == 0)
+    if (d->chunk < 1)
+        td_panic(TD_EINVAL, "attention: a chunk of %d query rows", d->chunk);
+    if (BH == 0 || d->Nq == 0 || d->Nk == 0 || (dq == NULL && dk == NULL && dv == NULL))
         return;
-    if (x->bf16 && hs > 0 && attention_backward_bf16(x, dqkv, scratch, dout, qkv, att, B, T, C, NH))
-        return;
-    hc = 1;
-    if (fit >= 2) {
-        hc = fit < (size_t)NH ? (int)fit : NH;
-        d = x->scratch;
+    attn_d_kernel<<<row_blocks(nd), ROW_WARPS * 32, 0, x->stream>>>(D, dout, out, d->B, d->NH,
+                                                                    d->Nq, d->hs);
+    LAUNCH_CHECK("attn_d_kernel");
+    for (int r0 = 0; r0 < d->Nq; r0 += d->chunk) {
+        int rows = d->Nq - r0 < d->chunk ? d->Nq - r0 : d->chunk;
+        int cols = d->causal ? r0 + rows : d->Nk;
+        const float *qc = q + (size_t)r0 * d->ldq, *gc = dout + (size_t)r0 * C;
+        attn_scores(x, p, qc, d->ldq, qs, k, d->ldk, ks, scale, rows, cols, slot, d);
+        attn_scores(x, dp, gc, C, os, v, d->ldv, vs, 1.0f, rows, cols, slot, d);
+        attn_grad_kernel<<<row_blocks((size_t)BH * rows), ROW_WARPS * 32, 0, x->stream>>>(
+            p, dp, lse, D, BH, rows, cols, slot, r0, d->Nq, d->causal, scale);
+        LAUNCH_CHECK("attn_grad_kernel");
+        if (dv != NULL) /* dv^T (hs, cols) += dout^T (hs, rows) p (rows, cols) */
+            gemm_bh(x, CUBLAS_OP_N, CUBLAS_OP_T, d->hs, cols, rows, 1.0f, gc, C, os, d->hs, p, cols,
+                    sb, sh, 1.0f, dv, d->ldv, vs, d->hs, d->B, d->NH);
+        if (dq != NULL) /* dq^T (hs, rows) += k^T (hs, cols) dS^T (cols, rows) */
+            gemm_bh(x, CUBLAS_OP_N, CUBLAS_OP_N, d->hs, rows, cols, 1.0f, k, d->ldk, ks, d->hs, dp,
+                    cols, sb, sh, 1.0f, dq + (size_t)r0 * d->ldq, d->ldq, qs, d->hs, d->B, d->NH);
+        if (dk != NULL) /* dk^T (hs, cols) += q^T (hs, rows) dS (rows, cols) */
+            gemm_bh(x, CUBLAS_OP_N, CUBLAS_OP_T, d->hs, cols, rows, 1.0f, qc, d->ldq, qs, d->hs, dp,
+                    cols, sb, sh, 1.0f, dk, d->ldk, ks, d->hs, d->B, d->NH);
     }
-    for (int b = 0; b < B; b++)
-        for (int h0 = 0; h0 < NH; h0 += hc) {
-            int hn = NH - h0 < hc ? NH - h0 : hc;
-            size_t off = (size_t)b * T * C3 + (size_t)h0 * hs;
-            const float *q = qkv + off, *k = q + C, *v = q + 2 * C;
-            float *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
-            const float *dob = dout + (size_t)b * T * C + (size_t)h0 * hs;
-            const float *a = att + ((size_t)b * NH + h0) * TT;
-
-            TD_CUBLAS_CHECK(cublasSgemmStridedBatched(x->blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs,
-                                                      &one, v, C3, hs, dob, C, hs, &zero, d, T, TT,
-                                                      hn));
-            TD_CUBLAS_CHECK(cublasSgemmStridedBatched(x->blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T,
-                                                      &one, dob, C, hs, a, T, TT, &one, dv, C3, hs,
-                                                      hn));
-            causal_softmax_backward_kernel<<<row_blocks((size_t)hn * T), ROW_WARPS * 32, 0,
-                                             x->stream>>>(d, a, scale, (size_t)hn * T, T);
-            LAUNCH_CHECK("causal_softmax_backward_kernel");
-            TD_CUBLAS_CHECK(cublasSgemmStridedBatched(x->blas, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T,
-                                                      &one, k, C3, hs, d, T, TT, &one, dq, C3, hs,
-                                                      hn));
-            TD_CUBLAS_CHECK(cublasSgemmStridedBatched(x->blas, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T,
-                                                      &one, q, C3, hs, d, T, TT, &one, dk, C3, hs,
-                                                      hn));
-        }
 }
 
 // Two stages through the context's partial sums, the grid a function of n only: the same
@@ -1343,6 +1294,14 @@ static const td_kernels cuda_kernels = {
     .scale = scale,
     .adamw_update = adamw_update,
     .sgd_update = sgd_update,
+    .token_mean_forward = td__cuda_token_mean_forward,
+    .token_mean_backward = td__cuda_token_mean_backward,
+    .gather_rows_forward = td__cuda_gather_rows_forward,
+    .gather_rows_backward = td__cuda_gather_rows_backward,
+    .l2norm_forward = td__cuda_l2norm_forward,
+    .l2norm_backward = td__cuda_l2norm_backward,
+    .siglip_forward = td__cuda_siglip_forward,
+    .siglip_backward = td__cuda_siglip_backward,
 };
 
 extern "C" const td_kernels *td_kernels_cuda(void)

@@ -4,7 +4,8 @@
 # fp32, TF32 and bf16, the table's memory ops, the trainer end to end on CUDA against the CPU
 # and its checkpoint resume, NCCL, the sticky error, the memory guard), the unit tests that
 # the CUDA build touches (kernels, the memory estimate), and bench_gpu (the device's cuBLAS
-# bf16 GEMM figure, then GPT-2 124M's shape through the trainer in bf16, TF32 and fp32), and
+# bf16 GEMM figure, then GPT-2 124M's shape through the trainer in bf16, TF32 and fp32), traind
+# end to end on the GPUs, and a sensorlm of the base preset at the largest batch that fits, and
 # writes every log and figure into OUTDIR. About 3 to 5 minutes on one H200 with 16 cores.
 # Each stage has its own time limit and none may run past an overall deadline of 470 s, so
 # the whole stays under 8 minutes whatever hangs.
@@ -184,10 +185,66 @@ JOB
     rm -rf "$D"
     return $rc
 }
+if [ "${TD_CHECK_STAGE:-all}" != sensorlm ]; then
 daemon_check >"$OUT/daemon.log" 2>&1
 stage "daemon on $DEVICES ($(($(date +%s) - T0)) s)" $?
 grep -E "mfu|gpu_mem_used_mb|tokens_per_s|does not fit|train_loss: first" "$OUT/daemon.log" | head -9 |
     tee -a "$SUMMARY"
+fi
+
+# 6. sensorlm, the base preset (ViT-B towers) on one GPU: 1200 synthetic days (1440 x 10 in 10 x 2
+#    patches: 720 tokens a window; 1080 train windows, more than any batch the guard can choose
+#    on a 141 GB GPU at about 1 GB a window), batch_size "auto" (the largest batch the memory
+#    guard allows, at most 1024), bf16, 30 steps; prints the batch, samples/s and the loss, and fails unless
+#    the job succeeds with its loss falling from its first step to its last. TD_CHECK_STAGE=sensorlm
+#    runs this stage alone; TD_CHECK_DEVICES=cpu:1 TD_CHECK_SLM_SIZE=tiny TD_CHECK_SLM_BATCH=8
+#    tries its logic on a CPU.
+SLM_SIZE=${TD_CHECK_SLM_SIZE:-base}
+SLM_BATCH=${TD_CHECK_SLM_BATCH:-'"auto"'}
+SLM_DEVICES=${TD_CHECK_DEVICES:-cuda:all}
+T0=$(date +%s)
+slm_check() {
+    D=$(mktemp -d /tmp/td_gpu_slm_XXXXXX)
+    SOCK=$D/traind.sock
+    TC="$BUILD/client/trainctl --socket $SOCK"
+    $TC sensor synth -o "$D" --days 1200 --seed 1 || return 1
+    "$BUILD/daemon/traind" --socket "$SOCK" --state-dir "$D/state" --devices "$SLM_DEVICES" \
+        --log-level info >"$OUT/traind-sensorlm.log" 2>&1 &
+    PID=$!
+    for _ in $(seq 1 100); do [ -S "$SOCK" ] && break; sleep 0.2; done
+    cat >"$D/job.json" <<JOB
+{"name": "sensorlm-$SLM_SIZE", "devices": 1,
+ "model": {"kind": "sensorlm", "size": "$SLM_SIZE"},
+ "data": {"kind": "sensor", "train": "$D/synth-train.bin", "valid": "$D/synth-valid.bin"},
+ "optim": {"lr": 1e-4, "grad_clip": 1.0}, "precision": "bf16",
+ "batch_size": $SLM_BATCH, "max_steps": 30, "eval_every": 30, "seed": 1}
+JOB
+    rc=0
+    $TC submit "$D/job.json" --dry-run || rc=1
+    ID=$($TC submit "$D/job.json") || rc=1
+    timeout "$(limit 150)" $TC watch "$ID" --keys train_loss,samples_per_s,mfu >"$D/watch.txt" 2>&1 ||
+        rc=1
+    tail -5 "$D/watch.txt"
+    $TC status "$ID" || rc=1
+    $TC logs "$ID" | grep -i "batch" | head -3 | sed 's/^/log: /'
+    $TC metrics "$ID" --summary || rc=1
+    $TC metrics "$ID" --keys train_loss,samples_per_s --csv >"$D/m.csv" || rc=1
+    awk -F, '$2 == "samples_per_s" && $3 > 3 { s += $4; n++ }
+        END { if (n > 0) printf "sensorlm samples/s: %.1f (mean of steps 4..)\n", s / n }' "$D/m.csv"
+    awk -F, '$2 == "train_loss" { if (k++ == 0) first = $4; last = $4 }
+        END { printf "sensorlm train_loss: first %s, last %s\n", first, last; exit !(k > 1 && last < first) }' \
+        "$D/m.csv" || { echo "the sensorlm's train_loss did not fall"; rc=1; }
+    kill -TERM "$PID" 2>/dev/null
+    wait "$PID"
+    rm -rf "$D"
+    return $rc
+}
+if [ "${TD_CHECK_STAGE:-all}" = all ] || [ "${TD_CHECK_STAGE:-all}" = sensorlm ]; then
+    slm_check >"$OUT/sensorlm.log" 2>&1
+    stage "sensorlm $SLM_SIZE on $SLM_DEVICES ($(($(date +%s) - T0)) s)" $?
+    grep -E "would take|^log:|samples/s|train_loss: first|^fits" "$OUT/sensorlm.log" | head -8 |
+        tee -a "$SUMMARY"
+fi
 
 echo "total: $(($(date +%s) - START)) s" | tee -a "$SUMMARY"
 
