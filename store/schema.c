@@ -77,6 +77,21 @@ static const char *const migrations[] = {
     /* 2: a failed data-parallel job names each failed device: a msgpack array of
      * {device, code, message} maps, as the protocol sends it. */
     "ALTER TABLE jobs ADD COLUMN err_devices BLOB;",
+    /* 3: deleting ended jobs (purge.c). jobs_deleting lists the jobs whose deletion is under
+     * way: every read of jobs leaves them out from the moment they are listed, and their rows
+     * go in bounded batches, the jobs row last, together with its entry here, so a deletion
+     * that a stop or a crash interrupts resumes. store_meta holds 'max_job_id', the highest
+     * job id ever given, so that a deleted job's id is never given again (the jobs table has
+     * no AUTOINCREMENT, and a column cannot gain it). The switch to auto_vacuum=INCREMENTAL
+     * is not a step here: a database created before it needs a VACUUM, which cannot run
+     * inside a transaction (td_store_vacuum_convert). */
+    "CREATE TABLE jobs_deleting ("
+    "  id INTEGER PRIMARY KEY"
+    ");"
+    "CREATE TABLE store_meta ("
+    "  key TEXT PRIMARY KEY,"
+    "  value INTEGER NOT NULL"
+    ") WITHOUT ROWID;",
 };
 
 _Static_assert(sizeof(migrations) / sizeof(migrations[0]) == TD_STORE_SCHEMA_VERSION,
