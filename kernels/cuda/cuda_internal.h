@@ -30,6 +30,22 @@ struct td_cuda_ctx {
     float *ones;          /* TD_CUDA_ONES floats of 1 */
 };
 
+/* Blocks for a grid-stride loop over n elements, threads a block: enough to fill the device (32
+ * a multiprocessor), no more, at least one. ops.cu's and heads.cu's launches use it. */
+static inline unsigned td__cuda_grid(const td_cuda_ctx *c, size_t n, int threads)
+{
+    size_t b = (n + (size_t)threads - 1) / (size_t)threads;
+    size_t cap = (size_t)c->sm_count * 32;
+    return (unsigned)(b < cap ? (b > 0 ? b : 1) : cap);
+}
+
+#ifdef __CUDACC__
+/* A grid-stride loop: i over [0, n) however many blocks the grid has. */
+#define GRID_STRIDE(i, n)                                                   \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+         i += (size_t)gridDim.x * blockDim.x)
+#endif
+
 /* The calling thread's context; panics (TD_ESTATE) when there is none. */
 td_cuda_ctx *td__cuda_ctx(void);
 

@@ -26,18 +26,6 @@ extern "C" {
 #define SIG_MAX_GRID (TD_CUDA_REDUCE_BLOCKS / 2) /* the backward keeps two sums per block */
 #define FULL_MASK    0xffffffffu
 
-/* Blocks for a grid-stride loop over n elements: enough to fill the device, no more. */
-static unsigned grid_for(const td_cuda_ctx *c, size_t n, int threads)
-{
-    size_t b = (n + (size_t)threads - 1) / (size_t)threads;
-    size_t cap = (size_t)c->sm_count * 32;
-    return (unsigned)(b < cap ? (b > 0 ? b : 1) : cap);
-}
-
-#define GRID_STRIDE(i, n)                                                   \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
-         i += (size_t)gridDim.x * blockDim.x)
-
 /* Over the block (a multiple of 32 threads), thread 0 getting the result, in a fixed order. */
 static __device__ double heads_block_sum(double v, double *sm)
 {
@@ -231,12 +219,12 @@ __global__ void siglip_backward_finish_kernel(float *dt, float *db, const double
 #define LAUNCH_CHECK(name) TD_CUDA_CHECK_LAUNCH(name)
 
 /* The usual launch of a grid-stride kernel over n elements on the context's stream. */
-#define LAUNCH_N(x, kernel, n, ...)                                                      \
-    do {                                                                                 \
-        if ((n) > 0) {                                                                   \
-            kernel<<<grid_for(x, (n), THREADS), THREADS, 0, (x)->stream>>>(__VA_ARGS__); \
-            LAUNCH_CHECK(#kernel);                                                       \
-        }                                                                                \
+#define LAUNCH_N(x, kernel, n, ...)                                                           \
+    do {                                                                                      \
+        if ((n) > 0) {                                                                        \
+            kernel<<<td__cuda_grid(x, (n), THREADS), THREADS, 0, (x)->stream>>>(__VA_ARGS__); \
+            LAUNCH_CHECK(#kernel);                                                            \
+        }                                                                                     \
     } while (0)
 
 /* One thread per row. */

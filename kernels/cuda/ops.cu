@@ -49,18 +49,6 @@ extern "C" {
 
 // ---- helpers --------------------------------------------------------------------------------
 
-/* Blocks for a grid-stride loop over n elements: enough to fill the device, no more. */
-static unsigned blocks_for(const td_cuda_ctx *c, size_t n, int threads)
-{
-    size_t b = (n + (size_t)threads - 1) / (size_t)threads;
-    size_t cap = (size_t)c->sm_count * 32;
-    return (unsigned)(b < cap ? (b > 0 ? b : 1) : cap);
-}
-
-#define GRID_STRIDE(i, n)                                                   \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
-         i += (size_t)gridDim.x * blockDim.x)
-
 /* cpu.c's fexp, operation for operation (see there): the same bits, given -fmad=false. */
 __device__ __forceinline__ float fexp(float x)
 {
@@ -661,12 +649,12 @@ __global__ void fault_kernel(volatile int *p)
 #define LAUNCH_CHECK(name) TD_CUDA_CHECK_LAUNCH(name)
 
 /* The usual launch of a grid-stride kernel over n elements on the context's stream. */
-#define LAUNCH_N(x, kernel, n, ...)                                                        \
-    do {                                                                                   \
-        if ((n) > 0) {                                                                     \
-            kernel<<<blocks_for(x, (n), THREADS), THREADS, 0, (x)->stream>>>(__VA_ARGS__); \
-            LAUNCH_CHECK(#kernel);                                                         \
-        }                                                                                  \
+#define LAUNCH_N(x, kernel, n, ...)                                                           \
+    do {                                                                                      \
+        if ((n) > 0) {                                                                        \
+            kernel<<<td__cuda_grid(x, (n), THREADS), THREADS, 0, (x)->stream>>>(__VA_ARGS__); \
+            LAUNCH_CHECK(#kernel);                                                            \
+        }                                                                                     \
     } while (0)
 
 static unsigned row_blocks(size_t rows)
