@@ -494,11 +494,19 @@ static void xfer_done(td_conn *c)
     conn_resume(c);
 }
 
-static void send_chunk(td_conn *c, const td_work *w, const char *data, size_t len)
+/* Begins work w's reply of type with extra pairs after type and id (as td__reply_begin), and
+ * writes the first of them, job_id, which every reply to export, sample, classify and retrieve
+ * carries. */
+static void work_reply_begin(td_conn *c, const td_work *w, const char *type, uint32_t extra)
 {
-    td__reply_begin(c, "chunk", w->req_id, 2);
+    td__reply_begin(c, type, w->req_id, extra);
     td_pw_str(&c->w, "job_id");
     td_pw_int(&c->w, w->job);
+}
+
+static void send_chunk(td_conn *c, const td_work *w, const char *data, size_t len)
+{
+    work_reply_begin(c, w, "chunk", 2);
     td_pw_str(&c->w, "data");
     td_pw_bin(&c->w, data, len);
     td__conn_send(c);
@@ -506,9 +514,7 @@ static void send_chunk(td_conn *c, const td_work *w, const char *data, size_t le
 
 static void send_xfer_end(td_conn *c, const td_work *w)
 {
-    td__reply_begin(c, "end", w->req_id, 2);
-    td_pw_str(&c->w, "job_id");
-    td_pw_int(&c->w, w->job);
+    work_reply_begin(c, w, "end", 2);
     td_pw_str(&c->w, "bytes");
     td_pw_int(&c->w, w->size);
     td__conn_send(c);
@@ -551,9 +557,7 @@ static void xfer_pump(td_conn *c)
 
 static void send_sample(td_conn *c, const td_work *w)
 {
-    td__reply_begin(c, "sample", w->req_id, 3);
-    td_pw_str(&c->w, "job_id");
-    td_pw_int(&c->w, w->job);
+    work_reply_begin(c, w, "sample", 3);
     td_pw_str(&c->w, "text");
     td_pw_strn(&c->w, w->text, w->text_len);
     td_pw_str(&c->w, "seed");
@@ -564,9 +568,7 @@ static void send_sample(td_conn *c, const td_work *w)
 /* The classify reply of PROTOCOL.md: the labels, then each window's [index, label, score]. */
 static void send_classify(td_conn *c, const td_work *w)
 {
-    td__reply_begin(c, "classify", w->req_id, 6);
-    td_pw_str(&c->w, "job_id");
-    td_pw_int(&c->w, w->job);
+    work_reply_begin(c, w, "classify", 6);
     td_pw_str(&c->w, "windows");
     td_pw_int(&c->w, w->windows);
     td_pw_str(&c->w, "labels");
@@ -602,9 +604,7 @@ static char caption_buf[TD_RETRIEVE_CAPTION_MAX + 1]; /* loop thread only */
 /* The retrieve reply: the best windows first, each [index, score, caption]. */
 static void send_retrieve(td_conn *c, const td_work *w)
 {
-    td__reply_begin(c, "retrieve", w->req_id, 3);
-    td_pw_str(&c->w, "job_id");
-    td_pw_int(&c->w, w->job);
+    work_reply_begin(c, w, "retrieve", 3);
     td_pw_str(&c->w, "windows");
     td_pw_int(&c->w, w->windows);
     td_pw_str(&c->w, "results");
