@@ -41,6 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "engine.h"
 #include "hostreduce.h"
 #include "kernels.h"
@@ -66,14 +67,6 @@ typedef struct opts {
     int threads, batch, layers, block;
     const char *data;
 } opts;
-
-/* This process's CPU time, all threads. Over a wall-clock span it says how many cores the
- * process had: well below the cores there are, the machine's other work took the rest (or the
- * process waited), and the figures of that span are the machine's, not the code's. */
-static double cpu_ms(void)
-{
-    return td_clock_ms(CLOCK_PROCESS_CPUTIME_ID);
-}
 
 /* The reference config, as the job file of issue 3 gives it, with o's sizes. */
 static void gpt_config(td_train_config *cfg, const opts *o, int64_t max_steps)
@@ -120,44 +113,6 @@ static int trainer_new(td_trainer **t, const td_train_config *cfg, const td_trai
 
 /* ---- the headline: ms/step, tokens/s, GFLOP/s next to sgemm's ---- */
 
-typedef struct stats {
-    int64_t steps; /* timed steps */
-    double ms;     /* their step_ms summed */
-    double min_ms; /* the fastest */
-    double loss0, loss;
-} stats;
-
-static void on_metric(void *ud, const char *key, int64_t step, double value)
-{
-    stats *s = ud;
-
-    if (strcmp(key, "step_ms") == 0 && step > WARMUP_STEPS) {
-        s->steps++;
-        s->ms += value;
-        if (s->min_ms == 0 || value < s->min_ms)
-            s->min_ms = value;
-    } else if (strcmp(key, "train_loss") == 0) {
-        if (step == 1)
-            s->loss0 = value;
-        s->loss = value;
-    }
-}
-
-/* Times SGEMM_REPS calls of one row-major sgemm (beta 1, as the backward's are); ms per call. */
-static double time_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K,
-                         const float *A, const float *B, float *C)
-{
-    int lda = ta == CblasNoTrans ? K : M;
-    int ldb = tb == CblasNoTrans ? N : K;
-    double t0;
-
-    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, N);
-    t0 = td_mono_ms();
-    for (int r = 0; r < SGEMM_REPS; r++)
-        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, N);
-    return (td_mono_ms() - t0) / SGEMM_REPS;
-}
-
 /* The step's linear layers (qkv, attproj, fc, fcproj, lm head) as kernels/cpu.c calls sgemm:
  * forward, dinp, dweight. Returns GFLOP/s over all of them, weighted by how often a step
  * makes each call; prints each call's figures when verbose. */
@@ -201,8 +156,8 @@ static double bench_sgemm(int BT, int C, int Vp, int L, int threads, int verbose
             {"dweight", CblasTrans, CblasNoTrans, OC, IC, BT},
         };
         for (int i = 0; i < 3; i++) {
-            double ms =
-                time_sgemm(calls[i].ta, calls[i].tb, calls[i].M, calls[i].N, calls[i].K, A, B, Cm);
+            double ms = bench_time_sgemm(calls[i].ta, calls[i].tb, calls[i].M, calls[i].N,
+                                         calls[i].K, A, B, Cm, 1, SGEMM_REPS);
             double f = 2.0 * calls[i].M * calls[i].N * calls[i].K;
             if (verbose)
                 printf("  %-8s %-8s %5d %5d %5d  %8.3f %8.1f\n", layers[l].name, calls[i].name,
@@ -226,8 +181,8 @@ static int run_headline(const opts *o)
     int64_t steps = o->steps > 0 ? o->steps : HEADLINE_STEPS;
     td_train_config cfg;
     td_trainer *t = NULL;
-    stats s = {0};
-    td_train_hooks hooks = {.ud = &s, .metric = on_metric};
+    bench_steps s = {.warmup = WARMUP_STEPS};
+    td_train_hooks hooks = {.ud = &s, .metric = bench_steps_metric};
     double t0, c0, wall, busy, n_params, flops = step_flops(o, &n_params);
     double sgemm_before, sgemm_after;
 
@@ -245,11 +200,11 @@ static int run_headline(const opts *o)
      * which can only make the ratio look worse. */
     sgemm_before = bench_sgemm(o->batch * cfg.seq_len, 256, 256, o->layers, o->threads, 0);
     t0 = td_mono_ms();
-    c0 = cpu_ms();
+    c0 = bench_cpu_ms();
     while (td_trainer_step(t) == 0)
         ;
     wall = td_mono_ms() - t0;
-    busy = (cpu_ms() - c0) / wall;
+    busy = (bench_cpu_ms() - c0) / wall;
     {
         struct rusage ru;
         double est = (double)td_trainer_params(t)->n * 16 + (double)td_trainer_arena(t)->cap;
@@ -419,7 +374,7 @@ static int run_metrics(const opts *o)
     store_cpu0 = task_cpu_ms(store_tid);
     for (int b = 0; b < nblocks; b++) {
         int on = ((b + 1) / 2) % 2; /* off on on off off on ... */
-        double t0 = td_mono_ms(), c0 = cpu_ms(), t1;
+        double t0 = td_mono_ms(), c0 = bench_cpu_ms(), t1;
         m.on = on;
         for (int i = 0; i < block; i++)
             td_trainer_step(t);
@@ -428,7 +383,7 @@ static int run_metrics(const opts *o)
             fprintf(stderr, "bench_gpt: metrics: %s\n", err.msg);
         m.hook_ms += td_mono_ms() - t1;
         block_ms[on] = (td_mono_ms() - t0) / block;
-        cpu[on] += cpu_ms() - c0;
+        cpu[on] += bench_cpu_ms() - c0;
         ms[on] += block_ms[on] * block;
         nsteps[on] += block;
         if (b % 2 == 1) /* a pair: one block of each */
@@ -559,7 +514,7 @@ static double world_block(replica *reps, int world, int threads, int64_t steps, 
                           double *cpu)
 {
     pthread_t th[MAX_WORLD];
-    double t0, c0 = cpu_ms();
+    double t0, c0 = bench_cpu_ms();
 
     t0 = td_mono_ms();
     for (int k = 0; k < world; k++) {
@@ -570,7 +525,7 @@ static double world_block(replica *reps, int world, int threads, int64_t steps, 
     }
     for (int k = 0; k < world; k++)
         pthread_join(th[k], NULL);
-    *cpu += cpu_ms() - c0;
+    *cpu += bench_cpu_ms() - c0;
     return td_mono_ms() - t0;
 }
 

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "engine.h"
 #include "td_clock.h"
 #include "train.h"
@@ -76,22 +77,6 @@ static void on_metric(void *ud, const char *key, int64_t step, double value)
     }
 }
 
-/* Times SGEMM_REPS calls of one row-major sgemm shape; returns ms per call. */
-static double time_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K,
-                         const float *A, const float *B, float *C)
-{
-    int lda = ta == CblasNoTrans ? K : M;
-    int ldb = tb == CblasNoTrans ? N : K;
-    double t0;
-
-    for (int r = 0; r < 5; r++)
-        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, N);
-    t0 = td_mono_ms();
-    for (int r = 0; r < SGEMM_REPS; r++)
-        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, N);
-    return (td_mono_ms() - t0) / SGEMM_REPS;
-}
-
 /* The step's sgemm calls (as kernels/cpu.c makes them) on random data, alone. */
 static void bench_sgemm(int N)
 {
@@ -120,8 +105,8 @@ static void bench_sgemm(int N)
             {"dinp", CblasNoTrans, CblasNoTrans, N, Cn, OC},
         };
         for (int i = 0; i < (l > 0 ? 4 : 3); i++) {
-            double ms =
-                time_sgemm(calls[i].ta, calls[i].tb, calls[i].M, calls[i].N, calls[i].K, A, B, C);
+            double ms = bench_time_sgemm(calls[i].ta, calls[i].tb, calls[i].M, calls[i].N,
+                                         calls[i].K, A, B, C, 5, SGEMM_REPS);
             double f = 2.0 * calls[i].M * calls[i].N * calls[i].K;
             printf("  %-8s %5d %5d %5d  %9.1f %8.1f   (layer %d)\n", calls[i].name, calls[i].M,
                    calls[i].N, calls[i].K, ms * 1e3, f / (ms * 1e6), l);

@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "engine.h"
 #include "kernels.h"
 #include "sensor.h"
@@ -61,12 +62,6 @@ typedef struct opts {
     int threads, T, C, repeat;
     int sizes[3]; /* which presets run */
 } opts;
-
-/* This process's CPU time, all threads: over a wall-clock span, how many cores it had. */
-static double cpu_ms(void)
-{
-    return td_clock_ms(CLOCK_PROCESS_CPUTIME_ID);
-}
 
 /* ---- the input ---------------------------------------------------------------------------- */
 
@@ -134,21 +129,6 @@ typedef struct layer {
     int rows, out, in, count;
 } layer;
 
-/* Times SGEMM_REPS calls of one row-major sgemm (beta 1, as the backward's are); ms per call. */
-static double time_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K,
-                         const float *A, const float *B, float *C)
-{
-    int lda = ta == CblasNoTrans ? K : M;
-    int ldb = tb == CblasNoTrans ? N : K;
-    double t0;
-
-    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, N);
-    t0 = td_mono_ms();
-    for (int r = 0; r < SGEMM_REPS; r++)
-        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, N);
-    return (td_mono_ms() - t0) / SGEMM_REPS;
-}
-
 /* The step's linear layers: the patch projection, each tower's block layers (qkv, out, fc1,
  * fc2) and the MAP head's k and v over the tokens, as kernels/cpu.c calls sgemm (forward, dinp,
  * dweight), on OpenBLAS's own threads. GFLOP/s over all of them, weighted by how often a step
@@ -193,9 +173,11 @@ static double bench_sgemm(const td_slm_dims *d, int B, int threads)
         double f = 2.0 * R * O * K;
         if (ls[l].count == 0)
             continue;
-        total_ms += ls[l].count * (time_sgemm(CblasNoTrans, CblasTrans, R, O, K, A, Bm, Cm) +
-                                   time_sgemm(CblasNoTrans, CblasNoTrans, R, K, O, A, Bm, Cm) +
-                                   time_sgemm(CblasTrans, CblasNoTrans, O, K, R, A, Bm, Cm));
+        total_ms +=
+            ls[l].count *
+            (bench_time_sgemm(CblasNoTrans, CblasTrans, R, O, K, A, Bm, Cm, 1, SGEMM_REPS) +
+             bench_time_sgemm(CblasNoTrans, CblasNoTrans, R, K, O, A, Bm, Cm, 1, SGEMM_REPS) +
+             bench_time_sgemm(CblasTrans, CblasNoTrans, O, K, R, A, Bm, Cm, 1, SGEMM_REPS));
         total_flops += 3.0 * f * ls[l].count;
     }
     free(A), free(Bm), free(Cm);
@@ -204,29 +186,6 @@ static double bench_sgemm(const td_slm_dims *d, int B, int threads)
 }
 
 /* ---- one run -------------------------------------------------------------------------------- */
-
-typedef struct stats {
-    int64_t steps; /* timed steps */
-    double ms;     /* their step_ms summed */
-    double min_ms; /* the fastest */
-    double loss0, loss;
-} stats;
-
-static void on_metric(void *ud, const char *key, int64_t step, double value)
-{
-    stats *s = ud;
-
-    if (strcmp(key, "step_ms") == 0 && step > WARMUP_STEPS) {
-        s->steps++;
-        s->ms += value;
-        if (s->min_ms == 0 || value < s->min_ms)
-            s->min_ms = value;
-    } else if (strcmp(key, "train_loss") == 0) {
-        if (step == 1)
-            s->loss0 = value;
-        s->loss = value;
-    }
-}
 
 static void slm_config(td_train_config *cfg, const preset *p, const opts *o, const char *shard,
                        int B, int64_t steps)
@@ -256,8 +215,8 @@ static int run_preset(const preset *p, const opts *o, const char *shard, double 
     int64_t steps = o->steps > 0 ? o->steps : p->steps;
     td_train_config cfg;
     td_trainer *t = NULL;
-    stats s = {0};
-    td_train_hooks hooks = {.ud = &s, .metric = on_metric};
+    bench_steps s = {.warmup = WARMUP_STEPS};
+    td_train_hooks hooks = {.ud = &s, .metric = bench_steps_metric};
     td_error_t err = {0};
     td_slm_dims d;
     double t0, c0, wall, busy, flops, ms, sg_before, sg_after, sg;
@@ -282,11 +241,11 @@ static int run_preset(const preset *p, const opts *o, const char *shard, double 
            td_mono_ms() - t0, flops / 1e9, (double)td_trainer_arena(t)->cap / 1e6);
     sg_before = bench_sgemm(&d, B, o->threads);
     t0 = td_mono_ms();
-    c0 = cpu_ms();
+    c0 = bench_cpu_ms();
     while (td_trainer_step(t) == 0)
         ;
     wall = td_mono_ms() - t0;
-    busy = (cpu_ms() - c0) / wall;
+    busy = (bench_cpu_ms() - c0) / wall;
     td_trainer_free(t);
     sg_after = bench_sgemm(&d, B, o->threads);
     sg = sg_before > sg_after ? sg_before : sg_after;
