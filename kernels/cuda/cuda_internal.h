@@ -1,6 +1,7 @@
-/* Inside the CUDA backend (context.c, ops.cu, nccl.c): the context's body and the macros that
- * check every CUDA and cuBLAS call. Compiled as C (context.c, nccl.c) and as C++ (nvcc, ops.cu),
- * so it uses only what both accept. */
+/* Inside the CUDA backend (context.c, ops.cu, heads.cu, nccl.c): the context's body, the macros
+ * that check every CUDA and cuBLAS call, and (for nvcc only) the grid-stride loop and the block
+ * reduction both .cu files use. Compiled as C (context.c, nccl.c) and as C++ (nvcc), so outside
+ * the __CUDACC__ parts it uses only what both accept. */
 #ifndef TD_CUDA_INTERNAL_H
 #define TD_CUDA_INTERNAL_H
 
@@ -110,5 +111,33 @@ cudaError_t td__cuda_fill(float *p, float v, size_t n, cudaStream_t stream);
         if (td_e_ != cudaSuccess)                           \
             td__cuda_fail(td_e_, __FILE__, __LINE__, name); \
     } while (0)
+
+#ifdef __CUDACC__
+/* The sum over a warp, every lane getting it, in a fixed butterfly order. */
+static __device__ __forceinline__ double warp_sum_d(double v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* The sum over the block (a multiple of 32 threads), every thread getting it, in a fixed order;
+ * sm holds one value per warp. The two __syncthreads let the caller reuse sm at once. ops.cu's
+ * and heads.cu's reductions use it. */
+static __device__ __forceinline__ double block_sum_d(double v, double *sm)
+{
+    int nw = (int)(blockDim.x >> 5);
+
+    v = warp_sum_d(v);
+    if ((threadIdx.x & 31) == 0)
+        sm[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = sm[0];
+    for (int k = 1; k < nw; k++)
+        v += sm[k];
+    __syncthreads();
+    return v;
+}
+#endif
 
 #endif

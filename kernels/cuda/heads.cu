@@ -24,24 +24,6 @@ extern "C" {
 #define SIG_THREADS  256 /* threads per block of the SigLIP kernels */
 #define SIG_PER      4   /* SigLIP terms per thread at least: sizes the grid */
 #define SIG_MAX_GRID (TD_CUDA_REDUCE_BLOCKS / 2) /* the backward keeps two sums per block */
-#define FULL_MASK    0xffffffffu
-
-/* Over the block (a multiple of 32 threads), thread 0 getting the result, in a fixed order. */
-static __device__ double heads_block_sum(double v, double *sm)
-{
-    int nw = (int)(blockDim.x >> 5);
-
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(FULL_MASK, v, o);
-    if ((threadIdx.x & 31) == 0)
-        sm[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = sm[0];
-    for (int k = 1; k < nw; k++)
-        v += sm[k];
-    __syncthreads();
-    return v;
-}
 
 // ---- kernels -----------------------------------------------------------------------------------
 
@@ -160,7 +142,7 @@ __global__ void siglip_forward_kernel(double *partial, const float *dots, const 
         float z = et * dots[k] + bias;
         acc += neg_log_sigmoid(j == i + diag ? z : -z);
     }
-    acc = heads_block_sum(acc, sm);
+    acc = block_sum_d(acc, sm);
     if (threadIdx.x == 0)
         partial[blockIdx.x] = acc;
 }
@@ -194,8 +176,8 @@ __global__ void siglip_backward_kernel(double *partial, float *ddots, const floa
         st += (double)(et * dots[k]) * g;
         sb += g;
     }
-    st = heads_block_sum(st, sm);
-    sb = heads_block_sum(sb, sm);
+    st = block_sum_d(st, sm);
+    sb = block_sum_d(sb, sm);
     if (threadIdx.x == 0) {
         partial[blockIdx.x] = st;
         partial[gridDim.x + blockIdx.x] = sb;

@@ -78,13 +78,6 @@ __device__ __forceinline__ float warp_sum(float v)
     return v;
 }
 
-__device__ __forceinline__ double warp_sum_d(double v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(FULL_MASK, v, o);
-    return v;
-}
-
 /* cpu.c's comparison (a NaN never wins unless it came first) */
 __device__ __forceinline__ float warp_max(float v)
 {
@@ -108,21 +101,6 @@ __device__ float block_max(float v, float *sm)
     v = sm[0];
     for (int k = 1; k < nw; k++)
         v = sm[k] > v ? sm[k] : v;
-    __syncthreads();
-    return v;
-}
-
-__device__ double block_sum_d(double v, double *sm)
-{
-    int nw = (int)(blockDim.x >> 5);
-
-    v = warp_sum_d(v);
-    if ((threadIdx.x & 31) == 0)
-        sm[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = sm[0];
-    for (int k = 1; k < nw; k++)
-        v += sm[k];
     __syncthreads();
     return v;
 }
