@@ -19,15 +19,31 @@
  *     out as llm.c's train_gpt2.c lays them out, one fixed batch: the difference to 2. is the
  *     trainer's own cost (the batch's upload, the loss and norm read back each step).
  *
+ *  4. With --profile, instead of 2.: the trainer on a table that brackets every op with CUDA
+ *     events (gpu_profile.h), for GPT-2 124M (B 16 unless --batch, T 1024, bf16 matmuls) and,
+ *     with --slm-data SHARD, the SensorLM base preset at the largest batch the memory guard
+ *     allows (at most 1024): W warm-up steps, S plain steps timed by the host clock, then S
+ *     profiled steps; per class of work (matmuls, attention forward and backward, layernorm,
+ *     GELU, residual, classifier, encoder, the sensorlm heads, AdamW and the clip, memsets,
+ *     host copies) the median ms per step and its share of the step, the GPU idle between
+ *     ops, kernel launches, cuBLAS calls, memsets and host syncs per step, tokens (samples)
+ *     per second and MFU of the plain steps against the device's dense bf16 peak, next to
+ *     cuBLAS's own bf16 GEMM measured in the same run (unless --no-gemm).
+ *  5. With --probe, instead of all of that: the driver's and the runtime's CUDA versions (a
+ *     driver too old for the runtime said as such), cuBLAS's and NCCL's versions as the
+ *     libraries loaded report them, and each device with its memory. Exit 0; no GPU needed.
+ *
  *   bench_gpu [--batch B] [--steps S] [--warmup W] [--precision LIST] [--direct] [--no-gemm]
- *             [--csv FILE]
+ *             [--csv FILE] [--profile [--slm-data SHARD]] [--probe]
  *     B rows of T=1024 tokens (default: the largest that fits, at most 16); S timed steps
  *     (default 20) after W untimed (default 3); LIST of bf16,tf32,fp32 (default all three, in
  *     that order); --csv appends one line per run:
  *     path,precision,batch,ms_per_step,tokens_per_s,tflops,mfu,first_loss,last_loss,gemm_tflops
  *
- * The attention computes its whole (T,T) products where a causal one needs half (ops.cu), and
- * nothing is fused or recomputed: this is the backend's speed, not llm.c's. */
+ * The attention is the fused one of every model (kernels.h, ops.cu): query rows in chunks
+ * against the keys by cuBLAS strided-batched gemms in TF32, a warp per row for the online
+ * softmax, only the output and each row's log-sum-exp kept, the scores recomputed in the
+ * backward. Nothing else is fused: this is the backend's speed, not llm.c's. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,7 +60,9 @@
 #ifdef TD_HAVE_CUDA
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 
+#include "gpu_profile.h"
 #include "td_cuda.h"
 
 #define GEMM_N     8192      /* the reference GEMM's m = n = k */
@@ -547,8 +565,8 @@ static void train_run(void *arg)
 }
 
 /* The batch: the largest whose estimate fits the device's free memory (plus the context this
- * process already holds, which the estimate counts, less 1 GiB of reserve), at most MAX_BATCH. */
-static int pick_batch(const td_train_config *cfg0, int device)
+ * process already holds, which the estimate counts, less 1 GiB of reserve), at most cap. */
+static int pick_batch(const td_train_config *cfg0, int device, int cap)
 {
     td_train_config cfg = *cfg0;
     size_t free_b = 0, total = 0, room;
@@ -565,8 +583,8 @@ static int pick_batch(const td_train_config *cfg0, int device)
         return 1;
     }
     printf("%zu MiB free of %zu: the largest batch that fits is %d%s\n", free_b / MiB, total / MiB,
-           batch, batch > MAX_BATCH ? ", capped at 16" : "");
-    return batch < MAX_BATCH ? batch : MAX_BATCH;
+           batch, batch > cap ? ", capped" : "");
+    return batch < cap ? batch : cap;
 }
 
 /* ---- 3. the table driven by hand ------------------------------------------------------------ */
@@ -618,12 +636,192 @@ static void run(void *arg)
     set_precision(a->ctx, P_FP32);
 }
 
+/* ---- 4. the profile ------------------------------------------------------------------------ */
+
+typedef struct prof_arg {
+    td_cuda_ctx *ctx;
+    td_train_config cfg;
+    int steps, warmup;
+    const char *unit;   /* "tokens" or "samples" */
+    double per_step;    /* tokens or samples a step */
+    double gemm_tflops; /* cuBLAS's bf16 GEMM in this run, 0: not measured */
+    char title[160];
+    result r;
+} prof_arg;
+
+static int cmp_ms(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return (x > y) - (x < y);
+}
+
+/* One trainer in bf16 on the profiling table: warmup steps, steps plain (each one timed by the
+ * host: a step reads its loss back, so it ends synchronised), then steps profiled. */
+static void profile_run(void *arg)
+{
+    prof_arg *a = arg;
+    td_train_hooks hooks = {.ud = &a->r, .metric = loss_hook};
+    td_trainer *t = NULL;
+    td_error_t err = {0};
+    gp_step *st = calloc((size_t)a->steps, sizeof(*st));
+    double *plain = calloc((size_t)a->steps, sizeof(*plain)), t0, plain_ms;
+    int dev = td_cuda_ctx_device(a->ctx), rc = 0;
+
+    set_precision(a->ctx, P_BF16);
+    a->cfg.precision = TD_PRECISION_BF16;
+    a->cfg.tf32 = 0;
+    a->cfg.kernels = gp_table();
+    a->cfg.max_steps = a->warmup + 2 * a->steps;
+    if (st == NULL || plain == NULL)
+        rc = td_error_set(&err, TD_ENOMEM, "no memory for %d steps' figures", a->steps);
+    if (rc == 0)
+        rc = td_trainer_new(&t, &a->cfg, &hooks, &err);
+    for (int s = 0; rc == 0 && s < a->warmup + 2 * a->steps; s++) {
+        int profiled = s >= a->warmup + a->steps;
+        t0 = td_mono_ms();
+        if (profiled)
+            gp_step_begin();
+        if (td_trainer_step_caught(t, &err) < 0) {
+            rc = err.code;
+            break;
+        }
+        if (profiled)
+            gp_step_end(&st[s - a->warmup - a->steps]);
+        else if (s >= a->warmup)
+            plain[s - a->warmup] = td_mono_ms() - t0;
+    }
+    td_trainer_free(t);
+    set_precision(a->ctx, P_FP32);
+    if (rc != 0) {
+        free(st), free(plain);
+        td_panic(rc, "%s", err.msg);
+    }
+    qsort(plain, (size_t)a->steps, sizeof(*plain), cmp_ms);
+    plain_ms =
+        a->steps % 2 ? plain[a->steps / 2] : 0.5 * (plain[a->steps / 2 - 1] + plain[a->steps / 2]);
+    gp_report(a->title, st, a->steps, plain_ms, td_train_flops_per_step(&a->cfg), a->per_step,
+              a->unit, peak_flops(dev, P_BF16), a->gemm_tflops);
+    printf("  loss %.4f at step 1, %.4f at step %d\n\n", a->r.first_loss, a->r.last_loss,
+           a->warmup + 2 * a->steps);
+    free(st), free(plain);
+}
+
+/* The SensorLM base preset on a sensor shard, llm.c-like AdamW at 1e-4, bf16. */
+static void slm_config(td_train_config *cfg, const char *shard)
+{
+    td_train_config_defaults(cfg);
+    cfg->model = TD_MODEL_SENSORLM;
+    cfg->data = TD_DATA_SENSOR;
+    memset(&cfg->slm, 0, sizeof(cfg->slm));
+    cfg->slm.size = TD_SLM_BASE;
+    snprintf(cfg->train_files[0], TD_PATH_MAX, "%s", shard);
+    cfg->n_train_files = 1;
+    cfg->lr = 1e-4f, cfg->grad_clip = 1.0f, cfg->seed = 1;
+    cfg->precision = TD_PRECISION_BF16;
+    cfg->kernels = td_kernels_cuda();
+}
+
+/* GPT-2 124M at B (16 by default), then the SensorLM base at the guard's batch when a shard is
+ * given. Returns 0, or 1 after a failed run (printed). */
+static int profile_all(td_cuda_ctx *ctx, int B, int steps, int warmup, const char *slm_shard,
+                       double gemm_tflops, const char *shard)
+{
+    static prof_arg a;
+    int rc = 0, slm_batch = 0;
+
+    memset(&a, 0, sizeof(a));
+    a.ctx = ctx, a.steps = steps, a.warmup = warmup, a.gemm_tflops = gemm_tflops;
+    gpt2_config(&a.cfg, shard, B > 0 ? B : MAX_BATCH, warmup + 2 * steps);
+    a.unit = "tokens", a.per_step = (double)a.cfg.batch_size * 1024;
+    snprintf(a.title, sizeof(a.title), "GPT-2 124M, B=%d, T=1024, bf16 matmuls", a.cfg.batch_size);
+    if (guarded(profile_run, &a) != 0)
+        rc = 1;
+    if (slm_shard == NULL)
+        return rc;
+
+    memset(&a, 0, sizeof(a));
+    a.ctx = ctx, a.steps = steps, a.warmup = warmup, a.gemm_tflops = gemm_tflops;
+    slm_config(&a.cfg, slm_shard);
+    slm_batch = pick_batch(&a.cfg, 0, 1024);
+    a.cfg.batch_size = slm_batch;
+    a.unit = "samples", a.per_step = slm_batch;
+    snprintf(a.title, sizeof(a.title), "SensorLM base, B=%d (the guard's largest), bf16 matmuls",
+             slm_batch);
+    if (guarded(profile_run, &a) != 0)
+        rc = 1;
+    return rc;
+}
+
+/* ---- 5. the probe --------------------------------------------------------------------------- */
+
+/* "13.0" of 13000. */
+static void cuda_ver(char *buf, size_t n, int v)
+{
+    snprintf(buf, n, "%d.%d", v / 1000, (v % 1000) / 10);
+}
+
+static int probe(void)
+{
+    int drv = 0, rt = 0, n = 0, nccl = 0, maj = 0, min = 0, pat = 0, rc = 0;
+    char d[16], r[16];
+    td_error_t err = {0};
+
+    (void)cudaDriverGetVersion(&drv);
+    (void)cudaRuntimeGetVersion(&rt);
+    cuda_ver(d, sizeof(d), drv), cuda_ver(r, sizeof(r), rt);
+    printf("runtime: CUDA %s (%d), linked statically\n", r, rt);
+    if (drv == 0)
+        printf("driver: none (no libcuda.so.1 loads, or no NVIDIA driver)\n");
+    else if (drv < rt)
+        printf("driver: CUDA %s (%d): too old for this build's CUDA %s runtime: update the "
+               "driver\n",
+               d, drv, r);
+    else
+        printf("driver: CUDA %s (%d)\n", d, drv);
+    if (cublasGetProperty(MAJOR_VERSION, &maj) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(MINOR_VERSION, &min) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(PATCH_LEVEL, &pat) == CUBLAS_STATUS_SUCCESS)
+        printf("cuBLAS: %d.%d.%d\n", maj, min, pat);
+    else
+        printf("cuBLAS: cannot tell its version\n"), rc = 1;
+    if (ncclGetVersion(&nccl) == ncclSuccess)
+        printf("NCCL: %d.%d.%d (%d)\n", nccl / 10000, (nccl / 100) % 100, nccl % 100, nccl);
+    else
+        printf("NCCL: cannot tell its version\n"), rc = 1;
+    if (drv == 0 || drv < rt) {
+        printf("devices: 0\n");
+        return rc;
+    }
+    if (td_cuda_devices(&n, &err) != 0) {
+        printf("devices: 0 (%s)\n", err.msg);
+        return 1;
+    }
+    printf("devices: %d\n", n);
+    for (int i = 0; i < n; i++) {
+        struct cudaDeviceProp p;
+        size_t fr = 0, tot = 0;
+        if (cudaGetDeviceProperties(&p, i) != cudaSuccess ||
+            td_cuda_mem_info(i, &fr, &tot, &err) != 0) {
+            printf("device %d: cannot be read\n", i);
+            rc = 1;
+            continue;
+        }
+        printf("device %d: %s, sm_%d%d, %d SMs, %zu MiB free of %zu; dense bf16 peak %.1f "
+               "TFLOP/s%s\n",
+               i, p.name, p.major, p.minor, p.multiProcessorCount, fr / MiB, tot / MiB,
+               peak_flops(i, P_BF16) / 1e12, peak_flops(i, P_BF16) > 0 ? "" : " (unknown)");
+    }
+    return rc;
+}
+
 /* ---- main ------------------------------------------------------------------------------------ */
 
 static int usage(void)
 {
     fprintf(stderr, "usage: bench_gpu [--batch B] [--steps S] [--warmup W] "
-                    "[--precision bf16,tf32,fp32] [--direct] [--no-gemm] [--csv FILE]\n");
+                    "[--precision bf16,tf32,fp32] [--direct] [--no-gemm] [--csv FILE]\n"
+                    "                 [--profile [--slm-data SHARD]] [--probe]\n");
     return 2;
 }
 
@@ -649,7 +847,8 @@ int main(int argc, char **argv)
 {
     static model m;
     int B = 0, steps = 20, warmup = 3, modes = 7, direct = 0, gemm = 1, rc = 0, n = 0;
-    const char *csv = NULL;
+    int profile = 0;
+    const char *csv = NULL, *slm = NULL;
     td_error_t err = {0};
     td_cuda_ctx *ctx = NULL;
     struct cudaDeviceProp prop;
@@ -671,6 +870,12 @@ int main(int argc, char **argv)
             gemm = 0;
         else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc)
             csv = argv[++i];
+        else if (strcmp(argv[i], "--profile") == 0)
+            profile = 1;
+        else if (strcmp(argv[i], "--slm-data") == 0 && i + 1 < argc)
+            slm = argv[++i];
+        else if (strcmp(argv[i], "--probe") == 0)
+            return probe();
         else
             return usage();
     }
@@ -706,7 +911,17 @@ int main(int argc, char **argv)
         }
     }
 
-    if (!direct) {
+    if (profile) {
+        if (mkdtemp(dir) == NULL || snprintf(shard, sizeof(shard), "%s/tokens.bin", dir) < 0 ||
+            write_shard(shard, 50257) != 0) {
+            fprintf(stderr, "bench_gpu: cannot write the token shard in %s\n", dir);
+            td_cuda_ctx_free(ctx);
+            return 1;
+        }
+        rc |= profile_all(ctx, B, steps, warmup, slm, g.tflops, shard);
+        unlink(shard);
+        rmdir(dir);
+    } else if (!direct) {
         train_arg a = {.ctx = ctx, .steps = steps, .warmup = warmup};
         if (mkdtemp(dir) == NULL || snprintf(shard, sizeof(shard), "%s/tokens.bin", dir) < 0 ||
             write_shard(shard, 50257) != 0) {
@@ -715,7 +930,7 @@ int main(int argc, char **argv)
             return 1;
         }
         gpt2_config(&a.cfg, shard, 1, warmup + steps);
-        a.cfg.batch_size = B > 0 ? B : pick_batch(&a.cfg, 0);
+        a.cfg.batch_size = B > 0 ? B : pick_batch(&a.cfg, 0, MAX_BATCH);
         printf("GPT-2 124M through the trainer: B=%d, T=1024, %d + %d steps\n", a.cfg.batch_size,
                warmup, steps);
         for (int p = 0; p < N_PREC; p++) {

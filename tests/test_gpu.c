@@ -28,6 +28,7 @@
  * (host memory): a check of this file's references and bounds on a machine without a GPU. */
 #include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -45,6 +46,7 @@
 
 #include "engine.h"
 #include "kernels.h"
+#include "td_clock.h"
 #include "td_panic.h"
 #include "train.h"
 #include "train_support.h"
@@ -1823,13 +1825,20 @@ static const struct CMUnitTest no_device_tests[] = {
 
 /* ---- child processes ------------------------------------------------------------------------ */
 
+/* How long a child may take: the sticky child takes a second or two, the NCCL timeout child
+ * its 3 s deadline and a teardown. Past it the child is killed and the test fails, naming it,
+ * so that a child stuck in the driver or in NCCL cannot hang the suite. */
+#define CHILD_LIMIT_S 120 /* seconds */
+
 /* Runs this executable again with mode as its argument (a fresh process: CUDA does not survive
  * fork, and a sticky error must not reach this one), its output into out. Returns its exit
- * status, or 128 + signal. */
+ * status, or 128 + signal; fails the test (killing the child) when it runs past
+ * CHILD_LIMIT_S. */
 static int run_child(const char *mode, char *out, size_t outsize)
 {
-    int fd[2], status = 0;
+    int fd[2], status = 0, hung = 0;
     size_t used = 0;
+    double deadline = td_mono_ms() + CHILD_LIMIT_S * 1e3;
     pid_t pid;
 
     assert_int_equal(pipe(fd), 0);
@@ -1844,7 +1853,20 @@ static int run_child(const char *mode, char *out, size_t outsize)
     }
     close(fd[1]);
     for (;;) {
-        ssize_t r = read(fd[0], out + used, outsize - 1 - used);
+        struct pollfd p = {.fd = fd[0], .events = POLLIN};
+        double left = deadline - td_mono_ms();
+        int n;
+        ssize_t r;
+        if (left <= 0) {
+            hung = 1;
+            break;
+        }
+        n = poll(&p, 1, (int)(left < 1000 ? left + 1 : 1000));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            continue;
+        r = read(fd[0], out + used, outsize - 1 - used);
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
@@ -1855,8 +1877,12 @@ static int run_child(const char *mode, char *out, size_t outsize)
     }
     out[used] = '\0';
     close(fd[0]);
+    if (hung)
+        kill(pid, SIGKILL);
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
+    if (hung)
+        fail_msg("the child %s hung: killed after %d s; its output:\n%s", mode, CHILD_LIMIT_S, out);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 

@@ -449,6 +449,7 @@ void td_cuda_upload(void *dst, const void *src, size_t bytes)
 {
     td_cuda_ctx *c = td__cuda_ctx();
 
+    c->counts.copies++, c->counts.syncs++;
     TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
     TD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
@@ -457,13 +458,24 @@ void td_cuda_download(void *dst, const void *src, size_t bytes)
 {
     td_cuda_ctx *c = td__cuda_ctx();
 
+    c->counts.copies++, c->counts.syncs++;
     TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
     TD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
 void td_cuda_sync(void)
 {
-    TD_CUDA_CHECK(cudaStreamSynchronize(td__cuda_ctx()->stream));
+    td_cuda_ctx *c = td__cuda_ctx();
+
+    c->counts.syncs++;
+    TD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+void td_cuda_counts_get(td_cuda_counts *out)
+{
+    static const td_cuda_counts none;
+
+    *out = current != NULL ? current->counts : none;
 }
 
 /* cudaMemGetInfo answers for the calling thread's current device, so that device is made

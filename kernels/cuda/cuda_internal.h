@@ -24,11 +24,12 @@ struct td_cuda_ctx {
     int bf16; /* matmuls in bf16 mixed precision (ops.cu's bf16 path) */
     cudaStream_t stream;
     cublasHandle_t blas;
-    void *blas_ws;        /* TD_CUDA_CUBLAS_WORKSPACE bytes, cuBLAS's */
-    float *scratch;       /* scratch_bytes */
-    size_t scratch_bytes; /* bytes */
-    double *partial;      /* TD_CUDA_REDUCE_BLOCKS doubles */
-    float *ones;          /* TD_CUDA_ONES floats of 1 */
+    void *blas_ws;         /* TD_CUDA_CUBLAS_WORKSPACE bytes, cuBLAS's */
+    float *scratch;        /* scratch_bytes */
+    size_t scratch_bytes;  /* bytes */
+    double *partial;       /* TD_CUDA_REDUCE_BLOCKS doubles */
+    float *ones;           /* TD_CUDA_ONES floats of 1 */
+    td_cuda_counts counts; /* what this context has issued: td_cuda_counts_get() */
 };
 
 /* Blocks for a grid-stride loop over n elements, threads a block: enough to fill the device (32
@@ -101,9 +102,20 @@ cudaError_t td__cuda_fill(float *p, float v, size_t n, cudaStream_t stream);
             td__cublas_fail(td_s_, __FILE__, __LINE__, #call); \
     } while (0)
 
-/* After a kernel launch: a bad configuration shows up here at once, a fault in the kernel at
- * the next synchronizing call. */
-#define TD_CUDA_CHECK_LAUNCH(name) TD_CUDA_CHECK_NAMED(cudaGetLastError(), name)
+/* After a kernel launch on context x: counts it (td_cuda_counts), and checks it: a bad
+ * configuration shows up here at once, a fault in the kernel at the next synchronizing call. */
+#define TD_CUDA_CHECK_LAUNCH(x, name)                  \
+    do {                                               \
+        (x)->counts.launches++;                        \
+        TD_CUDA_CHECK_NAMED(cudaGetLastError(), name); \
+    } while (0)
+
+/* One cuBLAS call of an op on context x: counted and checked. */
+#define TD_CUBLAS_OP(x, call)     \
+    do {                          \
+        (x)->counts.blas_calls++; \
+        TD_CUBLAS_CHECK(call);    \
+    } while (0)
 
 #define TD_CUDA_CHECK_NAMED(call, name)                     \
     do {                                                    \

@@ -198,7 +198,7 @@ __global__ void siglip_backward_finish_kernel(float *dt, float *db, const double
 
 // ---- the table's functions ---------------------------------------------------------------------
 
-#define LAUNCH_CHECK(name) TD_CUDA_CHECK_LAUNCH(name)
+#define LAUNCH_CHECK(name) TD_CUDA_CHECK_LAUNCH(x, name)
 
 /* The usual launch of a grid-stride kernel over n elements on the context's stream. */
 #define LAUNCH_N(x, kernel, n, ...)                                                           \

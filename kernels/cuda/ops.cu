@@ -624,7 +624,7 @@ __global__ void fault_kernel(volatile int *p)
 
 // ---- the table's functions --------------------------------------------------------------------
 
-#define LAUNCH_CHECK(name) TD_CUDA_CHECK_LAUNCH(name)
+#define LAUNCH_CHECK(name) TD_CUDA_CHECK_LAUNCH(x, name)
 
 /* The usual launch of a grid-stride kernel over n elements on the context's stream. */
 #define LAUNCH_N(x, kernel, n, ...)                                                           \
@@ -651,7 +651,8 @@ static void zero(float *p, size_t n)
     td_cuda_ctx *x = td__cuda_ctx();
 
     if (n > 0)
-        TD_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), x->stream));
+        x->counts.memsets++;
+    TD_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), x->stream));
 }
 
 // dbias += sum over rows of dout, as a gemv with the context's ones, TD_CUDA_ONES rows a call
@@ -662,7 +663,7 @@ static void sum_rows(td_cuda_ctx *x, float *dbias, const float *dout, int N, int
 
     for (int r = 0; r < N; r += TD_CUDA_ONES) {
         int rows = N - r < TD_CUDA_ONES ? N - r : TD_CUDA_ONES;
-        TD_CUBLAS_CHECK(cublasSgemv(x->blas, CUBLAS_OP_N, C, rows, &one, dout + (size_t)r * C, C,
+        TD_CUBLAS_OP(x, cublasSgemv(x->blas, CUBLAS_OP_N, C, rows, &one, dout + (size_t)r * C, C,
                                     x->ones, 1, &one, dbias, 1));
     }
 }
@@ -706,7 +707,7 @@ static void gemm_bf16(td_cuda_ctx *x, cublasOperation_t ta, cublasOperation_t tb
 {
     const float one = 1.0f;
 
-    TD_CUBLAS_CHECK(cublasGemmEx(x->blas, ta, tb, m, n, k, &one, A, CUDA_R_16BF, lda, B,
+    TD_CUBLAS_OP(x, cublasGemmEx(x->blas, ta, tb, m, n, k, &one, A, CUDA_R_16BF, lda, B,
                                  CUDA_R_16BF, ldb, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
                                  CUBLAS_GEMM_DEFAULT));
 }
@@ -838,7 +839,7 @@ static void matmul_forward(float *out, const float *inp, const float *weight, co
         matmul_forward_bf16(x, out, inp, weight, beta, N, C, OC);
         return;
     }
-    TD_CUBLAS_CHECK(cublasSgemm(x->blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, C, inp,
+    TD_CUBLAS_OP(x, cublasSgemm(x->blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, C, inp,
                                 C, &beta, out, OC));
 }
 
@@ -860,10 +861,10 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const flo
         return;
     }
     if (dinp != NULL)
-        TD_CUBLAS_CHECK(cublasSgemm(x->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C,
+        TD_CUBLAS_OP(x, cublasSgemm(x->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C,
                                     dout, OC, &one, dinp, C));
     if (dweight != NULL)
-        TD_CUBLAS_CHECK(cublasSgemm(x->blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout,
+        TD_CUBLAS_OP(x, cublasSgemm(x->blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout,
                                     OC, &one, dweight, C));
     if (dbias != NULL)
         sum_rows(x, dbias, dout, N, OC);
@@ -934,6 +935,7 @@ static void argmax_correct(int64_t *correct, const float *logits, const int *tar
     td_cuda_ctx *x = td__cuda_ctx();
     int G = N < TD_CUDA_REDUCE_BLOCKS ? N : TD_CUDA_REDUCE_BLOCKS;
 
+    x->counts.memsets++;
     TD_CUDA_CHECK(cudaMemsetAsync(correct, 0, sizeof(*correct), x->stream));
     if (N <= 0 || V <= 0)
         return;
@@ -1084,12 +1086,12 @@ static void gemm_bh(td_cuda_ctx *x, cublasOperation_t ta, cublasOperation_t tb, 
 {
     if (nh >= nb)
         for (int b = 0; b < nb; b++)
-            TD_CUBLAS_CHECK(cublasSgemmStridedBatched(x->blas, ta, tb, m, n, k, &alpha, A + b * ab,
+            TD_CUBLAS_OP(x, cublasSgemmStridedBatched(x->blas, ta, tb, m, n, k, &alpha, A + b * ab,
                                                       lda, ah, B + b * bb, ldb, bh, &beta,
                                                       C + b * cb, ldc, ch, nh));
     else
         for (int h = 0; h < nh; h++)
-            TD_CUBLAS_CHECK(cublasSgemmStridedBatched(x->blas, ta, tb, m, n, k, &alpha, A + h * ah,
+            TD_CUBLAS_OP(x, cublasSgemmStridedBatched(x->blas, ta, tb, m, n, k, &alpha, A + h * ah,
                                                       lda, ab, B + h * bh, ldb, bb, &beta,
                                                       C + h * ch, ldc, cb, nb));
 }

@@ -38,9 +38,11 @@ extern "C" {
  * step loop. NVIDIA's recommendation for Hopper (sm_90); more than enough for Ampere. */
 #define TD_CUDA_CUBLAS_WORKSPACE (32u << 20) /* bytes */
 
-/* The context's scratch by default: attention's backward takes as many (T,T) heads at once as
- * fit (12 heads of T=1024 are 48 MiB), and the column sums of layernorm's backward their
- * partial sums. Below one (T,T) head the caller's (T,T) scratch is used, one head at a time. */
+/* The context's scratch by default: the bf16 copies of a matmul's operands (in chunks that
+ * fit, ops.cu's "bf16 mixed precision") and the partial sums of layernorm's backward column
+ * sums. The fused attention does not use it: its block of scores lives in the scratch the
+ * caller passes (td_attn_scratch() floats, kernels.h), whose size the chunk of query rows
+ * bounds. */
 #define TD_CUDA_SCRATCH_DEFAULT (64u << 20) /* bytes */
 
 /* Fixed device buffers every context holds besides the two above: the partial sums of the
@@ -50,6 +52,13 @@ extern "C" {
 #define TD_CUDA_CTX_FIXED     (TD_CUDA_REDUCE_BLOCKS * 8 + TD_CUDA_ONES * 4) /* bytes */
 
 typedef struct td_cuda_ctx td_cuda_ctx;
+
+/* What a context has issued since it was made, for a profile of a step (bench_gpu --profile
+ * reads them before and after): kernel launches, cuBLAS calls, memsets, copies between host
+ * and device, and host waits for the stream (td_cuda_sync, and each upload and download). */
+typedef struct td_cuda_counts {
+    uint64_t launches, blas_calls, memsets, copies, syncs;
+} td_cuda_counts;
 struct CUstream_st; /* cudaStream_t is a struct CUstream_st pointer */
 
 typedef struct td_cuda_options {
@@ -71,6 +80,9 @@ void td_cuda_options_defaults(td_cuda_options *o);
  * of 67108864 bytes on device 1: cudaErrorMemoryAllocation: out of memory"), TD_ENOMEM.
  * Caller frees with td_cuda_ctx_free(). */
 int td_cuda_ctx_new(td_cuda_ctx **out, int device, const td_cuda_options *opt, td_error_t *err);
+
+/* The calling thread's context's counts; all zero when no context is bound. */
+void td_cuda_counts_get(td_cuda_counts *out);
 
 /* Waits for the stream, releases everything; unbinds it from the calling thread if bound.
  * Accepts NULL. Never panics: errors at this point (a poisoned process) are ignored. */
