@@ -38,6 +38,7 @@ die() {
     exit 1
 }
 
+"$ROOT/scripts/deps.sh"
 command -v /usr/local/cuda/bin/nvcc >/dev/null 2>&1 || command -v nvcc >/dev/null 2>&1 ||
     die "no nvcc: the bundle is built where the CUDA toolkit is (/usr/local/cuda)"
 
