@@ -1,6 +1,6 @@
 /* The server's requests that delete ended jobs (server_int.h): rm and prune (PROTOCOL.md). The
  * daemon marks the jobs at once (from then on nobody sees them) and deletes their rows a slice
- * at a time (purge.h); meanwhile the connection reads no further request, gets a progress
+ * at a time (daemon_purge.h); meanwhile the connection reads no further request, gets a progress
  * frame about once a second, and the reply comes once the rows are gone and the space given
  * back. Loop thread only. */
 #include <math.h>
