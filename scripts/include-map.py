@@ -233,10 +233,10 @@ def call_checks(tree, build, objs, part, shared, kernel_syms):
         for s in sorted(needs[src] & kernel_syms if tree == "daemon" else ()):
             bad.append(f"{src} calls {s}, defined in kernels/: an arrow from daemon/ to kernels/")
     for comp in sccs(files):
-        ps = {part.get(f, f) for f in comp}
-        if len(ps) == 1 and ps <= shared:
-            continue  # one part's files around its _int.h may call each other
         for c in circles_in(files, comp):
+            ps = {part.get(f, f) for f in c}
+            if len(ps) == 1 and ps <= shared:
+                continue  # one part's files around its _int.h may call each other
             bad.append("circle of calls between files: " + circle_text(c, needs, owner))
     pneeds = {}
     for src, u in needs.items():
