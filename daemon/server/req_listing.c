@@ -122,9 +122,10 @@ static void write_stored(td_pw *w, const void *blob, size_t len)
 
     /* td_proto_decode wants a map at the top: the value goes in as {"v": value}. */
     td_pw_init(&tmp);
-    td_pw_map(&tmp, 1);
+    td_pw_map_open(&tmp);
     td_pw_str(&tmp, "v");
     td_pw_raw(&tmp, blob, len);
+    td_pw_map_close(&tmp);
     body = td_pw_body(&tmp, &n);
     if (body != NULL && td_proto_decode(body, n, &f, &err) == 0 &&
         !all_text(td_pv_get(td_proto_frame_root(f), "v")))

@@ -1,12 +1,12 @@
 /* The server's metric streams (server_int.h): watch and metrics. A stream is a producer on its
  * connection (connection.h) and never holds rows beyond one page: it reads a page from the
  * store while its connection's output is below TD_CONN_HIGH_WATER, and otherwise waits for the
- * connection to pump it once the client has drained it, so a stalled client
- * costs at most the high-water mark and catches up from the store when it reads again. While
- * a job runs, a watch delivers only rows of steps before the newest durable step, so a step
- * whose rows span two store batches is never split across the cursor (rows come in (step,
- * key) order). A stream names at most TD_PROTO_MAX_KEYS keys, held with it in one
- * allocation, and asks the store only for those the job has rows of. Loop thread only. */
+ * connection to pump it once the client has drained it, so a stalled client costs at most the
+ * high-water mark and catches up from the store when it reads again. While a job runs, a watch
+ * delivers only rows of steps before the newest durable step, so a step whose rows span two store
+ * batches is never split across the cursor (rows come in (step, key) order). A stream names at most
+ * TD_PROTO_MAX_KEYS keys, held with it in one allocation, and asks the store only for those the job
+ * has rows of. Loop thread only. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
