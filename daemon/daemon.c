@@ -892,7 +892,7 @@ static void convert_vacuum(td_daemon *d)
 }
 
 /* The purge's checkpoints go to the store thread, whose transactions are short and whose
- * waits hold up no client (purge.h). */
+ * waits hold up no client (daemon_purge.h). */
 static void purge_checkpoint(void *ud)
 {
     td_daemon *d = ud;
@@ -902,7 +902,7 @@ static void purge_checkpoint(void *ud)
 }
 
 /* At start: deletions a stop interrupted go on, and checkpoint directories of jobs that no
- * longer exist are swept (purge.h). */
+ * longer exist are swept (daemon_purge.h). */
 static void resume_purge(td_daemon *d)
 {
     int64_t job = 0, pending = 0;

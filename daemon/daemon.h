@@ -19,7 +19,7 @@
 #include "memguard.h"
 #include "metricq.h"
 #include "proto.h"
-#include "purge.h"
+#include "daemon_purge.h"
 #include "store.h"
 
 #define TD_PROGRESS_WRITE_MS 1000 /* how often a running job's step is written to the store */
@@ -121,7 +121,7 @@ size_t td_daemon_queued(const td_daemon *d, int64_t *ids, size_t max);
 int td_daemon_job_config(td_daemon *d, int64_t job, int64_t uid, td_train_config *cfg,
                          td_error_t *err);
 
-/* ---- deleting ended jobs (rm, prune; purge.h) ---- */
+/* ---- deleting ended jobs (rm, prune; daemon_purge.h) ---- */
 
 #define TD_PURGE_LIST_MAX 1000 /* jobs an rm or prune reply lists; the totals count them all */
 
@@ -144,7 +144,7 @@ void td_purge_listing_free(td_purge_listing *l);
  * running; cancel it first" (or queued; or ended but its state not yet stored); TD_EBUSY when
  * another process locks the store. On success the jobs are gone for every reader at once,
  * *out lists them, and done(ud) comes once their rows are deleted and the space given back
- * (purge.h), progress(ud) meanwhile. */
+ * (daemon_purge.h), progress(ud) meanwhile. */
 int td_daemon_rm(td_daemon *d, const int64_t *ids, size_t n, int64_t uid, td_purge_listing *out,
                  td_purge_done_cb done, td_purge_progress_cb progress, void *ud, td_error_t *err);
 

@@ -715,6 +715,38 @@ static void pw_len(td_pw *w, uint64_t n, unsigned char fix, uint64_t fix_max, un
     }
 }
 
+/* One value is complete: it counts in the innermost open container, and a container it
+ * completes is in its turn one value of the one around it. Nothing is followed outside a
+ * counted map (nopen 0). */
+static void pw_count(td_pw *w)
+{
+    while (w->nopen > 0) {
+        td_pw_open *o = &w->open[w->nopen - 1];
+        o->seen++;
+        if (o->want == TD_PW_COUNTED || o->seen < o->want)
+            return;
+        w->nopen--;
+    }
+}
+
+/* A container header with want values to follow was written: inside a counted map it is
+ * followed until they are (an empty one is complete at once). */
+static void pw_follow(td_pw *w, uint64_t want, size_t at)
+{
+    if (w->nopen == 0 && want != TD_PW_COUNTED)
+        return;
+    if (want == 0) {
+        pw_count(w);
+        return;
+    }
+    if (w->nopen == TD_PW_MAX_OPEN) {
+        if (!w->failed)
+            w->failed = TD_E2BIG;
+        return;
+    }
+    w->open[w->nopen++] = (td_pw_open){.at = at, .want = want, .seen = 0};
+}
+
 void td_pw_init(td_pw *w)
 {
     w->buf = NULL;
@@ -729,6 +761,7 @@ void td_pw_reset(td_pw *w)
 
     w->len = 0;
     w->failed = 0;
+    w->nopen = 0;
     pw_put(w, zero, sizeof(zero));
 }
 
@@ -744,11 +777,65 @@ void td_pw_free(td_pw *w)
 void td_pw_map(td_pw *w, uint32_t npairs)
 {
     pw_len(w, npairs, 0x80, 15, 0, 0xde, 0xdf);
+    pw_follow(w, 2 * (uint64_t)npairs, 0);
+}
+
+#define PW_MAP32_HEAD 5 /* bytes of a map32 header: what a counted map reserves */
+
+void td_pw_map_open(td_pw *w)
+{
+    size_t at = w->len;
+
+    pw_head(w, 0xdf, 0, 4);
+    pw_follow(w, TD_PW_COUNTED, at);
+}
+
+void td_pw_map_close(td_pw *w)
+{
+    td_pw_open *o = w->nopen > 0 ? &w->open[w->nopen - 1] : NULL;
+    size_t at, hlen, body;
+    uint64_t n;
+
+    if (w->failed)
+        return;
+    if (o == NULL || o->want != TD_PW_COUNTED || o->seen % 2 != 0) {
+        w->failed = TD_EINVAL;
+        return;
+    }
+    at = o->at;
+    n = o->seen / 2;
+    w->nopen--;
+    if (n > UINT32_MAX) {
+        w->failed = TD_E2BIG;
+        return;
+    }
+    /* The smallest header for n, written where the reserved one was, the pairs moved up to
+     * it: the same bytes td_pw_map(w, n) would have written. */
+    hlen = n <= 15 ? 1 : n <= UINT16_MAX ? 3 : PW_MAP32_HEAD;
+    body = w->len - at - PW_MAP32_HEAD;
+    memmove(w->buf + at + hlen, w->buf + at + PW_MAP32_HEAD, body);
+    w->len = at + hlen + body;
+    if (hlen == 1) {
+        w->buf[at] = (char)(0x80 | n);
+    } else {
+        w->buf[at] = (char)(hlen == 3 ? 0xde : 0xdf);
+        for (size_t i = 1; i < hlen; i++)
+            w->buf[at + i] = (char)(n >> (8 * (hlen - 1 - i)));
+    }
+    pw_count(w);
 }
 
 void td_pw_array(td_pw *w, uint32_t n)
 {
     pw_len(w, n, 0x90, 15, 0, 0xdc, 0xdd);
+    pw_follow(w, n, 0);
+}
+
+void td_pw_array_raw(td_pw *w, uint32_t n, const void *p, size_t len)
+{
+    pw_len(w, n, 0x90, 15, 0, 0xdc, 0xdd);
+    pw_put(w, p, len);
+    pw_count(w);
 }
 
 void td_pw_str(td_pw *w, const char *s)
@@ -764,6 +851,7 @@ void td_pw_strn(td_pw *w, const char *s, size_t len)
     pw_len(w, len, 0xa0, 31, 0xd9, 0xda, 0xdb);
     if (len <= UINT32_MAX)
         pw_put(w, s, len);
+    pw_count(w);
 }
 
 void td_pw_bin(td_pw *w, const void *p, size_t len)
@@ -772,6 +860,7 @@ void td_pw_bin(td_pw *w, const void *p, size_t len)
     pw_len(w, len, 0, 0, 0xc4, 0xc5, 0xc6);
     if (len <= UINT32_MAX)
         pw_put(w, p, len);
+    pw_count(w);
 }
 
 /* An unsigned integer in its smallest encoding. */
@@ -803,6 +892,7 @@ void td_pw_int(td_pw *w, int64_t v)
         pw_head(w, 0xd2, (uint64_t)v, 4);
     else
         pw_head(w, 0xd3, (uint64_t)v, 8);
+    pw_count(w);
 }
 
 void td_pw_double(td_pw *w, double v)
@@ -811,21 +901,25 @@ void td_pw_double(td_pw *w, double v)
 
     memcpy(&bits, &v, sizeof(bits));
     pw_head(w, 0xcb, bits, 8);
+    pw_count(w);
 }
 
 void td_pw_bool(td_pw *w, int v)
 {
     pw_head(w, v ? 0xc3 : 0xc2, 0, 0);
+    pw_count(w);
 }
 
 void td_pw_nil(td_pw *w)
 {
     pw_head(w, 0xc0, 0, 0);
+    pw_count(w);
 }
 
 void td_pw_raw(td_pw *w, const void *p, size_t len)
 {
     pw_put(w, p, len);
+    pw_count(w);
 }
 
 /* An ext value: the fixext forms for sizes 1, 2, 4, 8 and 16, else ext 8/16/32. */
@@ -840,6 +934,7 @@ static void pw_ext(td_pw *w, int8_t type, const char *p, uint32_t n)
         pw_len(w, n, 0, 0, 0xc7, 0xc8, 0xc9);
     pw_head(w, (unsigned char)type, 0, 0);
     pw_put(w, p, n);
+    pw_count(w);
 }
 
 /* td_pw_val at a given depth; a tree deeper than PW_VAL_MAX_DEPTH (never one that was
@@ -860,6 +955,7 @@ static void pw_val(td_pw *w, const td_pval *v, int depth)
         break;
     case MSGPACK_OBJECT_POSITIVE_INTEGER:
         pw_uint(w, v->via.u64);
+        pw_count(w);
         break;
     case MSGPACK_OBJECT_NEGATIVE_INTEGER:
         td_pw_int(w, v->via.i64);
@@ -911,6 +1007,10 @@ int td_pw_finish(td_pw *w, const char **frame, size_t *len)
         rc = w->failed < 0 ? w->failed : TD_ENOMEM;
         goto out;
     }
+    if (w->nopen > 0) { /* a counted map was never closed: its count is not known */
+        rc = TD_EINVAL;
+        goto out;
+    }
     body = w->len - TD_PROTO_PREFIX;
     if (body > TD_PROTO_MAX_FRAME) {
         rc = TD_E2BIG;
@@ -926,7 +1026,7 @@ out:
 
 const void *td_pw_body(const td_pw *w, size_t *len)
 {
-    bool ok = !w->failed && w->buf != NULL;
+    bool ok = !w->failed && w->buf != NULL && w->nopen == 0;
 
     if (len != NULL)
         *len = ok ? w->len - TD_PROTO_PREFIX : 0;
@@ -950,7 +1050,7 @@ void td_proto_write_error(td_pw *w, int64_t id, int code, const char *message)
      * cut at a character's boundary. */
     n = td_text_escape(text, sizeof(text), message, strlen(message), TD_TEXT_KEEP_NEWLINES);
     td_pw_reset(w);
-    td_pw_map(w, 5);
+    td_pw_map_open(w);
     td_pw_str(w, "type");
     td_pw_str(w, "error");
     td_pw_str(w, "id");
@@ -961,5 +1061,6 @@ void td_proto_write_error(td_pw *w, int64_t id, int code, const char *message)
     td_pw_str(w, td_errname(code));
     td_pw_str(w, "message");
     td_pw_strn(w, text, n);
+    td_pw_map_close(w);
     td_pw_finish(w, &frame, &flen);
 }

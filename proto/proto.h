@@ -118,11 +118,28 @@ const td_pval *td_pv_val_at(const td_pval *map, size_t i);
 /* ---- writing ---- */
 
 /* Builds one frame: the prefix is reserved on init and filled by td_pw_finish. Writer calls
- * never fail individually; an allocation failure is remembered and reported by finish. */
+ * never fail individually; an allocation failure is remembered and reported by finish.
+ *
+ * A map whose pairs are written one by one is opened with td_pw_map_open() and closed with
+ * td_pw_map_close(): the writer counts its pairs and fills in the count when it closes (as
+ * redis's setDeferredMapLen), so a field added or written only sometimes can never make the
+ * count wrong. Inside such a map the writer follows every container (open holds them,
+ * innermost last), so that it knows which values are the map's own. */
+#define TD_PW_MAX_OPEN 64         /* containers open at once inside a counted map (levels) */
+#define TD_PW_COUNTED  UINT64_MAX /* td_pw_open.want of a counted map */
+
+typedef struct td_pw_open {
+    size_t at;     /* a counted map's header: its offset in buf */
+    uint64_t want; /* values a container with a count holds; TD_PW_COUNTED: a counted map */
+    uint64_t seen; /* values written into it so far */
+} td_pw_open;
+
 typedef struct td_pw {
     char *buf;
     size_t len, cap;
     int failed; /* 0, or the negative code td_pw_finish will return */
+    int nopen;  /* open containers in open; 0 outside every counted map */
+    td_pw_open open[TD_PW_MAX_OPEN];
 } td_pw;
 
 void td_pw_init(td_pw *w);
@@ -130,7 +147,16 @@ void td_pw_reset(td_pw *w); /* empties it for a new frame, keeps the buffer */
 void td_pw_free(td_pw *w);
 
 void td_pw_map(td_pw *w, uint32_t npairs);
+/* Opens a map whose pairs the writer counts (above); write keys and values, then close it. */
+void td_pw_map_open(td_pw *w);
+/* Closes the innermost counted map, giving it the count of pairs written into it, in the
+ * smallest form msgpack has for it (the bytes are those td_pw_map with that count writes).
+ * The frame fails with TD_EINVAL (td_pw_finish) when no counted map is open, when a container
+ * inside it is not complete, or when it holds a key without a value. */
+void td_pw_map_close(td_pw *w);
 void td_pw_array(td_pw *w, uint32_t n);
+/* An array of n values already encoded in p (len bytes): one value. */
+void td_pw_array_raw(td_pw *w, uint32_t n, const void *p, size_t len);
 void td_pw_str(td_pw *w, const char *s); /* NULL writes nil */
 void td_pw_strn(td_pw *w, const char *s, size_t len);
 void td_pw_bin(td_pw *w, const void *p, size_t len);
@@ -138,7 +164,7 @@ void td_pw_int(td_pw *w, int64_t v);
 void td_pw_double(td_pw *w, double v);
 void td_pw_bool(td_pw *w, int v);
 void td_pw_nil(td_pw *w);
-/* Copies an already-encoded msgpack value (e.g. a stored job spec) verbatim. */
+/* Copies one already-encoded msgpack value (e.g. a stored job spec) verbatim. */
 void td_pw_raw(td_pw *w, const void *p, size_t len);
 /* Writes a decoded value back out (deep copy). A hand-built tree deeper than 64 levels
  * fails the frame with TD_E2BIG (a decoded one is at most TD_PROTO_MAX_DEPTH deep). */
@@ -148,11 +174,14 @@ void td_pw_val(td_pw *w, const td_pval *v);
  * the writer still owns: borrowed until the next call on w (a write, reset or free may move
  * or reuse it). Calling it again without writing in between gives the same frame. TD_ENOMEM
  * after an allocation failure, TD_E2BIG when the body exceeds TD_PROTO_MAX_FRAME or a string
- * or binary was longer than 4 GiB; then *frame is NULL and *len 0. */
+ * or binary was longer than 4 GiB (or containers nested past TD_PW_MAX_OPEN inside a counted
+ * map), TD_EINVAL when a counted map was left open or closed wrongly (td_pw_map_close); then
+ * *frame is NULL and *len 0. */
 int td_pw_finish(td_pw *w, const char **frame, size_t *len);
 
 /* The encoded body bytes so far, without the prefix (for storing a value as msgpack).
- * Borrowed from w like td_pw_finish's frame; NULL (and *len 0) after a failed write. */
+ * Borrowed from w like td_pw_finish's frame; NULL (and *len 0) after a failed write or while
+ * a counted map is open. */
 const void *td_pw_body(const td_pw *w, size_t *len);
 
 /* Builds a whole error frame: empties w (td_pw_reset), writes {type:"error", id, code,

@@ -25,7 +25,7 @@
 #include "jobs_support.h"
 
 #define STALL_STEPS   8000
-#define TD_HIGH_WATER (256 << 10) /* daemon.h's TD_CONN_HIGH_WATER, bytes */
+#define TD_HIGH_WATER (256 << 10) /* server/connection.h's TD_CONN_HIGH_WATER, bytes */
 #define TD_PAGE_FRAME (64 << 10)  /* bytes: a rows frame of 512 rows, with room to spare */
 
 /* The most bytes the daemon has queued to any one client, from info. */

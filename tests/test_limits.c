@@ -57,7 +57,7 @@
 #define EJOB_CODE      -4206
 #define EPERM_CODE     -4215
 #define ECLOSED_CODE   -4218
-#define HIGH_WATER     (256 << 10) /* daemon/server.h TD_CONN_HIGH_WATER */
+#define HIGH_WATER     (256 << 10) /* daemon/server/connection.h TD_CONN_HIGH_WATER */
 #define OUT_MAX        (32 << 20)  /* bytes of trainctl's stdout kept */
 
 static char out[OUT_MAX], err_out[1 << 16]; /* the last trainctl's stdout and stderr */

@@ -376,6 +376,206 @@ static void test_raw_and_val(void **state)
     td_pw_free(&spec);
 }
 
+/* Writes the same reply twice, counted by hand (counted 0) or by the writer (counted 1):
+ * {type, id, memory: {rows, ...9 pairs}, devices: [{name, free}, {}], spec: raw, more}, with a
+ * counted map inside a counted map and one inside a fixed array. */
+static void write_reply(td_pw *w, int counted)
+{
+    static const char spec[] = "\x82\xa1"
+                               "a\x01\xa1"
+                               "b\x92\xc0\xc3"; /* {a: 1, b: [nil, true]} */
+
+    td_pw_init(w);
+    if (counted)
+        td_pw_map_open(w);
+    else
+        td_pw_map(w, 6);
+    td_pw_str(w, "type");
+    td_pw_str(w, "estimate");
+    td_pw_str(w, "id");
+    td_pw_int(w, 7);
+    td_pw_str(w, "memory");
+    if (counted)
+        td_pw_map_open(w);
+    else
+        td_pw_map(w, 9);
+    for (int i = 0; i < 9; i++) {
+        char key[8];
+        snprintf(key, sizeof(key), "k%d", i);
+        td_pw_str(w, key);
+        td_pw_int(w, (int64_t)i << (4 * i));
+    }
+    if (counted)
+        td_pw_map_close(w);
+    td_pw_str(w, "devices");
+    td_pw_array(w, 2);
+    if (counted)
+        td_pw_map_open(w);
+    else
+        td_pw_map(w, 2);
+    td_pw_str(w, "name");
+    td_pw_str(w, "cpu:0");
+    td_pw_str(w, "free");
+    td_pw_double(w, 0.5);
+    if (counted)
+        td_pw_map_close(w);
+    if (counted) {
+        td_pw_map_open(w);
+        td_pw_map_close(w);
+    } else {
+        td_pw_map(w, 0);
+    }
+    td_pw_str(w, "spec");
+    td_pw_raw(w, spec, sizeof(spec) - 1);
+    td_pw_str(w, "more");
+    td_pw_bool(w, 1);
+    if (counted)
+        td_pw_map_close(w);
+}
+
+/* A counted map (td_pw_map_open ... td_pw_map_close) gets the count of what was written into
+ * it, nested ones included, in the same bytes a map counted by hand has. */
+static void test_counted_map_is_counted_by_the_writer(void **state)
+{
+    td_pw hand, counted;
+    size_t len1, len2;
+    const char *frame;
+    char buf[16];
+    int64_t v;
+
+    write_reply(&hand, 0);
+    write_reply(&counted, 1);
+    const unsigned char *b1 = body_of(&hand, &len1);
+    const unsigned char *b2 = body_of(&counted, &len2);
+    assert_int_equal(len1, len2);
+    assert_memory_equal(b1, b2, len1);
+    assert_int_equal(b2[0], 0x86); /* a fixmap, not the map32 reserved while it was open */
+    assert_int_equal(td_pw_finish(&counted, &frame, &len2), 0);
+
+    td_proto_frame *f = decode_pw(&counted);
+    const td_pval *root = td_proto_frame_root(f);
+    assert_int_equal(td_pv_len(root), 6);
+    assert_int_equal(td_pv_len(td_pv_get(root, "memory")), 9);
+    assert_int_equal(td_pv_int(td_pv_get(td_pv_get(root, "memory"), "k8"), &v), 0);
+    assert_int_equal(v, (int64_t)8 << 32);
+    assert_string_equal(
+        str_of(td_pv_get(td_pv_at(td_pv_get(root, "devices"), 0), "name"), buf, sizeof(buf)),
+        "cpu:0");
+    assert_int_equal(td_pv_len(td_pv_at(td_pv_get(root, "devices"), 1)), 0);
+    assert_int_equal(td_pv_len(td_pv_get(td_pv_get(root, "spec"), "b")), 2);
+    assert_int_equal(td_pv_bool(td_pv_get(root, "more"), (int *)&v), 0);
+    td_proto_frame_free(f);
+    td_pw_free(&hand);
+    td_pw_free(&counted);
+}
+
+/* Past 15 pairs a counted map is a map16, past 65535 a map32, as td_pw_map writes them. */
+static void test_counted_map_takes_the_smallest_header(void **state)
+{
+    static const uint32_t counts[] = {15, 16, 65535, 65536};
+
+    for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
+        td_pw hand, counted;
+        size_t len1, len2;
+
+        td_pw_init(&hand);
+        td_pw_init(&counted);
+        td_pw_map(&hand, counts[k]);
+        td_pw_map_open(&counted);
+        for (uint32_t i = 0; i < counts[k]; i++) {
+            td_pw_int(&hand, i);
+            td_pw_nil(&hand);
+            td_pw_int(&counted, i);
+            td_pw_nil(&counted);
+        }
+        td_pw_map_close(&counted);
+        const unsigned char *b1 = body_of(&hand, &len1);
+        const unsigned char *b2 = body_of(&counted, &len2);
+        assert_int_equal(len1, len2);
+        assert_memory_equal(b1, b2, len1);
+        assert_int_equal(b2[0], counts[k] <= 15      ? 0x80 | counts[k]
+                                : counts[k] <= 65535 ? 0xde
+                                                     : 0xdf);
+        td_pw_free(&hand);
+        td_pw_free(&counted);
+    }
+}
+
+/* A counted map left open, closed with a key and no value, closed around an unfinished array,
+ * or closed when none is open fails the frame: no frame with a wrong count goes out. */
+static void test_counted_map_misuse_fails_the_frame(void **state)
+{
+    td_pw w;
+    const char *frame;
+    size_t len;
+
+    td_pw_init(&w);
+    td_pw_map_open(&w);
+    td_pw_str(&w, "type");
+    td_pw_str(&w, "hello");
+    assert_null(td_pw_body(&w, &len));
+    assert_int_equal(td_pw_finish(&w, &frame, &len), TD_EINVAL);
+    assert_null(frame);
+
+    td_pw_reset(&w);
+    td_pw_map_open(&w);
+    td_pw_str(&w, "key without a value");
+    td_pw_map_close(&w);
+    assert_int_equal(td_pw_finish(&w, &frame, &len), TD_EINVAL);
+
+    td_pw_reset(&w);
+    td_pw_map_open(&w);
+    td_pw_str(&w, "list");
+    td_pw_array(&w, 3);
+    td_pw_int(&w, 1);
+    td_pw_map_close(&w);
+    assert_int_equal(td_pw_finish(&w, &frame, &len), TD_EINVAL);
+
+    td_pw_reset(&w);
+    td_pw_map(&w, 0);
+    td_pw_map_close(&w);
+    assert_int_equal(td_pw_finish(&w, &frame, &len), TD_EINVAL);
+
+    /* A reset forgets a map left open; nesting past TD_PW_MAX_OPEN is refused. */
+    td_pw_reset(&w);
+    td_pw_map_open(&w);
+    td_pw_reset(&w);
+    td_pw_map(&w, 0);
+    assert_int_equal(td_pw_finish(&w, &frame, &len), 0);
+    td_pw_reset(&w);
+    for (int i = 0; i <= TD_PW_MAX_OPEN; i++) {
+        td_pw_map_open(&w);
+        td_pw_str(&w, "k");
+    }
+    assert_int_equal(td_pw_finish(&w, &frame, &len), TD_E2BIG);
+    td_pw_free(&w);
+}
+
+/* td_pw_array_raw: an array of values encoded elsewhere (a page of jobs) is one value. */
+static void test_array_raw_is_one_value(void **state)
+{
+    td_pw items, w;
+    size_t len;
+
+    td_pw_init(&items);
+    td_pw_int(&items, 1);
+    td_pw_str(&items, "two");
+    const void *b = body_of(&items, &len);
+    td_pw_init(&w);
+    td_pw_map_open(&w);
+    td_pw_str(&w, "jobs");
+    td_pw_array_raw(&w, 2, b, len);
+    td_pw_str(&w, "more");
+    td_pw_bool(&w, 0);
+    td_pw_map_close(&w);
+    td_proto_frame *f = decode_pw(&w);
+    assert_int_equal(td_pv_len(td_proto_frame_root(f)), 2);
+    assert_int_equal(td_pv_len(td_pv_get(td_proto_frame_root(f), "jobs")), 2);
+    td_proto_frame_free(f);
+    td_pw_free(&w);
+    td_pw_free(&items);
+}
+
 /* td_pw_val keeps ext values, floats of either width and unsigned values above INT64_MAX. */
 static void test_val_of_other_types(void **state)
 {
@@ -1772,6 +1972,10 @@ int main(void)
         cmocka_unit_test(test_strings_and_bin_round_trip),
         cmocka_unit_test(test_nested_round_trip),
         cmocka_unit_test(test_raw_and_val),
+        cmocka_unit_test(test_counted_map_is_counted_by_the_writer),
+        cmocka_unit_test(test_counted_map_takes_the_smallest_header),
+        cmocka_unit_test(test_counted_map_misuse_fails_the_frame),
+        cmocka_unit_test(test_array_raw_is_one_value),
         cmocka_unit_test(test_val_of_other_types),
         cmocka_unit_test(test_hand_built_deep_tree),
         cmocka_unit_test(test_oversized_string),

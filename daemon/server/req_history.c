@@ -1,6 +1,6 @@
 /* The server's requests that delete ended jobs (server_int.h): rm and prune (PROTOCOL.md). The
  * daemon marks the jobs at once (from then on nobody sees them) and deletes their rows a slice
- * at a time (purge.h); meanwhile the connection reads no further request, gets a progress
+ * at a time (daemon_purge.h); meanwhile the connection reads no further request, gets a progress
  * frame about once a second, and the reply comes once the rows are gone and the space given
  * back. Loop thread only. */
 #include <math.h>
@@ -15,7 +15,7 @@
 
 /* A deletion a connection waits for: its request and what was marked. */
 typedef struct purge_req {
-    td_conn *c;
+    td_conn *c; /* held until the reply */
     int64_t id;
     td_purge_listing l;
 } purge_req;
@@ -24,9 +24,8 @@ typedef struct purge_req {
 static void send_deleted(td_conn *c, int64_t id, const td_purge_listing *l, int dry_run,
                          const td_purge_result *r)
 {
-    td_pw *w = &c->w;
+    td_pw *w = td_conn_reply(c, "deleted", id);
 
-    td__reply_begin(c, "deleted", id, r != NULL ? 9 : 6);
     td_pw_str(w, "dry_run");
     td_pw_bool(w, dry_run);
     td_pw_str(w, "count");
@@ -49,7 +48,7 @@ static void send_deleted(td_conn *c, int64_t id, const td_purge_listing *l, int 
     td_pw_array(w, (uint32_t)l->n);
     for (size_t i = 0; i < l->n; i++) {
         const td_job_brief *b = &l->jobs[i];
-        td_pw_map(w, 6);
+        td_pw_map_open(w);
         td_pw_str(w, "id");
         td_pw_int(w, b->id);
         td_pw_str(w, "name");
@@ -62,20 +61,22 @@ static void send_deleted(td_conn *c, int64_t id, const td_purge_listing *l, int 
         td_pw_double(w, b->ended);
         td_pw_str(w, "metric_rows");
         td_pw_int(w, b->metric_rows);
+        td_pw_map_close(w);
     }
-    td__conn_send(c);
+    td_conn_send(c);
 }
 
 static void on_progress(void *ud, int64_t jobs_left)
 {
     purge_req *q = ud;
+    td_pw *w;
 
-    if (q->c->closing)
+    if (td_conn_closing(q->c))
         return;
-    td__reply_begin(q->c, "progress", q->id, 1);
-    td_pw_str(&q->c->w, "jobs_left");
-    td_pw_int(&q->c->w, jobs_left);
-    td__conn_send(q->c);
+    w = td_conn_reply(q->c, "progress", q->id);
+    td_pw_str(w, "jobs_left");
+    td_pw_int(w, jobs_left);
+    td_conn_send(q->c);
 }
 
 static void on_done(void *ud, const td_purge_result *r)
@@ -83,13 +84,13 @@ static void on_done(void *ud, const td_purge_result *r)
     purge_req *q = ud;
     td_conn *c = q->c;
 
-    if (!c->closing && r->err.code != 0)
-        td__send_error(c, q->id, r->err.code, r->err.msg);
-    else if (!c->closing)
+    if (!td_conn_closing(c) && r->err.code != 0)
+        td_conn_error(c, q->id, r->err.code, r->err.msg);
+    else if (!td_conn_closing(c))
         send_deleted(c, q->id, &q->l, 0, r);
     td_purge_listing_free(&q->l);
     free(q);
-    td__conn_release(c);
+    td_conn_release(c);
 }
 
 /* Answers a deletion the daemon took: at once when nothing is to wait for, else once it is
@@ -102,7 +103,7 @@ static void answer(td_conn *c, purge_req *q, int dry_run)
         free(q);
         return;
     }
-    td__conn_hold(c);
+    td_conn_hold(c);
 }
 
 static purge_req *req_new(td_conn *c, int64_t id)
@@ -110,7 +111,7 @@ static purge_req *req_new(td_conn *c, int64_t id)
     purge_req *q = calloc(1, sizeof(*q));
 
     if (q == NULL) {
-        td__send_error(c, id, TD_ENOMEM, "out of memory");
+        td_conn_error(c, id, TD_ENOMEM, "out of memory");
         return NULL;
     }
     q->c = c;
@@ -125,18 +126,18 @@ static int rm_ids(td_conn *c, const td_pval *root, int64_t id, int64_t *ids, siz
 
     *n = td_pv_len(v);
     if (td_pv_type_of(v) != TD_PV_ARRAY || *n < 1 || *n > TD_RM_MAX_JOBS) {
-        td__send_error(c, id, TD_EPROTO, "job_ids: must be a list of 1 to 1000 job ids");
+        td_conn_error(c, id, TD_EPROTO, "job_ids: must be a list of 1 to 1000 job ids");
         return -1;
     }
     for (size_t i = 0; i < *n; i++)
         if (td_pv_int(td_pv_at(v, i), &ids[i]) != 0 || ids[i] < 1) {
-            td__send_error(c, id, TD_EPROTO, "job_ids: each must be a positive integer");
+            td_conn_error(c, id, TD_EPROTO, "job_ids: each must be a positive integer");
             return -1;
         }
     return 0;
 }
 
-void td__req_rm(td_conn *c, const td_pval *root, int64_t id)
+void td__req_rm(td_server *s, td_conn *c, const td_pval *root, int64_t id)
 {
     static int64_t ids[TD_RM_MAX_JOBS]; /* loop thread only */
     td_error_t err;
@@ -145,10 +146,10 @@ void td__req_rm(td_conn *c, const td_pval *root, int64_t id)
 
     if (rm_ids(c, root, id, ids, &n) != 0 || (q = req_new(c, id)) == NULL)
         return;
-    if (td_daemon_rm(c->s->d, ids, n, c->uid, &q->l, on_done, on_progress, q, &err) != 0) {
-        td_log_info("client pid %lld uid %lld: rm refused: %s", (long long)c->pid,
-                    (long long)c->uid, err.msg);
-        td__send_error(c, id, err.code, err.msg);
+    if (td_daemon_rm(s->d, ids, n, td_conn_uid(c), &q->l, on_done, on_progress, q, &err) != 0) {
+        td_log_info("client pid %lld uid %lld: rm refused: %s", (long long)td_conn_pid(c),
+                    (long long)td_conn_uid(c), err.msg);
+        td_conn_error(c, id, err.code, err.msg);
         free(q);
         return;
     }
@@ -175,16 +176,16 @@ static int prune_states(td_conn *c, const td_pval *root, int64_t id, const char 
         states[i] = buf[i];
     }
     if (!ok) {
-        td__send_error(c, id, TD_EPROTO,
-                       "states: must be a list of 1 to 3 of succeeded, failed, cancelled (a "
-                       "queued or running job is never pruned)");
+        td_conn_error(c, id, TD_EPROTO,
+                      "states: must be a list of 1 to 3 of succeeded, failed, cancelled (a "
+                      "queued or running job is never pruned)");
         return -1;
     }
     *n = td_pv_len(v);
     return 0;
 }
 
-void td__req_prune(td_conn *c, const td_pval *root, int64_t id)
+void td__req_prune(td_server *s, td_conn *c, const td_pval *root, int64_t id)
 {
     const char *states[3];
     char buf[3][TD_STORE_MAX_STATE];
@@ -195,19 +196,19 @@ void td__req_prune(td_conn *c, const td_pval *root, int64_t id)
 
     v = td_pv_get(root, "older_than");
     if (td_pv_double(v, &a.older_than_s) != 0 || !isfinite(a.older_than_s) || a.older_than_s < 0) {
-        td__send_error(c, id, TD_EPROTO, "older_than: must be a number of seconds, >= 0");
+        td_conn_error(c, id, TD_EPROTO, "older_than: must be a number of seconds, >= 0");
         return;
     }
     if ((v = td_pv_get(root, "dry_run")) != NULL && td_pv_bool(v, &a.dry_run) != 0) {
-        td__send_error(c, id, TD_EPROTO, "dry_run: must be true or false");
+        td_conn_error(c, id, TD_EPROTO, "dry_run: must be true or false");
         return;
     }
     if (prune_states(c, root, id, states, buf, &a.nstates) != 0 || (q = req_new(c, id)) == NULL)
         return;
-    if (td_daemon_prune(c->s->d, &a, c->uid, &q->l, on_done, on_progress, q, &err) != 0) {
-        td_log_info("client pid %lld uid %lld: prune refused: %s", (long long)c->pid,
-                    (long long)c->uid, err.msg);
-        td__send_error(c, id, err.code, err.msg);
+    if (td_daemon_prune(s->d, &a, td_conn_uid(c), &q->l, on_done, on_progress, q, &err) != 0) {
+        td_log_info("client pid %lld uid %lld: prune refused: %s", (long long)td_conn_pid(c),
+                    (long long)td_conn_uid(c), err.msg);
+        td_conn_error(c, id, err.code, err.msg);
         free(q);
         return;
     }

@@ -55,14 +55,14 @@ typedef void (*td_purge_done_cb)(void *ud, const td_purge_result *r);
 /* About once a second while the work goes on: jobs still to delete. */
 typedef void (*td_purge_progress_cb)(void *ud, int64_t jobs_left);
 
-struct td_purge_waiter; /* one waiter (purge.c) */
+struct td_purge_waiter; /* one waiter (daemon_purge.c) */
 
 typedef struct td_purge {
     uv_idle_t idle;   /* runs a slice each loop turn while there is work */
     uv_timer_t retry; /* waits out a lock or a full disk */
     td_store *store;  /* the loop's; borrowed */
     char ckpt_root[600];
-    int phase;                    /* what the next step does (purge.c) */
+    int phase;                    /* what the next step does (daemon_purge.c) */
     int64_t job;                  /* the lowest marked job, as last read */
     int64_t left;                 /* marked jobs still to delete; -1: to be read */
     int64_t deleted;              /* jobs deleted since the work began */

@@ -6,23 +6,23 @@
  * the hello and idle timeouts, connections in all and per user, streams per connection, keys
  * per request, exports per user, unread replies, the pages of list and logs.
  *
- * Files: server.c (connections, requests), stream.c (watch, metrics), listing.c (job maps,
- * status, list, logs); server_int.h is what they share.
+ * Two layers (daemon/README.md): the connections (connection.h: frames in and out, the water
+ * marks, the limits on connections, holds, producers), which know no request; above them the
+ * requests, dispatched from one table in server.c to one file per family (server_int.h).
  *
- * Threads: loop thread only. export and sample run their slow half on libuv's threadpool
- * (work.h). */
+ * Threads: loop thread only. export, sample, classify and retrieve run their slow half on
+ * libuv's threadpool (work.h). */
 #ifndef TD_SERVER_H
 #define TD_SERVER_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
 
 #include "config.h"
 #include "daemon.h"
 
-#define TD_CONN_HIGH_WATER (256 << 10) /* bytes queued to a client before its streams pause */
-#define TD_CONN_LOW_WATER  (64 << 10)  /* bytes queued below which paused streams resume */
-#define TD_STREAM_PAGE     512         /* metric rows per rows frame */
+#define TD_STREAM_PAGE 512 /* metric rows per rows frame */
 
 typedef struct td_server td_server;
 
@@ -47,5 +47,10 @@ void td_server_job_changed(td_server *s, int64_t job, const char *state);
 int td_server_close(td_server *s, int keep_listener);
 
 void td_server_free(td_server *s); /* accepts NULL */
+
+/* The i-th request the server answers, by its type on the wire ("hello", "submit", ...), in
+ * the order of its table; NULL past the last. Each is documented in proto/PROTOCOL.md
+ * (tests/test_requests.c holds the two lists equal). */
+const char *td_server_request(size_t i);
 
 #endif

@@ -1,4 +1,4 @@
-/* Deleting ended jobs a slice at a time on the loop thread (purge.h). One step is one store
+/* Deleting ended jobs a slice at a time on the loop thread (daemon_purge.h). One step is one store
  * transaction (a batch of rows, a job's last rows and its row, a batch of free pages) or one
  * batch of the checkpoint sweep; a slice runs steps for TD_PURGE_SLICE_MS and yields. */
 #include <errno.h>
@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "purge.h"
+#include "daemon_purge.h"
 #include "td_clock.h"
 #include "td_log.h"
 

@@ -122,9 +122,10 @@ static void write_stored(td_pw *w, const void *blob, size_t len)
 
     /* td_proto_decode wants a map at the top: the value goes in as {"v": value}. */
     td_pw_init(&tmp);
-    td_pw_map(&tmp, 1);
+    td_pw_map_open(&tmp);
     td_pw_str(&tmp, "v");
     td_pw_raw(&tmp, blob, len);
+    td_pw_map_close(&tmp);
     body = td_pw_body(&tmp, &n);
     if (body != NULL && td_proto_decode(body, n, &f, &err) == 0 &&
         !all_text(td_pv_get(td_proto_frame_root(f), "v")))
@@ -149,7 +150,7 @@ void td__write_job(td_server *s, td_pw *w, td_job_row *row, int with_spec)
 
     if (td_store_metrics_summary(s->store, row->id, collect_last, &lv, &err) != 0)
         td_log_warn("job %lld: cannot read metric summary: %s", (long long)row->id, err.msg);
-    td_pw_map(w, with_spec ? 14 : 13);
+    td_pw_map_open(w);
     td_pw_str(w, "id");
     td_pw_int(w, row->id);
     td_pw_str(w, "name");
@@ -176,7 +177,7 @@ void td__write_job(td_server *s, td_pw *w, td_job_row *row, int with_spec)
     if (err_code == 0) {
         td_pw_nil(w);
     } else {
-        td_pw_map(w, 4);
+        td_pw_map_open(w);
         td_pw_str(w, "code");
         td_pw_int(w, err_code);
         td_pw_str(w, "name");
@@ -188,13 +189,15 @@ void td__write_job(td_server *s, td_pw *w, td_job_row *row, int with_spec)
             write_stored(w, row->err_devices, row->err_devices_len);
         else
             td_pw_array(w, 0);
+        td_pw_map_close(w);
     }
     td_pw_str(w, "metrics");
-    td_pw_map(w, (uint32_t)lv.n);
+    td_pw_map_open(w);
     for (size_t i = 0; i < lv.n; i++) {
         td_pw_str(w, lv.keys[i]);
         td_pw_double(w, lv.vals[i]);
     }
+    td_pw_map_close(w);
     if (with_spec) {
         td_pw_str(w, "spec");
         if (row->spec != NULL)
@@ -202,24 +205,26 @@ void td__write_job(td_server *s, td_pw *w, td_job_row *row, int with_spec)
         else
             td_pw_nil(w);
     }
+    td_pw_map_close(w);
     free(lv.keys);
     free(lv.vals);
 }
 
 /* ---- status and list ---- */
 
-void td__req_status(td_conn *c, const td_pval *root, int64_t id)
+void td__req_status(td_server *s, td_conn *c, const td_pval *root, int64_t id)
 {
     td_job_row row = {0};
     int64_t job;
+    td_pw *w;
 
-    if (td__get_job_id(c, root, id, &job) != 0 || td__get_job_row(c, id, job, &row) != 0)
+    if (td__get_job_id(c, root, id, &job) != 0 || td__get_job_row(s, c, id, job, &row) != 0)
         return;
-    td__reply_begin(c, "job", id, 1);
-    td_pw_str(&c->w, "job");
-    td__write_job(c->s, &c->w, &row, 1);
+    w = td_conn_reply(c, "job", id);
+    td_pw_str(w, "job");
+    td__write_job(s, w, &row, 1);
     td_job_row_clear(&row);
-    td__conn_send(c);
+    td_conn_send(c);
 }
 
 static int is_state(const char *w)
@@ -252,27 +257,27 @@ static int list_query(td_conn *c, const td_pval *root, int64_t id, td_job_query 
     q->by_uid = uid >= 0;
     q->uid = uid;
     if ((v = td_pv_get(root, "newest_first")) != NULL && td_pv_bool(v, &b) != 0) {
-        td__send_error(c, id, TD_EPROTO, "newest_first: must be true or false");
+        td_conn_error(c, id, TD_EPROTO, "newest_first: must be true or false");
         return -1;
     }
     q->newest_first = b;
     if ((v = td_pv_get(root, "since")) != NULL &&
         (td_pv_double(v, &since) != 0 || !isfinite(since) || since < 0)) {
-        td__send_error(c, id, TD_EPROTO, "since: must be a unix time in seconds, >= 0");
+        td_conn_error(c, id, TD_EPROTO, "since: must be a unix time in seconds, >= 0");
         return -1;
     }
     q->since = since;
     if ((v = td_pv_get(root, "states")) != NULL) {
         if (td_pv_type_of(v) != TD_PV_ARRAY || td_pv_len(v) > TD_STORE_MAX_STATES) {
-            td__send_error(c, id, TD_EPROTO,
-                           "states: must be a list of at most 5 of queued, running, succeeded, "
-                           "failed, cancelled");
+            td_conn_error(c, id, TD_EPROTO,
+                          "states: must be a list of at most 5 of queued, running, succeeded, "
+                          "failed, cancelled");
             return -1;
         }
         for (size_t i = 0; i < td_pv_len(v); i++) {
             if (td_pv_strcpy(td_pv_at(v, i), state_buf[i], TD_STORE_MAX_STATE) != 0 ||
                 !is_state(state_buf[i])) {
-                td__send_error(
+                td_conn_error(
                     c, id, TD_EPROTO,
                     "states: each must be queued, running, succeeded, failed or cancelled");
                 return -1;
@@ -285,8 +290,8 @@ static int list_query(td_conn *c, const td_pval *root, int64_t id, td_job_query 
     if ((v = td_pv_get(root, "name")) != NULL) {
         p = td_pv_str(v, &len);
         if (p == NULL || len == 0 || len >= glob_size || td_text_check(p, len, NULL) != 0) {
-            td__send_error(c, id, TD_EPROTO,
-                           "name: must be a pattern of 1 to 255 bytes of text (* ? [a-z] [^x])");
+            td_conn_error(c, id, TD_EPROTO,
+                          "name: must be a pattern of 1 to 255 bytes of text (* ? [a-z] [^x])");
             return -1;
         }
         memcpy(glob, p, len);
@@ -298,9 +303,8 @@ static int list_query(td_conn *c, const td_pval *root, int64_t id, td_job_query 
 
 /* list: one page of jobs (PROTOCOL.md). As many of the page's jobs as fit TD_REPLY_BUDGET
  * go out; more and next tell the client where the following page starts. */
-void td__req_list(td_conn *c, const td_pval *root, int64_t id)
+void td__req_list(td_server *s, td_conn *c, const td_pval *root, int64_t id)
 {
-    td_server *s = c->s;
     td_job_query q = {0};
     const char *states[TD_STORE_MAX_STATES];
     char state_buf[TD_STORE_MAX_STATES][TD_STORE_MAX_STATE], glob[2 * TD_STORE_MAX_NAME];
@@ -310,12 +314,13 @@ void td__req_list(td_conn *c, const td_pval *root, int64_t id)
     const void *body;
     td_error_t err;
     int more = 0;
+    td_pw *w;
 
     if (list_query(c, root, id, &q, states, state_buf, glob, sizeof(glob)) != 0 ||
         td__opt_int(c, root, id, "limit", 1, TD_PROTO_PAGE_MAX, &limit) != 0)
         return;
     if (td_store_job_page(s->store, &q, (size_t)limit, &rows, &n, &more, &err) != 0) {
-        td__send_error(c, id, err.code, err.msg);
+        td_conn_error(c, id, err.code, err.msg);
         return;
     }
     /* The jobs go to scratch first: how many of them fit is known once they are written. */
@@ -337,18 +342,17 @@ void td__req_list(td_conn *c, const td_pval *root, int64_t id)
     free(rows);
     body = td_pw_body(&s->scratch, &len);
     if (body == NULL) {
-        td__send_error(c, id, TD_ENOMEM, "out of memory");
+        td_conn_error(c, id, TD_ENOMEM, "out of memory");
         return;
     }
-    td__reply_begin(c, "jobs", id, 3);
-    td_pw_str(&c->w, "jobs");
-    td_pw_array(&c->w, (uint32_t)fit);
-    td_pw_raw(&c->w, body, len);
-    td_pw_str(&c->w, "more");
-    td_pw_bool(&c->w, more);
-    td_pw_str(&c->w, "next");
-    td_pw_int(&c->w, next);
-    td__conn_send(c);
+    w = td_conn_reply(c, "jobs", id);
+    td_pw_str(w, "jobs");
+    td_pw_array_raw(w, (uint32_t)fit, body, len);
+    td_pw_str(w, "more");
+    td_pw_bool(w, more);
+    td_pw_str(w, "next");
+    td_pw_int(w, next);
+    td_conn_send(c);
 }
 
 /* ---- logs ---- */
@@ -382,26 +386,26 @@ static int write_log_line(void *ud, const td_job_log_row *row)
 
 /* logs: one page of a job's log (PROTOCOL.md), for its owner or root only: lines carry paths
  * and error messages. */
-void td__req_logs(td_conn *c, const td_pval *root, int64_t id)
+void td__req_logs(td_server *s, td_conn *c, const td_pval *root, int64_t id)
 {
-    td_server *s = c->s;
     td_job_row row = {0};
     int64_t job, after = 0, limit = TD_PROTO_PAGE_MAX;
     log_page l = {.w = &s->scratch};
     size_t ndone = 0, len;
     const void *body;
     td_error_t err;
+    td_pw *w;
     int rc;
 
     if (td__get_job_id(c, root, id, &job) != 0 ||
         td__opt_int(c, root, id, "after", 0, INT64_MAX, &after) != 0 ||
         td__opt_int(c, root, id, "limit", 1, TD_PROTO_PAGE_MAX, &limit) != 0 ||
-        td__get_job_row(c, id, job, &row) != 0)
+        td__get_job_row(s, c, id, job, &row) != 0)
         return;
-    rc = td_daemon_check_owner(job, row.uid, c->uid, &err);
+    rc = td_daemon_check_owner(job, row.uid, td_conn_uid(c), &err);
     td_job_row_clear(&row);
     if (rc != 0) {
-        td__send_error(c, id, rc, err.msg);
+        td_conn_error(c, id, rc, err.msg);
         return;
     }
     td_pw_reset(&s->scratch);
@@ -410,23 +414,22 @@ void td__req_logs(td_conn *c, const td_pval *root, int64_t id)
     /* One line more than asked for says whether another page follows. */
     if (td_store_log_read(s->store, job, after, l.limit + 1, write_log_line, &l, &ndone, &err) !=
         0) {
-        td__send_error(c, id, err.code, err.msg);
+        td_conn_error(c, id, err.code, err.msg);
         return;
     }
     body = td_pw_body(&s->scratch, &len);
     if (body == NULL) {
-        td__send_error(c, id, TD_ENOMEM, "out of memory");
+        td_conn_error(c, id, TD_ENOMEM, "out of memory");
         return;
     }
-    td__reply_begin(c, "logs", id, 4);
-    td_pw_str(&c->w, "job_id");
-    td_pw_int(&c->w, job);
-    td_pw_str(&c->w, "lines");
-    td_pw_array(&c->w, (uint32_t)l.n);
-    td_pw_raw(&c->w, body, len);
-    td_pw_str(&c->w, "more");
-    td_pw_bool(&c->w, l.more);
-    td_pw_str(&c->w, "next");
-    td_pw_int(&c->w, l.next);
-    td__conn_send(c);
+    w = td_conn_reply(c, "logs", id);
+    td_pw_str(w, "job_id");
+    td_pw_int(w, job);
+    td_pw_str(w, "lines");
+    td_pw_array_raw(w, (uint32_t)l.n, body, len);
+    td_pw_str(w, "more");
+    td_pw_bool(w, l.more);
+    td_pw_str(w, "next");
+    td_pw_int(w, l.next);
+    td_conn_send(c);
 }
