@@ -26,6 +26,7 @@
 #include "ckpt.h"
 #include "data.h"
 #include "engine.h"
+#include "weights.h"
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
@@ -900,7 +901,7 @@ static void test_fifo_and_device_refused(void **state)
 
     assert_int_equal(idx_load(at(&t, "fifo"), at(&t, "labels"), &err), TD_EDATA);
     expect_msg(&err, "not a regular file (a FIFO)");
-    assert_int_equal(td_llmc_peek(at(&t, "fifo"), &dims, &err), TD_EDATA);
+    assert_int_equal(td_weights_gpt_peek(at(&t, "fifo"), 0, &dims, &err), TD_EDATA);
     expect_msg(&err, "not a regular file (a FIFO)");
     assert_int_equal(td_data_peek_shard("/dev/null", &(int64_t){0}, &err), TD_EDATA);
     expect_msg(&err, "/dev/null: not a regular file (a character device)");
@@ -972,7 +973,7 @@ static void test_opens_as_the_user(void **state)
     open_refused(&s, TD_EDATA, msg);
     assert_int_equal(idx_load(link, link, &err), TD_EPERM);
     expect_msg(&err, "cannot open: Permission denied");
-    assert_int_equal(td_llmc_peek(link, &dims, &err), TD_EPERM);
+    assert_int_equal(td_weights_gpt_peek(link, 0, &dims, &err), TD_EPERM);
     expect_msg(&err, "Permission denied");
     /* The access is this thread's alone. */
     assert_int_equal(pthread_create(&th, NULL, open_elsewhere, link), 0);
