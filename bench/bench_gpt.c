@@ -132,7 +132,7 @@ static double bench_sgemm(int BT, int C, int Vp, int L, int threads, int verbose
     double total_ms = 0, total_flops = 0;
 
     /* OpenBLAS's own threads, as many as the trainer has; the trainer's team keeps OpenBLAS
-     * single-threaded (kernels/cpu.c), and gets it back so after this */
+     * single-threaded (kernels/cpu_team.c), and gets it back so after this */
     openblas_set_num_threads(threads);
     for (size_t i = 0; i < big; i++) {
         A[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;

@@ -266,11 +266,12 @@ int tc_export(const tc_opts *o);
 int tc_sample(const tc_opts *o);
 int tc_classify(const tc_opts *o); /* tools.c */
 int tc_retrieve(const tc_opts *o);
-/* history.c: deleting ended jobs (rm: at most TC_RM_MAX_JOBS at once, PROTOCOL.md's limit). */
+/* verbs_history.c: deleting ended jobs (rm: at most TC_RM_MAX_JOBS at once, PROTOCOL.md's
+ * limit). */
 #define TC_RM_MAX_JOBS 1000
 int tc_rm(const tc_opts *o);
 int tc_prune(const tc_opts *o);
-/* dashboard.c: serves the web dashboard until SIGINT or SIGTERM (dashboard.h, internals). */
+/* dashboard/: the web dashboard, served until SIGINT or SIGTERM (dashboard/dashboard.h). */
 int tc_dashboard(const tc_opts *o);
 
 /* ---- sensor.c, synth.c: the local sensor-data tools (no daemon) ---- */

@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include "data.h"
-#include "safetensors.h"
 #include "sensor.h"
 #include "work.h"
 

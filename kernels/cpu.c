@@ -1,24 +1,21 @@
-/* The CPU backend of kernels.h: every matmul (forward and all three backward products, the
- * bias gradient included) and the fused attention's products go through OpenBLAS cblas_sgemm;
- * the elementwise and per-row ops are plain C loops that the compiler vectorizes. Every op
- * shares its work out to the calling thread's team (set_threads): tasks of a fixed size, set by
- * the op's shape alone and claimed by whichever thread is free, each writing its own outputs, so
- * the results have the same bits whatever the team's size. OpenBLAS runs single-threaded under
- * a team: the team splits a matmul into row (or column) tiles instead, each an sgemm of its own,
- * which computes every output element exactly as the whole call would. Owns nothing but the
- * teams, one per thread that asked for one, released when that thread exits. */
+/* The CPU backend of kernels.h, its ops and its table: every matmul (forward and all three
+ * backward products, the bias gradient included) and the fused attention's products go through
+ * OpenBLAS cblas_sgemm; the elementwise and per-row ops are plain C loops that the compiler
+ * vectorizes. Every op shares its work out to the calling thread's team (cpu_team.h): tasks of
+ * a fixed size, set by the op's shape alone and claimed by whichever thread is free, each
+ * writing its own outputs, so the results have the same bits whatever the team's size. A
+ * matmul is cut into tiles of rows (or columns), each an sgemm of its own, which computes every
+ * output element exactly as the whole call would (td__cpu_sgemm). Owns nothing; the teams are
+ * cpu_team.c's. Any thread. */
 #include <cblas.h>
 #include <float.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
-#include <sched.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cpu_int.h"
+#include "cpu_team.h"
 #include "kernels.h"
 #include "td_panic.h"
 
@@ -33,217 +30,6 @@
 #else
 #define TD_VECTOR_CLONES
 #endif
-
-/* ---- the team: the calling thread's helper threads ------------------------------------------
- *
- * An op cuts its work into tasks 0..n-1 and calls run_tasks(n, fn, ctx): the calling thread
- * and its helpers claim task numbers from one atomic word, the job's generation, its number of
- * tasks and the next task to claim, run them, and the caller returns once every task is done.
- * A claim is a compare-and-swap of the whole word, so it succeeds only while that job is the
- * current one and has tasks left, whatever a helper that woke late read of the job's function
- * and arguments (those change only once every task of the job is done, and a claim on an
- * earlier word then fails). A helper polls for the next job for about TEAM_SPIN_US, yielding its
- * core to any other runnable thread while it does, then sleeps on the condition variable until
- * woken: back-to-back ops find it awake, an idle trainer costs nothing. No allocation after
- * set_threads. */
-
-#define TEAM_MAX     64 /* helper threads of one team */
-#define TASK_BITS    16 /* bits of the word for the task count, and for the next task */
-#define TASK_MASK    0xffffu
-#define TASKS_MAX    0xffff /* tasks of one job; run_tasks runs more as several jobs */
-#define TEAM_POLLS   64     /* polls with a pause before a waiting thread starts yielding */
-#define TEAM_SPIN_US 200    /* microseconds a helper polls before it sleeps */
-
-typedef void (*task_fn)(void *ctx, int task);
-
-typedef struct team {
-    _Atomic uint64_t word; /* generation << 32 | tasks << 16 | next task, of the current job */
-    _Atomic(task_fn) fn;   /* the current job, written before the word publishes it */
-    _Atomic(void *) ctx;
-    _Atomic int base;     /* the job's first task number (a long run is cut into jobs) */
-    _Atomic int done;     /* tasks of the current job finished */
-    _Atomic int sleepers; /* helpers waiting on cv */
-    _Atomic int stop;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int n; /* helpers */
-    pthread_t th[TEAM_MAX];
-} team;
-
-static __thread team *my_team;
-static pthread_key_t team_key;
-static pthread_once_t team_once = PTHREAD_ONCE_INIT;
-
-static inline void cpu_pause(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
-static double now_us(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-/* Claims and runs tasks of the job that w (a value of t->word) belongs to until none is left or
- * a later job has replaced it. fn, ctx and base may already be a later job's when they are
- * read (w's job then has no task left), and then every claim on w's job fails. */
-static void team_work(team *t, uint64_t w)
-{
-    task_fn fn = atomic_load_explicit(&t->fn, memory_order_relaxed);
-    void *ctx = atomic_load_explicit(&t->ctx, memory_order_relaxed);
-    int base = atomic_load_explicit(&t->base, memory_order_relaxed);
-    uint64_t gen = w >> 32;
-
-    while ((w & TASK_MASK) < (w >> TASK_BITS & TASK_MASK)) {
-        if (atomic_compare_exchange_weak_explicit(&t->word, &w, w + 1, memory_order_acq_rel,
-                                                  memory_order_acquire)) {
-            fn(ctx, base + (int)(w & TASK_MASK));
-            atomic_fetch_add_explicit(&t->done, 1, memory_order_release);
-            w++;
-        } else if (w >> 32 != gen) {
-            return;
-        }
-    }
-}
-
-static void *helper_main(void *arg)
-{
-    team *t = arg;
-    uint64_t seen = 0;
-
-    for (;;) {
-        uint64_t w = atomic_load(&t->word);
-        double since = 0.0;
-        for (int polls = 0; w >> 32 == seen; polls++) {
-            if (atomic_load(&t->stop))
-                return NULL;
-            if (polls < TEAM_POLLS) {
-                cpu_pause();
-            } else if (since == 0.0 || now_us() - since < TEAM_SPIN_US) {
-                since = since == 0.0 ? now_us() : since;
-                sched_yield();
-            } else {
-                pthread_mutex_lock(&t->mu);
-                atomic_fetch_add(&t->sleepers, 1);
-                while (atomic_load(&t->word) >> 32 == seen && !atomic_load(&t->stop))
-                    pthread_cond_wait(&t->cv, &t->mu);
-                atomic_fetch_sub(&t->sleepers, 1);
-                pthread_mutex_unlock(&t->mu);
-                polls = 0;
-                since = 0.0;
-            }
-            w = atomic_load(&t->word);
-        }
-        seen = w >> 32;
-        team_work(t, w);
-    }
-}
-
-static void team_free(team *t)
-{
-    if (t == NULL)
-        return;
-    pthread_mutex_lock(&t->mu);
-    atomic_store(&t->stop, 1);
-    pthread_cond_broadcast(&t->cv);
-    pthread_mutex_unlock(&t->mu);
-    for (int i = 0; i < t->n; i++)
-        pthread_join(t->th[i], NULL);
-    pthread_cond_destroy(&t->cv);
-    pthread_mutex_destroy(&t->mu);
-    free(t);
-}
-
-static void team_key_make(void)
-{
-    pthread_key_create(&team_key, (void (*)(void *))team_free);
-}
-
-/* A team of up to n helpers; NULL when not even one could be started (ops then run on the
- * calling thread alone, which gives the same results). */
-static team *team_new(int n)
-{
-    team *t = calloc(1, sizeof(*t));
-
-    if (t == NULL)
-        return NULL;
-    pthread_mutex_init(&t->mu, NULL);
-    pthread_cond_init(&t->cv, NULL);
-    for (t->n = 0; t->n < n; t->n++)
-        if (pthread_create(&t->th[t->n], NULL, helper_main, t) != 0)
-            break;
-    if (t->n == 0) {
-        team_free(t);
-        return NULL;
-    }
-    return t;
-}
-
-/* Threads that work on the calling thread's ops: it and its helpers. */
-static int team_size(void)
-{
-    return my_team != NULL ? my_team->n + 1 : 1;
-}
-
-/* One job: tasks [base, base + n), n <= TASKS_MAX, on the team. */
-static void team_job(team *t, int base, int n, task_fn fn, void *ctx)
-{
-    uint64_t w;
-
-    atomic_store_explicit(&t->fn, fn, memory_order_relaxed);
-    atomic_store_explicit(&t->ctx, ctx, memory_order_relaxed);
-    atomic_store_explicit(&t->base, base, memory_order_relaxed);
-    atomic_store_explicit(&t->done, 0, memory_order_relaxed);
-    w = ((atomic_load_explicit(&t->word, memory_order_relaxed) >> 32) + 1) << 32;
-    w |= (uint64_t)n << TASK_BITS;
-    atomic_store(&t->word, w); /* publishes the job (sequentially consistent: see sleepers) */
-    if (atomic_load(&t->sleepers) > 0) {
-        pthread_mutex_lock(&t->mu);
-        pthread_cond_broadcast(&t->cv);
-        pthread_mutex_unlock(&t->mu);
-    }
-    team_work(t, w);
-    for (int polls = 0; atomic_load_explicit(&t->done, memory_order_acquire) < n; polls++)
-        if (polls < TEAM_POLLS)
-            cpu_pause();
-        else
-            sched_yield(); /* a helper holds a task; on a busy machine it may need this core */
-}
-
-/* fn(ctx, i) for every i in [0, ntasks), shared among the calling thread and its helpers;
- * returns when all are done. Tasks must not depend on each other's order. */
-static void run_tasks(int ntasks, task_fn fn, void *ctx)
-{
-    team *t = my_team;
-
-    if (t == NULL || ntasks < 2) {
-        for (int i = 0; i < ntasks; i++)
-            fn(ctx, i);
-        return;
-    }
-    for (int base = 0; base < ntasks; base += TASKS_MAX)
-        team_job(t, base, ntasks - base < TASKS_MAX ? ntasks - base : TASKS_MAX, fn, ctx);
-}
-
-/* The calling thread's team becomes n-1 helpers; OpenBLAS is kept to one thread, as the team
- * calls it from several threads at once. */
-static void set_threads(int n)
-{
-    int helpers = n - 1 < TEAM_MAX ? n - 1 : TEAM_MAX;
-
-    openblas_set_num_threads(1);
-    pthread_once(&team_once, team_key_make);
-    if (helpers == (my_team != NULL ? my_team->n : 0))
-        return;
-    team_free(my_team);
-    my_team = helpers > 0 ? team_new(helpers) : NULL;
-    pthread_setspecific(team_key, my_team);
-}
 
 /* ---- tasks over a range: an elementwise op cut into spans of SPAN floats -------------------- */
 
@@ -268,7 +54,7 @@ static void span_task(void *ctx, int task)
 
 static void run_spans(const span_job *j)
 {
-    run_tasks((int)((j->n + SPAN - 1) / SPAN), span_task, (void *)j);
+    td__cpu_team_run((int)((j->n + SPAN - 1) / SPAN), span_task, (void *)j);
 }
 
 /* Tasks of about `grain` rows each over n rows (never more than `most` tasks): the same cut
@@ -280,70 +66,6 @@ static int row_tasks(int n, int grain, int most, int *per)
     tasks = tasks > most ? most : tasks < 1 ? 1 : tasks;
     *per = (n + tasks - 1) / tasks;
     return n > 0 ? (n + *per - 1) / *per : 0;
-}
-
-/* ---- sgemm over the team ------------------------------------------------------------------- */
-
-#define GEMM_TILE_FLOPS (1 << 22) /* multiply-adds a tile of a split sgemm does at least */
-/* Tiles of a split sgemm per thread of the team at most. Each tile packs the operand it shares
- * with the others again: at 16 tiles on 2 threads the packing took a fifth of the GPT's step
- * (perf, bench_gpt), and one thread's sgemm of a weight gradient (256 x 256 over 2048 rows)
- * cost twice the CPU time in 16 tiles that it does in 2. Two per thread leave a thread that
- * finishes first one more tile to take. */
-#define GEMM_TILES_PER 2
-#define GEMM_ALIGN     16 /* rows or columns: a tile's edge is a multiple of this */
-
-typedef struct gemm_job {
-    enum CBLAS_TRANSPOSE ta, tb;
-    int M, N, K, per, by_rows;
-    float alpha, beta;
-    const float *A, *B;
-    float *C;
-    int lda, ldb, ldc;
-} gemm_job;
-
-static void gemm_task(void *ctx, int task)
-{
-    const gemm_job *g = ctx;
-    int o = task * g->per;
-
-    if (g->by_rows) {
-        int m = g->M - o < g->per ? g->M - o : g->per;
-        const float *A = g->A + (g->ta == CblasNoTrans ? (size_t)o * g->lda : (size_t)o);
-        cblas_sgemm(CblasRowMajor, g->ta, g->tb, m, g->N, g->K, g->alpha, A, g->lda, g->B, g->ldb,
-                    g->beta, g->C + (size_t)o * g->ldc, g->ldc);
-    } else {
-        int n = g->N - o < g->per ? g->N - o : g->per;
-        const float *B = g->B + (g->tb == CblasNoTrans ? (size_t)o : (size_t)o * g->ldb);
-        cblas_sgemm(CblasRowMajor, g->ta, g->tb, g->M, n, g->K, g->alpha, g->A, g->lda, B, g->ldb,
-                    g->beta, g->C + o, g->ldc);
-    }
-}
-
-// C = alpha op(A) op(B) + beta C (row-major, cblas_sgemm's arguments), cut into tiles of rows
-// of C (or of columns, when C has fewer rows than columns, so that the operand every tile
-// packs again is the smaller one), each at least GEMM_TILE_FLOPS, at most GEMM_TILES_PER per
-// thread of the team; one call without a team. OpenBLAS computes each element of C the same
-// way whichever tile holds it (its blocking over K depends on K alone), so the bits do not
-// depend on the team's size.
-static void sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
-                  float alpha, const float *A, int lda, const float *B, int ldb, float beta,
-                  float *C, int ldc)
-{
-    double flops = (double)M * N * K;
-    int by_rows = M >= N, edge = by_rows ? M : N, tiles, per;
-    gemm_job g = {ta, tb, M, N, K, 0, by_rows, alpha, beta, A, B, C, lda, ldb, ldc};
-
-    tiles = (int)(flops / GEMM_TILE_FLOPS);
-    tiles = tiles > GEMM_TILES_PER * team_size() ? GEMM_TILES_PER * team_size() : tiles;
-    tiles = tiles > edge / GEMM_ALIGN ? edge / GEMM_ALIGN : tiles;
-    if (team_size() < 2 || tiles < 2) {
-        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    per = (edge + tiles - 1) / tiles;
-    g.per = (per + GEMM_ALIGN - 1) / GEMM_ALIGN * GEMM_ALIGN;
-    run_tasks((edge + g.per - 1) / g.per, gemm_task, &g);
 }
 
 /* ---- GPT-2's constants and the float helpers of the row ops ------------------------------- */
@@ -454,7 +176,7 @@ static void sum_rows(float *dbias, const float *dout, int N, int C)
 {
     cols_job j = {dbias, dout, N, C};
 
-    run_tasks((C + COL_BLOCK - 1) / COL_BLOCK, cols_task, &j);
+    td__cpu_team_run((C + COL_BLOCK - 1) / COL_BLOCK, cols_task, &j);
 }
 
 /* ---- the ops ---------------------------------------------------------------------------- */
@@ -503,10 +225,10 @@ static void matmul_forward(float *out, const float *inp, const float *weight, co
 
     if (bias != NULL) {
         bias_job j = {out, NULL, bias, N, OC, 0};
-        run_tasks(row_tasks(N, ROW_GRAIN * 4, ROW_TASKS, &j.per), bias_rows_task, &j);
+        td__cpu_team_run(row_tasks(N, ROW_GRAIN * 4, ROW_TASKS, &j.per), bias_rows_task, &j);
         beta = 1.0f;
     }
-    sgemm(CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+    td__cpu_sgemm(CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
 }
 
 // dinp += dout . weight; dweight += dout^T . inp; dbias += sum over rows of dout
@@ -516,9 +238,10 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const flo
                             const float *inp, const float *weight, int N, int C, int OC)
 {
     if (dinp != NULL)
-        sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+        td__cpu_sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp,
+                      C);
     if (dweight != NULL)
-        sgemm(CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+        td__cpu_sgemm(CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
     if (dbias != NULL)
         sum_rows(dbias, dout, N, OC);
 }
@@ -529,7 +252,7 @@ static void bias_forward(float *out, const float *inp, const float *bias, int N,
 {
     bias_job j = {out, inp, bias, N, C, 0};
 
-    run_tasks(row_tasks(N, ROW_GRAIN * 4, ROW_TASKS, &j.per), bias_rows_task, &j);
+    td__cpu_team_run(row_tasks(N, ROW_GRAIN * 4, ROW_TASKS, &j.per), bias_rows_task, &j);
 }
 
 static void add_span(const span_job *j, size_t i0, size_t i1);
@@ -644,7 +367,7 @@ static void softmax_xent_forward(float *loss, float *probs, const float *logits,
     int tasks = row_tasks(N, ROW_GRAIN, ROW_TASKS, &J->per);
     double total = 0.0;
 
-    run_tasks(tasks, xent_forward_task, J);
+    td__cpu_team_run(tasks, xent_forward_task, J);
     for (int t = 0; t < tasks; t++)
         total += J->part[t];
     total /= N;
@@ -678,7 +401,7 @@ static void softmax_xent_backward(float *dlogits, const float *dloss, const floa
                               .V = V,
                               .Vp = Vp};
 
-    run_tasks(row_tasks(N, ROW_GRAIN, ROW_TASKS, &J->per), xent_backward_task, J);
+    td__cpu_team_run(row_tasks(N, ROW_GRAIN, ROW_TASKS, &J->per), xent_backward_task, J);
 }
 
 typedef struct argmax_job {
@@ -713,7 +436,7 @@ static void argmax_correct(int64_t *correct, const float *logits, const int *tar
     int tasks = row_tasks(N, ROW_GRAIN, ROW_TASKS, &J->per);
     int64_t c = 0;
 
-    run_tasks(tasks, argmax_task, J);
+    td__cpu_team_run(tasks, argmax_task, J);
     for (int t = 0; t < tasks; t++)
         c += J->part[t];
     *correct = c;
@@ -747,7 +470,7 @@ static void encoder_forward(float *out, const int *inp, const float *wte, const 
 {
     enc_job J = {.out = out, .inp = inp, .wte = wte, .wpe = wpe, .B = B, .T = T, .C = C};
 
-    run_tasks(row_tasks(B * T, ROW_GRAIN, ROW_TASKS, &J.per), encoder_forward_task, &J);
+    td__cpu_team_run(row_tasks(B * T, ROW_GRAIN, ROW_TASKS, &J.per), encoder_forward_task, &J);
 }
 
 // Columns [c0, c1) of every (b,t), in (b,t) order
@@ -780,7 +503,7 @@ static void encoder_backward(float *dwte, float *dwpe, const float *dout, const 
     enc_job J = {.dwte = dwte, .dwpe = dwpe, .dout = dout, .inp = inp, .B = B, .T = T, .C = C};
 
     if (dwte != NULL || dwpe != NULL)
-        run_tasks((C + COL_BLOCK - 1) / COL_BLOCK, encoder_backward_task, &J);
+        td__cpu_team_run((C + COL_BLOCK - 1) / COL_BLOCK, encoder_backward_task, &J);
 }
 
 typedef struct ln_job {
@@ -839,7 +562,7 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
                 .N = N,
                 .C = C};
 
-    run_tasks(row_tasks(N, ROW_GRAIN, ROW_TASKS, &J.per), layernorm_forward_task, &J);
+    td__cpu_team_run(row_tasks(N, ROW_GRAIN, ROW_TASKS, &J.per), layernorm_forward_task, &J);
 }
 
 // llm.c's layernorm backward of rows [i0, i1): with norm = (x - mean) rstd and
@@ -936,7 +659,7 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
     int cols = dweight != NULL || dbias != NULL ? (C + COL_BLOCK - 1) / COL_BLOCK : 0;
 
     J.row_tasks = dinp != NULL ? row_tasks(N, ROW_GRAIN, ROW_TASKS, &J.per) : 0;
-    run_tasks(J.row_tasks + cols, layernorm_backward_task, &J);
+    td__cpu_team_run(J.row_tasks + cols, layernorm_backward_task, &J);
 }
 
 // GELU's tanh form through 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)): out = x / (1 + exp(-2u)),
@@ -1176,7 +899,7 @@ static void attention_forward(float *out, float *lse, float *scratch, const floa
     if (d->chunk < 1)
         td_panic(TD_EINVAL, "attention: a chunk of %d query rows", d->chunk);
     if (d->Nq > 0 && d->Nk > 0)
-        run_tasks(d->B * d->NH, attention_forward_task, &J);
+        td__cpu_team_run(d->B * d->NH, attention_forward_task, &J);
 }
 
 // Per block of rows: P = exp(scale q k^T - lse) again, dP = dout v^T, dv += P^T dout,
@@ -1245,7 +968,7 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
     if (d->chunk < 1)
         td_panic(TD_EINVAL, "attention: a chunk of %d query rows", d->chunk);
     if (d->Nq > 0 && d->Nk > 0 && (dq != NULL || dk != NULL || dv != NULL))
-        run_tasks(d->B * d->NH, attention_backward_task, &J);
+        td__cpu_team_run(d->B * d->NH, attention_backward_task, &J);
 }
 
 /* ---- sums of squares, scaling, optimizers -------------------------------------------------- */
@@ -1292,7 +1015,7 @@ static void sumsq(double *out, const float *p, size_t n)
     J->per = ((n + parts - 1) / parts + 7) / 8 * 8;
     J->per = J->per > 0 ? J->per : 8;
     parts = (n + J->per - 1) / J->per;
-    run_tasks((int)parts, sumsq_task, J);
+    td__cpu_team_run((int)parts, sumsq_task, J);
     for (size_t i = 0; i < parts; i++)
         total += J->part[i];
     *out = total;
@@ -1428,7 +1151,7 @@ static const td_kernels cpu_kernels = {
     .free = cpu_free,
     .upload = cpu_copy,
     .download = cpu_copy,
-    .set_threads = set_threads,
+    .set_threads = td__cpu_team_set_threads,
     .zero = zero,
     .matmul_forward = matmul_forward,
     .matmul_backward = matmul_backward,
@@ -1462,70 +1185,6 @@ static const td_kernels cpu_kernels = {
     .siglip_forward = td__cpu_siglip_forward,
     .siglip_backward = td__cpu_siglip_backward,
 };
-
-/* ---- OpenBLAS's kernels for this CPU --------------------------------------------------------
- *
- * A DYNAMIC_ARCH OpenBLAS (Debian's) picks its kernel set as it loads, from the CPU's model
- * number and the OSXSAVE bit. A CPU newer than the library (0.3.21 does not know Sapphire
- * Rapids) or a virtual machine that hides OSXSAVE gets the SSE3 "Prescott" set: on this 2-core
- * Xeon with AVX-512, one thread's 2048x768x256 sgemm does about 20 GFLOP/s with it and about
- * 130 with the SkylakeX set, and PyTorch, which loads the same library, is slowed alike. When
- * nobody chose (OPENBLAS_CORETYPE unset) and the library took a set older than Haswell's on a
- * CPU whose AVX2 and FMA (AVX-512 F, BW, DQ and VL) the compiler's runtime reports usable, the
- * library is asked to choose again as OPENBLAS_CORETYPE=Haswell (SkylakeX) would have made it,
- * through its own gotoblas_dynamic_quit / gotoblas_dynamic_init. Both are weak: an OpenBLAS
- * without them (not DYNAMIC_ARCH) is left alone. Every result of the library is still its
- * own; only its speed changes. Runs once before main, when no thread of ours exists and
- * OpenBLAS's pool is idle; the environment is as it was afterwards. */
-
-extern void gotoblas_dynamic_init(void) __attribute__((weak));
-extern void gotoblas_dynamic_quit(void) __attribute__((weak));
-extern char *openblas_get_corename(void);
-
-static char blas_note[96]; /* what blas_choose found and did, for td_kernels_cpu_blas */
-
-/* OpenBLAS's names of the x86-64 kernel sets that use AVX2 or AVX-512. */
-static int core_has_avx2(const char *core)
-{
-    static const char *const modern[] = {"Haswell", "Zen", "SkylakeX", "Cooperlake",
-                                         "SapphireRapids"};
-
-    for (size_t i = 0; i < sizeof(modern) / sizeof(modern[0]); i++)
-        if (strcmp(core, modern[i]) == 0)
-            return 1;
-    return 0;
-}
-
-__attribute__((constructor)) static void blas_choose(void)
-{
-    const char *was = openblas_get_corename(), *want = NULL;
-
-    snprintf(blas_note, sizeof(blas_note), "OpenBLAS %s", was);
-#if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    if (getenv("OPENBLAS_CORETYPE") != NULL || core_has_avx2(was) ||
-        gotoblas_dynamic_init == NULL || gotoblas_dynamic_quit == NULL)
-        return;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-        want = "SkylakeX";
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        want = "Haswell";
-    if (want == NULL || setenv("OPENBLAS_CORETYPE", want, 1) != 0)
-        return;
-    gotoblas_dynamic_quit();
-    gotoblas_dynamic_init();
-    unsetenv("OPENBLAS_CORETYPE");
-    snprintf(blas_note, sizeof(blas_note),
-             "OpenBLAS %s (it chose %s on this CPU; traind asked again)", openblas_get_corename(),
-             was);
-#endif
-}
-
-const char *td_kernels_cpu_blas(void)
-{
-    return blas_note;
-}
 
 /* The CPU table; static, never NULL. */
 const td_kernels *td_kernels_cpu(void)

@@ -239,7 +239,7 @@ typedef struct td_kernels {
 const td_kernels *td_kernels_cpu(void);
 
 /* The BLAS the CPU table computes with, for a person: "OpenBLAS SkylakeX", and when OpenBLAS
- * took a kernel set older than the CPU allows and kernels/cpu.c had it choose again, what it
+ * took a kernel set older than the CPU allows and kernels/cpu_team.c had it choose again, what it
  * took first ("OpenBLAS SkylakeX (it chose Prescott on this CPU; traind asked again)").
  * Static; any thread. */
 const char *td_kernels_cpu_blas(void);

@@ -26,6 +26,7 @@
 #include "ckpt.h"
 #include "data.h"
 #include "engine.h"
+#include "weights.h"
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
@@ -900,10 +901,47 @@ static void test_fifo_and_device_refused(void **state)
 
     assert_int_equal(idx_load(at(&t, "fifo"), at(&t, "labels"), &err), TD_EDATA);
     expect_msg(&err, "not a regular file (a FIFO)");
-    assert_int_equal(td_llmc_peek(at(&t, "fifo"), &dims, &err), TD_EDATA);
+    assert_int_equal(td_weights_gpt_peek(at(&t, "fifo"), 0, &dims, &err), TD_EDATA);
     expect_msg(&err, "not a regular file (a FIFO)");
     assert_int_equal(td_data_peek_shard("/dev/null", &(int64_t){0}, &err), TD_EDATA);
     expect_msg(&err, "/dev/null: not a regular file (a character device)");
+    alarm(0);
+    tmp_remove(&t);
+}
+
+/* The one opener's flags: a missing file is a job's data error (TD_EDATA) or a model file's
+ * TD_ENOTFOUND (TD_OPEN_MODEL), both "PATH: No such file or directory"; a FIFO is refused
+ * unless the caller asks for any kind (TD_OPEN_ANY: open, st says what it is); a regular file
+ * opens either way. The callers' messages rest on these (test_fifo_and_device_refused). */
+static void test_open_path_flags(void **state)
+{
+    tmp t;
+    char msg[600];
+    struct stat st;
+    td_error_t err = {0};
+    int fd = 0;
+
+    (void)state;
+    tmp_make(&t);
+    assert_int_equal(mkfifo(at(&t, "fifo"), 0644), 0);
+    write_text(at(&t, "text"), "abc");
+    alarm(30);
+    snprintf(msg, sizeof(msg), "%s: No such file or directory", at(&t, "none"));
+    assert_int_equal(td_data_open_path(at(&t, "none"), 0, &fd, &st, &err), TD_EDATA);
+    assert_int_equal(fd, -1);
+    assert_string_equal(err.msg, msg);
+    assert_int_equal(td_data_open_path(at(&t, "none"), TD_OPEN_MODEL, &fd, &st, &err),
+                     TD_ENOTFOUND);
+    assert_string_equal(err.msg, msg);
+    assert_int_equal(td_data_open_path(at(&t, "fifo"), TD_OPEN_MODEL, &fd, &st, &err), TD_EDATA);
+    assert_int_equal(fd, -1);
+    expect_msg(&err, "not a regular file (a FIFO)");
+    assert_int_equal(td_data_open_path(at(&t, "fifo"), TD_OPEN_ANY, &fd, &st, &err), 0);
+    assert_true(fd >= 0 && S_ISFIFO(st.st_mode));
+    close(fd);
+    assert_int_equal(td_data_open_path(at(&t, "text"), TD_OPEN_MODEL, &fd, &st, &err), 0);
+    assert_true(fd >= 0 && S_ISREG(st.st_mode) && st.st_size == 3);
+    close(fd);
     alarm(0);
     tmp_remove(&t);
 }
@@ -972,7 +1010,7 @@ static void test_opens_as_the_user(void **state)
     open_refused(&s, TD_EDATA, msg);
     assert_int_equal(idx_load(link, link, &err), TD_EPERM);
     expect_msg(&err, "cannot open: Permission denied");
-    assert_int_equal(td_llmc_peek(link, &dims, &err), TD_EPERM);
+    assert_int_equal(td_weights_gpt_peek(link, 0, &dims, &err), TD_EPERM);
     expect_msg(&err, "Permission denied");
     /* The access is this thread's alone. */
     assert_int_equal(pthread_create(&th, NULL, open_elsewhere, link), 0);
@@ -1199,6 +1237,7 @@ int main(void)
         cmocka_unit_test(test_ckpt_size_mismatch),
         cmocka_unit_test(test_ckpt_disk_full),
         cmocka_unit_test(test_fifo_and_device_refused),
+        cmocka_unit_test(test_open_path_flags),
         cmocka_unit_test(test_opens_as_the_user),
         cmocka_unit_test(test_load_stops_when_asked),
         cmocka_unit_test(test_idx_held_to_header),

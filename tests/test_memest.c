@@ -26,6 +26,7 @@
 #include <cmocka.h>
 
 #include "engine.h"
+#include "llmc.h"
 #include "td_panic.h"
 #include "train.h"
 #include "train_support.h"

@@ -202,23 +202,34 @@ const char *td_data_file_kind(unsigned mode)
     return S_ISREG(mode) ? "a regular file" : "not a file";
 }
 
-int td_data_open_file(const char *path, int *fd, td_error_t *err)
+int td_data_open_path(const char *path, int flags, int *fd, struct stat *st, td_error_t *err)
 {
-    struct stat st;
-    int f = td_data_open_fd(path, &st);
+    int f = td_data_open_fd(path, st), rc = 0;
 
     *fd = -1;
     if (f == -EACCES || f == -EPERM)
-        return td_error_set(err, TD_EPERM, "%s: %s", path, strerror(-f));
-    if (f < 0)
-        return td_error_set(err, TD_EDATA, "%s: %s", path, strerror(-f));
-    if (!S_ISREG(st.st_mode)) {
+        rc = td_error_set(err, TD_EPERM, "%s: %s", path, strerror(-f));
+    else if (f < 0)
+        rc = td_error_set(err,
+                          !(flags & TD_OPEN_MODEL) ? TD_EDATA
+                          : f == -ENOENT           ? TD_ENOTFOUND
+                                                   : TD_EIO,
+                          "%s: %s", path, strerror(-f));
+    else if (!(flags & TD_OPEN_ANY) && !S_ISREG(st->st_mode))
+        rc = td_error_set(err, TD_EDATA, "%s: not a regular file (%s)", path,
+                          td_data_file_kind(st->st_mode));
+    if (rc != 0 && f >= 0)
         close(f);
-        return td_error_set(err, TD_EDATA, "%s: not a regular file (%s)", path,
-                            td_data_file_kind(st.st_mode));
-    }
-    *fd = f;
-    return 0;
+    else if (rc == 0)
+        *fd = f;
+    return rc;
+}
+
+int td_data_open_file(const char *path, int *fd, td_error_t *err)
+{
+    struct stat st;
+
+    return td_data_open_path(path, 0, fd, &st, err);
 }
 
 int td_data_glob(const char *pattern, int flags, glob_t *g)
@@ -494,10 +505,8 @@ static int load_file(loader *L, const char *path, int globbed, td_error_t *err)
 
     if ((rc = td_data_should_stop(path, err)) != 0)
         return rc;
-    fd = td_data_open_fd(path, &st);
-    if (fd < 0)
-        return td_error_set(err, fd == -EACCES || fd == -EPERM ? TD_EPERM : TD_EDATA, "%s: %s",
-                            path, strerror(-fd));
+    if ((rc = td_data_open_path(path, TD_OPEN_ANY, &fd, &st, err)) != 0)
+        return rc;
     if (!S_ISREG(st.st_mode)) {
         if (globbed)
             L->d->info.skipped_other++;

@@ -167,7 +167,7 @@ int td_data_valid_fill(const td_data *d, int64_t i, int r0, int r1, int *inputs,
 /* traind runs as root and reads files for other users. A check when the job is submitted is
  * not enough: the path can be swapped for a symlink to a root-only file before the job opens
  * it, at its start or at a resume after a restart. So every open of a job's file by train/
- * (td_data_open, td_data_peek_shard, td_idx_load, td_idx_peek, td_llmc_peek, td_llmc_load) and
+ * (td_data_open, td_data_peek_shard, td_idx_load, td_idx_peek, the model files' opens) and
  * by the daemon's checks (td_data_open_file, td_data_glob) is made with the rights of the
  * user the calling thread named with td_data_access_begin. For that one open (or glob) the
  * thread's filesystem uid and gid (setfsuid, setfsgid) and its supplementary groups (the raw
@@ -215,9 +215,24 @@ int td_data_should_stop(const char *path, td_error_t *err);
  * regular file is returned too, so that a caller can skip it or name it: check st. */
 int td_data_open_fd(const char *path, struct stat *st);
 
-/* td_data_open_fd for a file that must be regular: 0 with *fd open, else *fd = -1 and TD_EPERM
- * ("PATH: Permission denied"), TD_EDATA ("PATH: No such file or directory", "PATH: not a
- * regular file (a FIFO)"). */
+/* How td_data_open_path reports (flags, or'ed). TD_OPEN_MODEL: a model file (init_from), where
+ * a missing file is TD_ENOTFOUND and another failure but a refusal TD_EIO; without it both are
+ * TD_EDATA (a job's data, which the job cannot run without). TD_OPEN_ANY: something that is
+ * not a regular file is returned open too (st says what), for a caller that skips it; without
+ * it, TD_EDATA. */
+#define TD_OPEN_MODEL 1
+#define TD_OPEN_ANY   2
+
+/* The one opener of a job's files in train/ (data, shards, model files: data.c, llmc.c,
+ * safetensors.c, the submit checks): td_data_open_fd, its errno turned into an error naming
+ * the file. 0 with *fd open and *st its fstat; else *fd = -1 and TD_EPERM ("PATH: Permission
+ * denied"), TD_ENOTFOUND or TD_EDATA ("PATH: No such file or directory"), TD_EIO or TD_EDATA
+ * (another errno), TD_EDATA ("PATH: not a regular file (a FIFO)"), as flags say. */
+int td_data_open_path(const char *path, int flags, int *fd, struct stat *st, td_error_t *err);
+
+/* td_data_open_path for a data file that must be regular (flags 0): 0 with *fd open, else
+ * *fd = -1 and TD_EPERM ("PATH: Permission denied"), TD_EDATA ("PATH: No such file or
+ * directory", "PATH: not a regular file (a FIFO)"). */
 int td_data_open_file(const char *path, int *fd, td_error_t *err);
 
 /* What kind of file st_mode is, for a message: "a FIFO", "a directory", ... */

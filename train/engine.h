@@ -535,25 +535,6 @@ size_t td_sensorlm_attention_bytes(const td_sensorlm *m, int B, int train);
 /* Tape entries one training step records. */
 int td_sensorlm_tape_len(const td_sensorlm *m);
 
-/* ---- llm.c model files ------------------------------------------------------------------ */
-
-#define TD_LLMC_MAGIC   20240326 /* header[0] of an llm.c model file */
-#define TD_LLMC_VERSION 3        /* header[1]: fp32 parameters (2 is fp32 in older files) */
-#define TD_LLMC_HEADER  1024     /* bytes: int32 header[256] */
-
-/* Reads path's header into d, checking the magic, the version, the dimensions against the
- * engine's limits, and the file's size against them. TD_EDATA naming the file and which of
- * these was wrong; TD_ENOTFOUND / TD_EIO. */
-int td_llmc_peek(const char *path, td_gpt_dims *d, td_error_t *err);
-
-/* Reads path's parameters into m (whose dimensions must be the file's). Errors as
- * td_llmc_peek, plus TD_ESHAPE when m's dimensions differ. */
-int td_llmc_load(const char *path, td_gpt *m, td_error_t *err);
-
-/* Writes m as an llm.c model file (version 3, fp32) through a temp file renamed over path.
- * TD_EIO / TD_EDISKFULL naming the file. */
-int td_llmc_save(const char *path, const td_gpt *m, td_error_t *err);
-
 /* ---- optimizers and LR schedules ------------------------------------------------------- */
 
 /* Moment buffers an optimizer needs in td_params (td_params_alloc's n_moments). */
@@ -608,11 +589,18 @@ uint64_t td_rng_next(td_rng *r);
 float td_rng_uniform(td_rng *r);              /* in [0, 1), 24 random bits */
 uint32_t td_rng_below(td_rng *r, uint32_t n); /* in [0, n), unbiased; n > 0 */
 
-/* ---- the trainer's helpers for export and sampling (trainer.c) -------------------------- */
+/* ---- a job's checkpoints, for the trainer, export and sampling (jobckpt.c) ------------- */
 
 /* A hash of what must not change across a resume (the model, data, optimizer, schedule and
  * the job's length), stored in every checkpoint. */
 uint64_t td__train_config_hash(const td_train_config *cfg);
+
+/* The checkpoint's float sections into s (room for 4): the parameters and the optimizer's
+ * moments, each a whole flat buffer (padding included), and a sensorlm's statistics ("norm":
+ * the C means, then the C stds its windows are normalised with; norm NULL for the other
+ * models). Returns how many. */
+struct td_ckpt_section;
+int td__train_ckpt_sections(td_params *p, float *norm, int C, struct td_ckpt_section *s);
 
 /* Builds m in p (zeroed by the caller; release with td_params_free) from cfg and loads the
  * job's latest checkpoint into it; *step is the checkpoint's. TD_ENOTFOUND when there is none,

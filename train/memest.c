@@ -20,6 +20,7 @@
 #include "device.h"
 #include "engine.h"
 #include "safetensors.h"
+#include "weights.h"
 #include "sizes.h"
 #include "slm.h"
 
@@ -306,12 +307,9 @@ static int each_file(const char *split, const char (*pats)[TD_PATH_MAX], int n,
         }
         for (size_t k = 0; k < g.gl_pathc && rc == 0; k++) {
             struct stat st;
-            int fd = td_data_open_fd(g.gl_pathv[k], &st);
-            if (fd < 0) {
-                rc = td_error_set(&e, fd == -EACCES ? TD_EPERM : TD_EDATA, "%s: %s", g.gl_pathv[k],
-                                  strerror(-fd));
+            int fd;
+            if ((rc = td_data_open_path(g.gl_pathv[k], TD_OPEN_ANY, &fd, &st, &e)) != 0)
                 break;
-            }
             close(fd);
             if (!S_ISREG(st.st_mode))
                 continue;
@@ -463,9 +461,7 @@ static int check_gpt_files(const td_train_config *c, td_error_t *err)
     td_error_t e = {0};
     int rc;
 
-    if (c->init_from[0] != '\0' &&
-        (rc = td_st_is_path(c->init_from) ? td_st_gpt_peek(c->init_from, c->n_head, &d, &e)
-                                          : td_llmc_peek(c->init_from, &d, &e)) != 0)
+    if (c->init_from[0] != '\0' && (rc = td_weights_gpt_peek(c->init_from, c->n_head, &d, &e)) != 0)
         return td_error_set(err, rc, "model.init_from: %s", e.msg);
     if ((rc = td__train_gpt_dims(c, &d, err)) != 0)
         return rc;
@@ -496,7 +492,7 @@ static int check_slm_init_from(const td_train_config *c, const td_slm_dims *d, t
         return td_error_set(err, TD_ENOMEM, "no memory for a sensorlm");
     rc = td_sensorlm_declare(m, &p, d, &e);
     if (rc == 0)
-        rc = td_st_slm_check(c->init_from, m, &e);
+        rc = td_weights_slm_check(c->init_from, m, &e);
     if (rc != 0)
         td_error_set(err, rc, "model.init_from: %s", e.msg);
     td_params_free(&p);

@@ -1,9 +1,9 @@
 /* safetensors files (safetensors.h): the header's JSON read by a small strict parser of the
  * format's own grammar (an object of tensor entries and one object of string metadata), the
  * checks of every entry against the data before any of it is read, float tensors read (and
- * widened from F16/BF16), and the writer traind's exports go through; then the two models'
- * names and layouts. Runs on the caller's thread: a worker building a trainer, the daemon's
- * threadpool (export), the loop thread at submit (headers only). */
+ * widened from F16/BF16), and the writer traind's exports go through. Knows no model: which
+ * name is which parameter is weights.c's. Runs on the caller's thread: a worker building a
+ * trainer, the daemon's threadpool (export), the loop thread at submit (headers only). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -14,9 +14,8 @@
 #include <unistd.h>
 
 #include "data.h"
-#include "engine.h"
 #include "safetensors.h"
-#include "sizes.h"
+#include "train.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c reads and writes float32 as the host stores it: a little-endian host"
@@ -386,7 +385,7 @@ static int parse_header(parser *ps, td_st_file *f)
 
 /* ---- the checks of the entries against the data --------------------------------------------- */
 
-static void shape_str(char *out, size_t size, int ndim, const int64_t *shape)
+void td_st_shape_str(char *out, size_t size, int ndim, const int64_t *shape)
 {
     size_t n = (size_t)snprintf(out, size, "(");
 
@@ -426,7 +425,7 @@ static int check_entries(td_st_file *f, td_error_t *err)
         for (int k = 0; k < t->ndim; k++)
             if (__builtin_mul_overflow(count, (uint64_t)t->shape[k], &count))
                 count = UINT64_MAX;
-        shape_str(shape, sizeof(shape), t->ndim, t->shape);
+        td_st_shape_str(shape, sizeof(shape), t->ndim, t->shape);
         if (size == 0)
             rc = td_error_set(err, TD_EDATA, "%s: header: tensor %s: unknown dtype \"%s\"", f->path,
                               t->name, t->dtype_name);
@@ -499,23 +498,6 @@ static int read_at(int fd, void *buf, size_t n, uint64_t off)
     return 0;
 }
 
-static int open_fd(td_st_file *f, const char *path, struct stat *st, td_error_t *err)
-{
-    int fd = td_data_open_fd(path, st);
-
-    if (fd < 0)
-        return td_error_set(err,
-                            fd == -ENOENT                   ? TD_ENOTFOUND
-                            : fd == -EACCES || fd == -EPERM ? TD_EPERM
-                                                            : TD_EIO,
-                            "%s: %s", path, strerror(-fd));
-    f->fd = fd;
-    if (!S_ISREG(st->st_mode))
-        return td_error_set(err, TD_EDATA, "%s: not a regular file (%s)", path,
-                            td_data_file_kind(st->st_mode));
-    return 0;
-}
-
 int td_st_open(td_st_file **out, const char *path, td_error_t *err)
 {
     td_st_file *f = calloc(1, sizeof(*f));
@@ -531,7 +513,7 @@ int td_st_open(td_st_file **out, const char *path, td_error_t *err)
         return td_error_set(err, TD_ENOMEM, "%s: no memory", path);
     f->fd = -1;
     snprintf(f->path, sizeof(f->path), "%s", path);
-    if ((rc = open_fd(f, path, &st, err)) != 0)
+    if ((rc = td_data_open_path(path, TD_OPEN_MODEL, &f->fd, &st, err)) != 0)
         goto out;
     if (st.st_size < 8 || read_at(f->fd, len8, 8, 0) != 0) {
         rc = td_error_set(err, TD_EDATA,
@@ -592,6 +574,11 @@ void td_st_close(td_st_file *f)
         close(f->fd);
     free(f->t);
     free(f);
+}
+
+const char *td_st_path(const td_st_file *f)
+{
+    return f->path;
 }
 
 int td_st_count(const td_st_file *f)
@@ -695,16 +682,6 @@ int td_st_read(const td_st_file *f, const td_st_tensor *t, float *out, size_t n,
 
 /* ---- writing -------------------------------------------------------------------------------- */
 
-/* One tensor to write: its name and shape in the file, its floats, and whether they are stored
- * transposed here (src is (shape[1], shape[0]) and the file gets its transpose). */
-typedef struct st_out {
-    char name[TD_SLM_NAME_MAX + 16];
-    int ndim;
-    int64_t shape[4];
-    const float *src;
-    int transpose;
-} st_out;
-
 /* A growing string for the header. */
 typedef struct sbuf {
     char *p;
@@ -745,7 +722,7 @@ static void sb_printf(sbuf *b, const char *fmt, ...)
 /* The JSON header of tensors t[0..n) laid out back to back in order, with metadata pairs
  * meta[0..2*nmeta) (names and values here are traind's own: printable ASCII without quotes or
  * backslashes), padded with spaces to a multiple of HEADER_ALIGN. */
-static int header_json(sbuf *b, const st_out *t, int n, const char *const *meta, int nmeta)
+static int header_json(sbuf *b, const td_st_out *t, int n, const char *const *meta, int nmeta)
 {
     uint64_t at = 0;
 
@@ -770,7 +747,7 @@ static int header_json(sbuf *b, const st_out *t, int n, const char *const *meta,
     return b->oom ? -1 : 0;
 }
 
-static int write_tensor(FILE *f, const st_out *t, float *row)
+static int write_tensor(FILE *f, const td_st_out *t, float *row)
 {
     uint64_t count = 1;
 
@@ -788,9 +765,8 @@ static int write_tensor(FILE *f, const st_out *t, float *row)
     return 0;
 }
 
-/* Writes the file through path.tmp, renamed over path when whole. */
-static int st_write(const char *path, const st_out *t, int n, const char *const *meta, int nmeta,
-                    td_error_t *err)
+int td_st_write(const char *path, const td_st_out *t, int n, const char *const *meta, int nmeta,
+                td_error_t *err)
 {
     char tmp[TD_PATH_MAX + 16];
     unsigned char len8[8];
@@ -834,362 +810,5 @@ static int st_write(const char *path, const st_out *t, int n, const char *const 
 out:
     free(b.p);
     free(row);
-    return rc;
-}
-
-/* ---- gpt: Hugging Face GPT-2's names ----------------------------------------------------------
- */
-
-/* The per-layer tensors of td_gpt's layer[l][i] (i = tensor - 2) under GPT-2's names, and
- * whether Hugging Face stores them transposed (Conv1D's (in, out) weights). */
-static const struct {
-    const char *name;
-    int transpose;
-} gpt_layer[TD_GPT_LAYER_T] = {
-    {"ln_1.weight", 0},      {"ln_1.bias", 0},          {"attn.c_attn.weight", 1},
-    {"attn.c_attn.bias", 0}, {"attn.c_proj.weight", 1}, {"attn.c_proj.bias", 0},
-    {"ln_2.weight", 0},      {"ln_2.bias", 0},          {"mlp.c_fc.weight", 1},
-    {"mlp.c_fc.bias", 0},    {"mlp.c_proj.weight", 1},  {"mlp.c_proj.bias", 0},
-};
-
-/* The file's shape of layer tensor i for channels C: traind's per-layer shape, transposed for
- * the Conv1D weights. */
-static int gpt_layer_shape(int i, int64_t C, int64_t *shape)
-{
-    static const int rows[TD_GPT_LAYER_T] = {1, 1, 3, 3, 1, 1, 1, 1, 4, 4, 1, 1};
-    static const int cols[TD_GPT_LAYER_T] = {0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 4, 0};
-
-    shape[0] = rows[i] * C;
-    if (cols[i] == 0)
-        return 1;
-    shape[1] = cols[i] * C;
-    if (gpt_layer[i].transpose) {
-        int64_t s = shape[0];
-        shape[0] = shape[1];
-        shape[1] = s;
-    }
-    return 2;
-}
-
-static int export_gpt(const td_train_config *cfg, const char *out_path, td_error_t *err)
-{
-    td_gpt *m = calloc(1, sizeof(*m));
-    td_params p = {0};
-    st_out *t = NULL;
-    char nums[7][24];
-    const char *meta[16];
-    int64_t step = 0;
-    int n = 0, rc;
-
-    if (m == NULL)
-        return td_error_set(err, TD_ENOMEM, "no memory for a model");
-    rc = td__train_load_gpt(cfg, m, &p, &step, err);
-    if (rc == 0 && (t = calloc(4 + TD_GPT_LAYER_T * (size_t)m->d.L, sizeof(*t))) == NULL)
-        rc = td_error_set(err, TD_ENOMEM, "no memory for a model's names");
-    if (rc != 0)
-        goto out;
-    /* wte's first V rows: Hugging Face's vocabulary is the real one; the Vp - V padded rows
-     * traind keeps for the lm head's alignment are never a token's and stay zero. */
-    t[n++] = (st_out){"wte.weight", 2, {m->d.V, m->d.C}, m->p[TD_GPT_WTE].data, 0};
-    t[n++] = (st_out){"wpe.weight", 2, {m->d.maxT, m->d.C}, m->p[TD_GPT_WPE].data, 0};
-    for (int l = 0; l < m->d.L; l++)
-        for (int i = 0; i < TD_GPT_LAYER_T; i++, n++) {
-            snprintf(t[n].name, sizeof(t[n].name), "h.%d.%s", l, gpt_layer[i].name);
-            t[n].ndim = gpt_layer_shape(i, m->d.C, t[n].shape);
-            t[n].src = m->layer[l][i].data;
-            t[n].transpose = gpt_layer[i].transpose;
-        }
-    t[n++] = (st_out){"ln_f.weight", 1, {m->d.C}, m->p[TD_GPT_LNFW].data, 0};
-    t[n++] = (st_out){"ln_f.bias", 1, {m->d.C}, m->p[TD_GPT_LNFB].data, 0};
-    snprintf(nums[0], sizeof(nums[0]), "%d", m->d.L);
-    snprintf(nums[1], sizeof(nums[1]), "%d", m->d.NH);
-    snprintf(nums[2], sizeof(nums[2]), "%d", m->d.C);
-    snprintf(nums[3], sizeof(nums[3]), "%d", m->d.maxT);
-    snprintf(nums[4], sizeof(nums[4]), "%d", m->d.V);
-    snprintf(nums[5], sizeof(nums[5]), "%lld", (long long)step);
-    meta[0] = "format", meta[1] = "pt";
-    meta[2] = "traind.model", meta[3] = "gpt";
-    meta[4] = "n_layer", meta[5] = nums[0];
-    meta[6] = "n_head", meta[7] = nums[1];
-    meta[8] = "n_embd", meta[9] = nums[2];
-    meta[10] = "n_positions", meta[11] = nums[3];
-    meta[12] = "vocab_size", meta[13] = nums[4];
-    meta[14] = "step", meta[15] = nums[5];
-    rc = st_write(out_path, t, n, meta, 8, err);
-out:
-    free(t);
-    td_params_free(&p);
-    free(m);
-    return rc;
-}
-
-/* name, or "transformer." + name (GPT2LMHeadModel's files), in f. */
-static const td_st_tensor *gpt_find(const td_st_file *f, const char *name)
-{
-    char full[TD_ST_NAME_MAX];
-    const td_st_tensor *t = td_st_find(f, name);
-
-    if (t != NULL)
-        return t;
-    snprintf(full, sizeof(full), "transformer.%s", name);
-    return td_st_find(f, full);
-}
-
-/* name with the shape the model needs, a float type. */
-static int need(const td_st_file *f, const char *name, int ndim, const int64_t *shape,
-                const td_st_tensor **out, td_error_t *err)
-{
-    const td_st_tensor *t = gpt_find(f, name);
-    char have[96], want[96];
-
-    shape_str(want, sizeof(want), ndim, shape);
-    if (t == NULL)
-        return td_error_set(err, TD_EDATA, "%s: no tensor %s (the model needs one of %s)", f->path,
-                            name, want);
-    shape_str(have, sizeof(have), t->ndim, t->shape);
-    if (t->ndim != ndim || memcmp(t->shape, shape, (size_t)ndim * sizeof(*shape)) != 0)
-        return td_error_set(err, TD_EDATA, "%s: tensor %s: %s in the file, the model needs %s",
-                            f->path, name, have, want);
-    if (t->dtype == TD_ST_OTHER)
-        return td_error_set(err, TD_EDATA, "%s: tensor %s is %s; traind reads F32, F16 and BF16",
-                            f->path, name, t->dtype_name);
-    *out = t;
-    return 0;
-}
-
-/* The dimensions of f's GPT-2, every tensor's shape checked. */
-static int gpt_dims_of(const td_st_file *f, int n_head, td_gpt_dims *d, td_error_t *err)
-{
-    const td_st_tensor *wte = gpt_find(f, "wte.weight"), *wpe = gpt_find(f, "wpe.weight"), *t;
-    const char *mh = td_st_meta(f, "n_head");
-    char name[64];
-    int64_t shape[2];
-    td_error_t e = {0};
-    int rc;
-
-    if (wte == NULL || wte->ndim != 2)
-        return td_error_set(err, TD_EDATA, "%s: no 2-D tensor wte.weight: not a GPT-2", f->path);
-    if (wpe == NULL || wpe->ndim != 2)
-        return td_error_set(err, TD_EDATA, "%s: no 2-D tensor wpe.weight: not a GPT-2", f->path);
-    if (wte->shape[0] > 1 << 20 || wte->shape[1] > 1 << 20 || wpe->shape[0] > 1 << 20)
-        return td_error_set(err, TD_EDATA, "%s: wte.weight or wpe.weight is too large", f->path);
-    memset(d, 0, sizeof(*d));
-    d->V = (int)wte->shape[0];
-    d->C = (int)wte->shape[1];
-    d->maxT = (int)wpe->shape[0];
-    for (d->L = 0; d->L <= TD_GPT_MAX_LAYERS; d->L++) {
-        snprintf(name, sizeof(name), "h.%d.ln_1.weight", d->L);
-        if (gpt_find(f, name) == NULL)
-            break;
-    }
-    d->Vp = td_gpt_padded_vocab(d->V);
-    if (mh != NULL) {
-        char *end;
-        long v = strtol(mh, &end, 10);
-        if (*mh == '\0' || *end != '\0' || v < 1 || v > 1 << 20)
-            return td_error_set(err, TD_EDATA, "%s: __metadata__ n_head: \"%s\" is not a number",
-                                f->path, mh);
-        d->NH = (int)v;
-    } else if (n_head > 0) {
-        d->NH = n_head;
-    } else {
-        return td_error_set(err, TD_EDATA,
-                            "%s: the file does not say its n_head (no __metadata__ n_head): give "
-                            "model.n_head",
-                            f->path);
-    }
-    if (td_gpt_check_dims(d, &e) != 0)
-        return td_error_set(err, TD_EDATA, "%s: %s", f->path, e.msg);
-    shape[0] = d->maxT, shape[1] = d->C;
-    if ((rc = need(f, "wpe.weight", 2, shape, &t, err)) != 0)
-        return rc;
-    for (int l = 0; l < d->L; l++)
-        for (int i = 0; i < TD_GPT_LAYER_T; i++) {
-            int nd = gpt_layer_shape(i, d->C, shape);
-            snprintf(name, sizeof(name), "h.%d.%s", l, gpt_layer[i].name);
-            if ((rc = need(f, name, nd, shape, &t, err)) != 0)
-                return rc;
-        }
-    shape[0] = d->C;
-    if ((rc = need(f, "ln_f.weight", 1, shape, &t, err)) != 0 ||
-        (rc = need(f, "ln_f.bias", 1, shape, &t, err)) != 0)
-        return rc;
-    if (wte->dtype == TD_ST_OTHER)
-        return td_error_set(err, TD_EDATA,
-                            "%s: tensor wte.weight is %s; traind reads F32, F16 "
-                            "and BF16",
-                            f->path, wte->dtype_name);
-    return 0;
-}
-
-int td_st_gpt_peek(const char *path, int n_head, td_gpt_dims *d, td_error_t *err)
-{
-    td_st_file *f;
-    int rc = td_st_open(&f, path, err);
-
-    if (rc == 0)
-        rc = gpt_dims_of(f, n_head, d, err);
-    td_st_close(f);
-    return rc;
-}
-
-int td_st_gpt_load(const char *path, td_gpt *m, td_error_t *err)
-{
-    td_st_file *f;
-    td_gpt_dims d;
-    char name[64];
-    int rc = td_st_open(&f, path, err);
-
-    if (rc == 0)
-        rc = gpt_dims_of(f, m->d.NH, &d, err);
-    if (rc == 0 && memcmp(&d, &m->d, sizeof(d)) != 0)
-        rc = td_error_set(err, TD_ESHAPE,
-                          "%s: maxT %d, V %d, L %d, NH %d, C %d, but the model is maxT %d, V %d, "
-                          "L %d, NH %d, C %d",
-                          path, d.maxT, d.V, d.L, d.NH, d.C, m->d.maxT, m->d.V, m->d.L, m->d.NH,
-                          m->d.C);
-    if (rc == 0) {
-        memset(m->p[TD_GPT_WTE].data, 0, m->p[TD_GPT_WTE].n * sizeof(float));
-        rc = td_st_read(f, gpt_find(f, "wte.weight"), m->p[TD_GPT_WTE].data,
-                        (size_t)d.V * (size_t)d.C, 0, err);
-    }
-    if (rc == 0)
-        rc = td_st_read(f, gpt_find(f, "wpe.weight"), m->p[TD_GPT_WPE].data, m->p[TD_GPT_WPE].n, 0,
-                        err);
-    for (int l = 0; l < d.L && rc == 0; l++)
-        for (int i = 0; i < TD_GPT_LAYER_T && rc == 0; i++) {
-            snprintf(name, sizeof(name), "h.%d.%s", l, gpt_layer[i].name);
-            rc = td_st_read(f, gpt_find(f, name), m->layer[l][i].data, m->layer[l][i].n,
-                            gpt_layer[i].transpose, err);
-        }
-    if (rc == 0)
-        rc = td_st_read(f, gpt_find(f, "ln_f.weight"), m->p[TD_GPT_LNFW].data, (size_t)d.C, 0, err);
-    if (rc == 0)
-        rc = td_st_read(f, gpt_find(f, "ln_f.bias"), m->p[TD_GPT_LNFB].data, (size_t)d.C, 0, err);
-    td_st_close(f);
-    return rc;
-}
-
-/* ---- sensorlm: the README's names ------------------------------------------------------------ */
-
-static int export_sensorlm(const td_train_config *cfg, const char *out_path, td_error_t *err)
-{
-    td_sensorlm *m = calloc(1, sizeof(*m));
-    td_params p = {0};
-    st_out *t = NULL;
-    float *norm = NULL;
-    int64_t step = 0;
-    td_slm_dims d;
-    char nums[19][24];
-    const char *meta[2 * 21];
-    int n = 0, k = 0, rc;
-
-    if (m == NULL)
-        return td_error_set(err, TD_ENOMEM, "no memory for a model");
-    rc = td__train_slm_dims(cfg, &d, NULL, err);
-    if (rc == 0 && (norm = malloc(2 * (size_t)d.C * sizeof(float))) == NULL)
-        rc = td_error_set(err, TD_ENOMEM, "no memory for a model");
-    if (rc == 0)
-        rc = td__train_load_sensorlm(cfg, m, &p, &step, norm, err);
-    if (rc == 0 && (t = calloc((size_t)m->n + 2, sizeof(*t))) == NULL)
-        rc = td_error_set(err, TD_ENOMEM, "no memory for a model's names");
-    if (rc != 0)
-        goto out;
-    for (int i = 0; i < m->n; i++, n++) {
-        snprintf(t[n].name, sizeof(t[n].name), "%s", m->name[i]);
-        t[n].ndim = m->p[i].ndim;
-        for (int j = 0; j < m->p[i].ndim; j++)
-            t[n].shape[j] = m->p[i].shape[j];
-        t[n].src = m->p[i].data;
-    }
-    t[n++] = (st_out){"norm.mean", 1, {d.C}, norm, 0};
-    t[n++] = (st_out){"norm.std", 1, {d.C}, norm + d.C, 0};
-    {
-        const char *keys[] = {
-            "time_steps",   "channels",       "patch_t",      "patch_c",       "text_len",
-            "embed_dim",    "sensor.d_model", "sensor.depth", "sensor.n_head", "sensor.mlp_dim",
-            "text.d_model", "text.depth",     "text.n_head",  "text.mlp_dim",  "step"};
-        long long vals[] = {d.T,   d.C,   d.pt,  d.pc,      d.L,   d.E,   d.s.D,          d.s.depth,
-                            d.s.H, d.s.M, d.t.D, d.t.depth, d.t.H, d.t.M, (long long)step};
-        meta[k++] = "format", meta[k++] = "pt";
-        meta[k++] = "traind.model", meta[k++] = "sensorlm";
-        meta[k++] = "sensor.pool", meta[k++] = d.pool == TD_SLM_POOL_GAP ? "gap" : "map";
-        for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
-            snprintf(nums[i], sizeof(nums[i]), "%lld", vals[i]);
-            meta[k++] = keys[i];
-            meta[k++] = nums[i];
-        }
-    }
-    rc = st_write(out_path, t, n, meta, k / 2, err);
-out:
-    free(t);
-    free(norm);
-    td_params_free(&p);
-    free(m);
-    return rc;
-}
-
-int td_export_safetensors(const td_train_config *cfg, const char *out_path, td_error_t *err)
-{
-    if (cfg->model == TD_MODEL_GPT)
-        return export_gpt(cfg, out_path, err);
-    if (cfg->model == TD_MODEL_SENSORLM)
-        return export_sensorlm(cfg, out_path, err);
-    return td_error_set(err, TD_EINVAL, "only gpt and sensorlm jobs export to safetensors");
-}
-
-/* Every parameter of m under its name with its shape, of a float dtype. */
-static int slm_check(const td_st_file *f, const td_sensorlm *m, td_error_t *err)
-{
-    char have[96], want[96];
-
-    for (int i = 0; i < m->n; i++) {
-        const td_st_tensor *t = td_st_find(f, m->name[i]);
-        int64_t shape[TD_TENSOR_MAX_DIMS];
-        int same;
-        for (int j = 0; j < m->p[i].ndim; j++)
-            shape[j] = m->p[i].shape[j];
-        shape_str(want, sizeof(want), m->p[i].ndim, shape);
-        if (t == NULL)
-            return td_error_set(err, TD_EDATA, "%s: no tensor %s (the job's model has one of %s)",
-                                f->path, m->name[i], want);
-        same = t->ndim == m->p[i].ndim &&
-               memcmp(t->shape, shape, (size_t)t->ndim * sizeof(*shape)) == 0;
-        shape_str(have, sizeof(have), t->ndim, t->shape);
-        if (!same)
-            return td_error_set(err, TD_ESHAPE,
-                                "%s: tensor %s: %s in the file, the job's model "
-                                "has %s",
-                                f->path, m->name[i], have, want);
-        if (t->dtype == TD_ST_OTHER)
-            return td_error_set(err, TD_EDATA,
-                                "%s: tensor %s is %s; traind reads F32, F16 and "
-                                "BF16",
-                                f->path, m->name[i], t->dtype_name);
-    }
-    return 0;
-}
-
-int td_st_slm_check(const char *path, const td_sensorlm *m, td_error_t *err)
-{
-    td_st_file *f;
-    int rc = td_st_open(&f, path, err);
-
-    if (rc == 0)
-        rc = slm_check(f, m, err);
-    td_st_close(f);
-    return rc;
-}
-
-int td_st_slm_load(const char *path, td_sensorlm *m, td_error_t *err)
-{
-    td_st_file *f;
-    int rc = td_st_open(&f, path, err);
-
-    if (rc == 0)
-        rc = slm_check(f, m, err);
-    for (int i = 0; i < m->n && rc == 0; i++)
-        rc = td_st_read(f, td_st_find(f, m->name[i]), m->p[i].data, m->p[i].n, 0, err);
-    td_st_close(f);
     return rc;
 }

@@ -3,18 +3,9 @@
  * header length N, N bytes of a JSON object mapping each tensor's name to {"dtype", "shape",
  * "data_offsets": [begin, end)} (offsets into the data that follows the header) plus an
  * optional "__metadata__" object of strings, then the tensors' little-endian bytes, back to
- * back, covering the data exactly. README.md ("Using a trained model") fixes the names traind
- * writes:
- *
- *   - gpt: Hugging Face GPT-2's (GPT2Model's state dict): wte.weight (V, C) with the padded
- *     vocabulary rows left out, wpe.weight, h.N.ln_1.*, h.N.attn.c_attn.* (Conv1D: weights
- *     (in, out), the transpose of traind's (out, in)), h.N.attn.c_proj.*, h.N.ln_2.*,
- *     h.N.mlp.c_fc.*, h.N.mlp.c_proj.*, ln_f.*; metadata format "pt" (what transformers'
- *     loader asks for), traind.model "gpt", n_layer, n_head, n_embd, n_positions, vocab_size,
- *     step.
- *   - sensorlm: the README's parameter names and shapes as they are, then norm.mean and
- *     norm.std (C each: the statistics windows are normalised with); metadata format "pt",
- *     traind.model "sensorlm", the dimensions and step.
+ * back, covering the data exactly. This module is the format only: which name is which
+ * parameter of a model (Hugging Face GPT-2's for a gpt, the README's for a sensorlm) is
+ * weights.h's.
  *
  * Reading is checked before anything is sized from the file's numbers: the header's length
  * against TD_ST_MAX_HEADER and the file's size, each tensor's dtype, shape and offsets against
@@ -29,13 +20,6 @@
 #include <stdint.h>
 
 #include "td_errno.h"
-#include "train.h"
-
-/* engine.h's models, for the functions train/ itself calls (the daemon sees only train.h's
- * types and td_export_safetensors). */
-struct td_gpt;
-struct td_gpt_dims;
-struct td_sensorlm;
 
 #define TD_ST_MAX_HEADER  (100u << 20) /* bytes of JSON header: the format's own limit */
 #define TD_ST_MAX_TENSORS 65536        /* tensors in one file */
@@ -88,35 +72,30 @@ const char *td_st_meta(const td_st_file *f, const char *key);
 int td_st_read(const td_st_file *f, const td_st_tensor *t, float *out, size_t n, int transpose,
                td_error_t *err);
 
-/* ---- models ------------------------------------------------------------------------------- */
+/* ---- writing ------------------------------------------------------------------------------- */
 
-/* Writes the latest checkpoint of the gpt or sensorlm job cfg (cfg->checkpoint_dir) to out_path
- * as safetensors, names and metadata as above, through out_path.tmp renamed when whole.
- * TD_ENOTFOUND without a checkpoint; TD_EINVAL for an mlp job; TD_ESTATE for a checkpoint of
- * another configuration; TD_EIO / TD_EDISKFULL naming the file. */
-int td_export_safetensors(const td_train_config *cfg, const char *out_path, td_error_t *err);
+/* One tensor to write: its name and shape in the file, its floats, and whether they are stored
+ * transposed here (src is (shape[1], shape[0]) and the file gets its transpose). */
+typedef struct td_st_out {
+    char name[TD_ST_NAME_MAX];
+    int ndim;
+    int64_t shape[TD_ST_MAX_DIMS];
+    const float *src;
+    int transpose;
+} td_st_out;
 
-/* A gpt's dimensions from a safetensors file's shapes: V and C from wte.weight, maxT from
- * wpe.weight, L from the h.N blocks, NH from the metadata's n_head, else n_head (the job's;
- * 0: none, which is an error). Every tensor the model needs must be there with its shape, each
- * name plain or under "transformer." (Hugging Face GPT2LMHeadModel's files); others
- * (lm_head.weight, tied to wte; attention mask buffers) are ignored. TD_EDATA naming the
- * tensor and both shapes ("h.1.mlp.c_fc.weight: (64, 200) in the file, the model needs (64,
- * 256)"), or the open's errors. */
-int td_st_gpt_peek(const char *path, int n_head, struct td_gpt_dims *d, td_error_t *err);
+/* Writes the n tensors t as F32, back to back in that order, with the metadata pairs
+ * meta[0..2*nmeta) (names and values: printable ASCII without quotes or backslashes), through
+ * path.tmp renamed over path when whole. TD_EIO / TD_EDISKFULL naming the file; TD_ENOMEM. */
+int td_st_write(const char *path, const td_st_out *t, int n, const char *const *meta, int nmeta,
+                td_error_t *err);
 
-/* Reads path's tensors into m, whose dimensions must be the file's (td_st_gpt_peek with m's
- * n_head): the transposed weights turned back, wte's padded rows set to 0. Errors as
- * td_st_gpt_peek, TD_ESHAPE when the dimensions differ. */
-int td_st_gpt_load(const char *path, struct td_gpt *m, td_error_t *err);
+/* ---- for messages ------------------------------------------------------------------------- */
 
-/* Checks that path holds every parameter of m (declared: td_sensorlm_declare; data not needed)
- * under its name with its shape: TD_ESHAPE naming the tensor and both shapes
- * ("sensor.patch.weight: (64, 20) in the file, the job's model has (64, 40)"), TD_EDATA for
- * one missing or of a dtype traind does not read. norm.* and other extra tensors are ignored. */
-int td_st_slm_check(const char *path, const struct td_sensorlm *m, td_error_t *err);
+/* The path f was opened with. */
+const char *td_st_path(const td_st_file *f);
 
-/* td_st_slm_check, then reads every parameter into m (allocated: td_params_alloc). */
-int td_st_slm_load(const char *path, struct td_sensorlm *m, td_error_t *err);
+/* A shape as "(4, 8)" into out (size bytes). */
+void td_st_shape_str(char *out, size_t size, int ndim, const int64_t *shape);
 
 #endif

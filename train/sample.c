@@ -1,6 +1,6 @@
-/* td_export_llmc() and td_sample() of train.h: a gpt job's latest checkpoint as an llm.c
- * model file, and text generated from it. Both build the model on their own (no trainer, no
- * dataset) on the caller's thread; sampling runs forwards under its own panic boundary. */
+/* td_sample() of train.h: text generated from a gpt job's latest checkpoint. It builds the
+ * model on its own (no trainer, no dataset) on the caller's thread and runs forwards under
+ * its own panic boundary. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,23 +10,6 @@
 #include "td_panic.h"
 
 #define TEXT_START '\n' /* a text job's first token when the prompt is empty */
-
-int td_export_llmc(const td_train_config *cfg, const char *out_path, td_error_t *err)
-{
-    td_gpt *m = calloc(1, sizeof(*m));
-    td_params p = {0};
-    int64_t step;
-    int rc;
-
-    if (m == NULL)
-        return td_error_set(err, TD_ENOMEM, "no memory for a model");
-    rc = td__train_load_gpt(cfg, m, &p, &step, err);
-    if (rc == 0)
-        rc = td_llmc_save(out_path, m, err);
-    td_params_free(&p);
-    free(m);
-    return rc;
-}
 
 /* The prompt as tokens: a text job's bytes, or a tokens job's ids (decimal, separated by
  * spaces or commas). An empty prompt starts from one token: a newline for text, the last of

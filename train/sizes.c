@@ -1,9 +1,9 @@
 /* A job's sizes (sizes.h): what the trainer allocates by and the memory estimate counts. */
 #include <stdint.h>
 
-#include "safetensors.h"
 #include "sizes.h"
 #include "slm.h"
+#include "weights.h"
 
 int td__train_gpt_dims(const td_train_config *cfg, td_gpt_dims *d, td_error_t *err)
 {
@@ -20,7 +20,7 @@ int td__train_gpt_dims(const td_train_config *cfg, td_gpt_dims *d, td_error_t *e
         d->C = cfg->n_embd;
         return td_gpt_check_dims(d, err);
     }
-    rc = td_st_is_path(f) ? td_st_gpt_peek(f, cfg->n_head, &fd, err) : td_llmc_peek(f, &fd, err);
+    rc = td_weights_gpt_peek(f, cfg->n_head, &fd, err);
     if (rc != 0)
         return rc;
     if (cfg->n_layer != 0 && cfg->n_layer != fd.L)

@@ -56,12 +56,8 @@ static int each_shard(int split, const char (*pats)[TD_PATH_MAX], int n,
         qsort(g.gl_pathv, g.gl_pathc, sizeof(char *), cmp_str);
         for (size_t k = 0; k < g.gl_pathc && rc == 0; k++) {
             struct stat st;
-            fd = td_data_open_fd(g.gl_pathv[k], &st);
-            if (fd < 0) {
-                rc = td_error_set(&e, fd == -EACCES ? TD_EPERM : TD_EDATA, "%s: %s", g.gl_pathv[k],
-                                  strerror(-fd));
+            if ((rc = td_data_open_path(g.gl_pathv[k], TD_OPEN_ANY, &fd, &st, &e)) != 0)
                 break;
-            }
             if (!S_ISREG(st.st_mode)) {
                 close(fd);
                 continue;

@@ -264,6 +264,12 @@ void td_trainer_free(td_trainer *t);
  * job that is not gpt; TD_EIO naming the file. */
 int td_export_llmc(const td_train_config *cfg, const char *out_path, td_error_t *err);
 
+/* Writes the latest checkpoint of the gpt or sensorlm job cfg (cfg->checkpoint_dir) to out_path
+ * as safetensors (the names and metadata of train/weights.h), through out_path.tmp renamed
+ * when whole. TD_ENOTFOUND without a checkpoint; TD_EINVAL for an mlp job; TD_ESTATE for a
+ * checkpoint of another configuration; TD_EIO / TD_EDISKFULL naming the file. */
+int td_export_safetensors(const td_train_config *cfg, const char *out_path, td_error_t *err);
+
 /* Generates ntokens tokens after prompt (bytes, for a text job) from the latest checkpoint of
  * a gpt job, sampling at temperature (0: greedy) from seed, and writes them, NUL-terminated,
  * into out (outsize bytes; longer text is cut). Token jobs write token ids separated by

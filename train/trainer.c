@@ -30,11 +30,11 @@
 #include "ckpt.h"
 #include "data.h"
 #include "engine.h"
-#include "safetensors.h"
 #include "sizes.h"
 #include "slm.h"
 #include "td_clock.h"
 #include "td_panic.h"
+#include "weights.h"
 
 #define CLIP_EPS 1e-6 /* torch.nn.utils.clip_grad_norm_'s: coef = max_norm / (norm + 1e-6) */
 
@@ -204,88 +204,12 @@ static int check_config(const td_train_config *cfg, const td_train_hooks *hooks,
     return 0;
 }
 
-/* Feeds a string's bytes and its terminator (so "ab","c" and "a","bc" differ). */
-static uint64_t hash_str(uint64_t h, const char *s)
-{
-    return td_ckpt_hash(h, s, strlen(s) + 1);
-}
-
-/* Feeds one field's bytes (a scalar: no padding inside). */
-#define HASH(h, field) td_ckpt_hash((h), &(field), sizeof(field))
-
-/* A sensorlm's model keys, field by field. */
-static uint64_t hash_slm(uint64_t h, const td_sensorlm_config *m)
-{
-    h = HASH(h, m->size), h = HASH(h, m->time_steps), h = HASH(h, m->channels);
-    h = HASH(h, m->patch_t), h = HASH(h, m->patch_c), h = HASH(h, m->s_width);
-    h = HASH(h, m->s_depth), h = HASH(h, m->s_heads), h = HASH(h, m->s_mlp), h = HASH(h, m->pool);
-    h = HASH(h, m->text_len), h = HASH(h, m->t_width), h = HASH(h, m->t_depth);
-    h = HASH(h, m->t_heads), h = HASH(h, m->t_mlp), h = HASH(h, m->embed_dim);
-    return h;
-}
-
-/* What must not change across a resume: the model, the data and its order, the optimizer,
- * the schedule and the length of the job (the schedule depends on it). Not the replica
- * layout (a job may resume on another number of devices: the global batch is the same),
- * threads, evaluation, checkpointing or fault injection. */
-uint64_t td__train_config_hash(const td_train_config *c)
-{
-    uint64_t h = TD_CKPT_HASH_INIT;
-
-    h = HASH(h, c->model);
-    h = HASH(h, c->n_layers);
-    h = td_ckpt_hash(h, c->layers, sizeof(int) * (size_t)(c->n_layers > 0 ? c->n_layers : 0));
-    h = HASH(h, c->n_layer), h = HASH(h, c->n_head), h = HASH(h, c->n_embd);
-    h = HASH(h, c->seq_len), h = HASH(h, c->vocab_size);
-    h = hash_str(h, c->init_from);
-    h = HASH(h, c->data);
-    h = hash_str(hash_str(h, c->train.images), c->train.labels);
-    h = HASH(h, c->n_train_files), h = HASH(h, c->n_valid_files);
-    for (int i = 0; i < c->n_train_files && i < TD_MAX_PATTERNS; i++)
-        h = hash_str(h, c->train_files[i]);
-    for (int i = 0; i < c->n_valid_files && i < TD_MAX_PATTERNS; i++)
-        h = hash_str(h, c->valid_files[i]);
-    h = HASH(h, c->valid_fraction), h = HASH(h, c->shuffle), h = HASH(h, c->seed);
-    h = HASH(h, c->optim), h = HASH(h, c->lr), h = HASH(h, c->beta1), h = HASH(h, c->beta2);
-    h = HASH(h, c->eps), h = HASH(h, c->weight_decay), h = HASH(h, c->momentum);
-    h = HASH(h, c->grad_clip);
-    h = HASH(h, c->schedule), h = HASH(h, c->warmup), h = HASH(h, c->cooldown);
-    h = HASH(h, c->min_lr);
-    h = HASH(h, c->batch_size), h = HASH(h, c->epochs), h = HASH(h, c->max_steps);
-    if (c->model == TD_MODEL_SENSORLM) /* only then: the other kinds' hashes stay as they were */
-        h = hash_slm(h, &c->slm);
-    /* Another chunk sums the attention's gradients in other blocks (on the CPU the bits agree
-     * only when both chunks are multiples of its 64-row sgemms or cover the sequence), so a job
-     * resumes with its own. Only when set, so the hash of a job that leaves it 0 stays as it
-     * was before the key existed. */
-    if (c->attn_chunk != 0)
-        h = HASH(h, c->attn_chunk);
-    return h;
-}
-
-/* The checkpoint's float sections: the parameters and the optimizer's moments, each a whole
- * flat buffer (padding included), and a sensorlm's statistics ("norm": the C means, then the C
- * stds its windows are normalised with; norm NULL for the other models). Returns how many. */
-static int ckpt_sections(td_params *p, float *norm, int C, td_ckpt_section *s)
-{
-    int n = 0;
-
-    s[n++] = (td_ckpt_section){.name = "params", .data = p->host_data, .count = p->n};
-    if (p->host_m != NULL)
-        s[n++] = (td_ckpt_section){.name = "m", .data = p->host_m, .count = p->n};
-    if (p->host_v != NULL)
-        s[n++] = (td_ckpt_section){.name = "v", .data = p->host_v, .count = p->n};
-    if (norm != NULL)
-        s[n++] = (td_ckpt_section){.name = "norm", .data = norm, .count = 2 * (size_t)C};
-    return n;
-}
-
-/* The trainer's sections (ckpt_sections). */
+/* The trainer's sections (td__train_ckpt_sections). */
 static int trainer_sections(td_trainer *t, td_ckpt_section *s)
 {
     if (t->sdata != NULL)
-        return ckpt_sections(&t->params, td__slm_norm(t->sdata), t->slm->d.C, s);
-    return ckpt_sections(&t->params, NULL, 0, s);
+        return td__train_ckpt_sections(&t->params, td__slm_norm(t->sdata), t->slm->d.C, s);
+    return td__train_ckpt_sections(&t->params, NULL, 0, s);
 }
 
 /* The model must fit the data: one input per pixel, one output per class present. */
@@ -432,10 +356,8 @@ static int build_gpt(td_trainer *t, td_error_t *err)
         return td_error_set(err, TD_ENOMEM, "no memory for %zu parameters (4 buffers)",
                             t->params.n);
     td_gpt_bind(&t->gpt);
-    if (cfg->init_from[0] != '\0' && td_st_is_path(cfg->init_from))
-        rc = td_st_gpt_load(cfg->init_from, &t->gpt, err);
-    else if (cfg->init_from[0] != '\0')
-        rc = td_llmc_load(cfg->init_from, &t->gpt, err);
+    if (cfg->init_from[0] != '\0')
+        rc = td_weights_gpt_load(cfg->init_from, &t->gpt, err);
     else
         td_gpt_init(&t->gpt, cfg->seed);
     if (rc == 0)
@@ -501,7 +423,7 @@ static int build_sensorlm(td_trainer *t, td_error_t *err)
     if (td_params_alloc(&t->params, td_optim_moments(cfg)) != 0)
         return td_error_set(err, TD_ENOMEM, "no memory for %zu parameters (4 buffers)",
                             t->params.n);
-    if (cfg->init_from[0] != '\0' && (rc = td_st_slm_load(cfg->init_from, t->slm, err)) != 0)
+    if (cfg->init_from[0] != '\0' && (rc = td_weights_slm_load(cfg->init_from, t->slm, err)) != 0)
         return rc;
     if (cfg->init_from[0] == '\0')
         td_sensorlm_init(t->slm, cfg->seed);
@@ -660,77 +582,6 @@ int64_t td_trainer_total_steps(const td_trainer *t)
 int64_t td_trainer_steps_done(const td_trainer *t)
 {
     return t->steps_done;
-}
-
-/* The latest checkpoint of cfg's job into the nsec sections sec (the job's parameters declared
- * and allocated), refused when another configuration wrote it; its step into *step. */
-static int load_latest(const td_train_config *cfg, td_ckpt_section *sec, int nsec, int64_t *step,
-                       td_error_t *err)
-{
-    td_ckpt_meta meta;
-    td_ckpt_found found;
-    int rc = td_ckpt_load_latest(cfg->checkpoint_dir, &meta, sec, nsec, &found, err);
-
-    if (rc == TD_ENOTFOUND)
-        return td_error_set(err, rc, "no checkpoint in %s yet", cfg->checkpoint_dir);
-    if (rc != 0)
-        return rc;
-    if (meta.config_hash != td__train_config_hash(cfg))
-        return td_error_set(err, TD_ESTATE,
-                            "%s was written by a job with another configuration (config hash "
-                            "%016llx, this job's %016llx)",
-                            found.path, (unsigned long long)meta.config_hash,
-                            (unsigned long long)td__train_config_hash(cfg));
-    *step = meta.step;
-    return 0;
-}
-
-/* For export and sampling: a gpt job's model as of its latest checkpoint, with its moments
- * (so the checkpoint's sections match) and step. */
-int td__train_load_gpt(const td_train_config *cfg, td_gpt *m, td_params *p, int64_t *step,
-                       td_error_t *err)
-{
-    td_ckpt_section sec[4];
-    td_gpt_dims d;
-    int rc;
-
-    if (cfg->model != TD_MODEL_GPT)
-        return td_error_set(err, TD_EINVAL, "not a gpt job");
-    if (cfg->checkpoint_dir[0] == '\0')
-        return td_error_set(err, TD_ENOTFOUND, "the job has no checkpoint directory");
-    rc = td__train_gpt_dims(cfg, &d, err);
-    if (rc == 0)
-        rc = td_gpt_declare(m, p, &d, err);
-    if (rc != 0)
-        return rc;
-    m->attn_chunk = cfg->attn_chunk;
-    if (td_params_alloc(p, td_optim_moments(cfg)) != 0)
-        return td_error_set(err, TD_ENOMEM, "no memory for %zu parameters", p->n);
-    td_gpt_bind(m);
-    return load_latest(cfg, sec, ckpt_sections(p, NULL, 0, sec), step, err);
-}
-
-/* For embedders and export: a sensorlm job's model as of its latest checkpoint, with its
- * moments (so the checkpoint's sections match), step and statistics. */
-int td__train_load_sensorlm(const td_train_config *cfg, td_sensorlm *m, td_params *p, int64_t *step,
-                            float *norm, td_error_t *err)
-{
-    td_ckpt_section sec[4];
-    td_slm_dims d;
-    int rc;
-
-    if (cfg->model != TD_MODEL_SENSORLM)
-        return td_error_set(err, TD_EINVAL, "not a sensorlm job");
-    if (cfg->checkpoint_dir[0] == '\0')
-        return td_error_set(err, TD_ENOTFOUND, "the job has no checkpoint directory");
-    rc = td__train_slm_dims(cfg, &d, NULL, err);
-    if (rc == 0)
-        rc = td_sensorlm_declare(m, p, &d, err);
-    if (rc != 0)
-        return rc;
-    if (td_params_alloc(p, td_optim_moments(cfg)) != 0)
-        return td_error_set(err, TD_ENOMEM, "no memory for %zu parameters", p->n);
-    return load_latest(cfg, sec, ckpt_sections(p, norm, d.C, sec), step, err);
 }
 
 /* ---- evaluation ----------------------------------------------------------------------------- */

@@ -25,6 +25,7 @@
 #include "fuzz.h"
 #include "jobspec.h"
 #include "sensor.h"
+#include "weights.h"
 
 #define FIXTURES "/tmp/traind-fuzz-jobspec"
 
@@ -77,7 +78,7 @@ static void copy_fixture(const char *path, const char *name)
     free(bytes);
 }
 
-/* A 1-layer GPT of vocabulary 256, written by td_llmc_save. */
+/* A 1-layer GPT of vocabulary 256, written by td_weights_gpt_save_llmc. */
 static void put_model(void)
 {
     static td_gpt m;
@@ -90,7 +91,7 @@ static void put_model(void)
     td_gpt_bind(&m);
     td_gpt_init(&m, 1);
     tdf_path(path, sizeof(path), "model.bin");
-    TDF_CHECK(td_llmc_save(path, &m, &err) == 0);
+    TDF_CHECK(td_weights_gpt_save_llmc(path, &m, &err) == 0);
     copy_fixture(path, "model.bin");
     td_params_free(&p);
 }

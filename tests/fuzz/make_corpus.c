@@ -1,8 +1,8 @@
 /* Writes the seed corpus of the libFuzzer targets (corpus/NAME/seed-*) with the project's own
- * writers where it has them (frames with td_pw, llm.c models with td_llmc_save, sensor shards
- * with td_sensor_writer), so that the seeds follow the formats as the code writes them. Files
- * the fuzzers found (corpus/NAME/regress-*) are not touched.
- *   usage: fuzz_make_corpus DIR   (DIR: tests/fuzz/corpus; its NAME folders must exist) */
+ * writers where it has them (frames with td_pw, llm.c models with td_weights_gpt_save_llmc, sensor
+ * shards with td_sensor_writer), so that the seeds follow the formats as the code writes them.
+ * Files the fuzzers found (corpus/NAME/regress-*) are not touched. usage: fuzz_make_corpus DIR
+ * (DIR: tests/fuzz/corpus; its NAME folders must exist) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +14,7 @@
 #include "engine.h"
 #include "proto.h"
 #include "sensor.h"
+#include "weights.h"
 
 #define FIXTURES "/tmp/traind-fuzz-jobspec" /* fuzz_jobspec.c's fixture directory */
 
@@ -731,7 +732,7 @@ static void model(const char *name, td_gpt_dims d, int old_version)
     td_gpt_bind(&m);
     td_gpt_init(&m, 42);
     snprintf(path, sizeof(path), "%s/llmc/.model.tmp", root);
-    if (td_llmc_save(path, &m, &err) != 0 || (f = fopen(path, "rb")) == NULL)
+    if (td_weights_gpt_save_llmc(path, &m, &err) != 0 || (f = fopen(path, "rb")) == NULL)
         die(err.msg);
     while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
         put(&b, chunk, n);
