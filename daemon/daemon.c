@@ -1048,7 +1048,7 @@ static int submit_refused(td_daemon *d, int rc, td_error_t *err)
 {
     td_error_t why = *err;
 
-    if (rc == TD_ESTORE && td_store_locked(d->store))
+    if (rc == TD_EBUSY)
         return td_error_set(err, TD_EBUSY, "the store is locked by another process; try again (%s)",
                             why.msg);
     if (rc == TD_EDISKFULL)
@@ -1350,7 +1350,7 @@ static int purge_refused(td_daemon *d, int rc, td_error_t *err)
 {
     td_error_t why = *err;
 
-    if (rc == TD_ESTORE && td_store_locked(d->store))
+    if (rc == TD_EBUSY)
         return td_error_set(err, TD_EBUSY, "the store is locked by another process; try again (%s)",
                             why.msg);
     return rc;

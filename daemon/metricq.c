@@ -273,9 +273,7 @@ static int write_retrying(td_mq *q, size_t n, td_error_t *e, int *give_up)
             stall_end(q);
             return 0;
         }
-        kind = rc == TD_ESTORE && td_store_locked(q->store) ? STALL_LOCK
-               : rc == TD_EDISKFULL                         ? STALL_FULL
-                                                            : STALL_NONE;
+        kind = rc == TD_EBUSY ? STALL_LOCK : rc == TD_EDISKFULL ? STALL_FULL : STALL_NONE;
         if (kind == STALL_NONE)
             return rc;
         if (kind == STALL_FULL && room_ran_out(q, e)) {

@@ -14,7 +14,7 @@
  *
  * What the store thread waits out, and what it gives up on (nothing is ever dropped
  * silently):
- *   - A lock held by another process (td_store_locked: an sqlite3 shell inside BEGIN
+ *   - A lock held by another process (TD_EBUSY: an sqlite3 shell inside BEGIN
  *     IMMEDIATE, a backup): the batch is tried again with a backoff from TD_MQ_BACKOFF_MIN_MS
  *     doubling to TD_MQ_BACKOFF_MAX_MS, for as long as the lock lasts. Meanwhile the queue
  *     fills and then blocks the producers, so a job pauses instead of losing rows. A warning
