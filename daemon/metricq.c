@@ -29,6 +29,7 @@ struct td_mq_sink {
     uint64_t err_batch; /* batch number of the last error attached, so one batch counts once */
     td_error_t refused; /* code != 0 once the store gave up on this sink; guarded by q->mu */
     int told;           /* the failure callback has named this sink's job; guarded by q->mu */
+    void *ud;           /* for the failure callback */
     double blocked_ms;
 };
 
@@ -146,7 +147,7 @@ static void account(td_mq *q, size_t from, size_t to, int rc, const td_error_t *
         if (rc != 0 && !s->told) {
             s->told = 1;
             if (q->failed_cb != NULL)
-                q->failed_cb(q->failed_ud, s->job, e);
+                q->failed_cb(q->failed_ud, s->ud, s->job, e);
         }
         q->written += rc == 0;
         s->done++;
@@ -562,7 +563,7 @@ int td_mq_stalled(td_mq *q, char *why, size_t size)
     return stall != STALL_NONE;
 }
 
-int td_mq_sink_open(td_mq *q, int64_t job, td_mq_sink **out)
+int td_mq_sink_open(td_mq *q, int64_t job, void *ud, td_mq_sink **out)
 {
     td_mq_sink *s = calloc(1, sizeof(*s));
 
@@ -570,6 +571,7 @@ int td_mq_sink_open(td_mq *q, int64_t job, td_mq_sink **out)
         return TD_ENOMEM;
     s->q = q;
     s->job = job;
+    s->ud = ud;
     *out = s;
     return 0;
 }

@@ -105,7 +105,7 @@ static void test_flush_waits_for_queued_events(void **state)
     td_error_t err;
 
     assert_int_equal(td_mq_start(&q, f->db, 0, on_durable, f, &err), 0);
-    assert_int_equal(td_mq_sink_open(q, f->job, &s), 0);
+    assert_int_equal(td_mq_sink_open(q, f->job, NULL, &s), 0);
     for (int i = 1; i <= 20000; i++)
         assert_int_equal(td_mq_push(s, i % 2 ? "a" : "b", i, i * 0.5, &err), 0);
     assert_int_equal(td_mq_flush(s, &err), 0);
@@ -129,8 +129,8 @@ static void test_errors_reported_once_in_order(void **state)
     int rc;
 
     assert_int_equal(td_mq_start(&q, f->db, 0, NULL, NULL, &err), 0);
-    assert_int_equal(td_mq_sink_open(q, 999, &bad), 0);
-    assert_int_equal(td_mq_sink_open(q, f->job, &good), 0);
+    assert_int_equal(td_mq_sink_open(q, 999, NULL, &bad), 0);
+    assert_int_equal(td_mq_sink_open(q, f->job, NULL, &good), 0);
     assert_int_equal(td_mq_push(bad, "x", 1, 1.0, &err), 0);
     assert_int_equal(td_mq_flush(bad, &err), TD_ENOTFOUND);
     assert_non_null(strstr(err.msg, "job 999"));
@@ -189,7 +189,7 @@ static void test_full_queue_blocks_and_unblocks(void **state)
     pthread_t t;
 
     assert_int_equal(td_mq_start(&q, f->db, 64, NULL, NULL, &err), 0);
-    assert_int_equal(td_mq_sink_open(q, f->job, &s), 0);
+    assert_int_equal(td_mq_sink_open(q, f->job, NULL, &s), 0);
     /* Hold the write lock from the test's connection so the store thread cannot commit. */
     assert_int_equal(td__store_exec(f->s, "BEGIN IMMEDIATE", &err), 0);
     p = (pusher){.s = s, .n = 1000};
@@ -215,7 +215,7 @@ static void test_dying_store_thread_is_reported(void **state)
     td_error_t err;
 
     assert_int_equal(td_mq_start(&q, f->db, 16, NULL, NULL, &err), 0);
-    assert_int_equal(td_mq_sink_open(q, f->job, &s), 0);
+    assert_int_equal(td_mq_sink_open(q, f->job, NULL, &s), 0);
     assert_int_equal(td_mq_push(s, "k", 1, 1.0, &err), 0);
     assert_int_equal(td_mq_flush(s, &err), 0);
     td_mq_kill(q, TD_EIO, "disk vanished");
@@ -265,7 +265,7 @@ static void test_outside_lock_is_waited_out(void **state)
     pthread_t t;
 
     assert_int_equal(td_mq_start(&q, f->db, 0, on_durable, f, &err), 0);
-    assert_int_equal(td_mq_sink_open(q, f->job, &s), 0);
+    assert_int_equal(td_mq_sink_open(q, f->job, NULL, &s), 0);
     assert_int_equal(sqlite3_open(f->db, &db), SQLITE_OK);
     /* The store thread's writes hold the lock now and then, briefly. */
     sqlite3_busy_timeout(db, 10000);
@@ -357,23 +357,26 @@ typedef struct failures {
     pthread_mutex_t mu;
     int calls;
     int64_t job;
+    void *sink_ud; /* the last call's */
     td_error_t err;
 } failures;
 
-static void on_failed(void *ud, int64_t job, const td_error_t *err)
+static void on_failed(void *ud, void *sink_ud, int64_t job, const td_error_t *err)
 {
     failures *fs = ud;
 
     pthread_mutex_lock(&fs->mu);
     fs->calls++;
     fs->job = job;
+    fs->sink_ud = sink_ud;
     fs->err = *err;
     pthread_mutex_unlock(&fs->mu);
 }
 
 /* Samples the store refuses for another reason (here: no such job) fail their sink's job:
- * the failure callback names it, once however many batches fail; the samples are still
- * queued (test_errors_reported_once_in_order). */
+ * the failure callback names it and hands back the sink's own ud (a run's reserved event
+ * rides on it), once however many batches fail; the samples are still queued
+ * (test_errors_reported_once_in_order). */
 static void test_failure_callback_names_job_once(void **state)
 {
     fixture *f = *state;
@@ -384,7 +387,7 @@ static void test_failure_callback_names_job_once(void **state)
 
     assert_int_equal(td_mq_start(&q, f->db, 0, NULL, NULL, &err), 0);
     td_mq_on_failure(q, on_failed, &fs);
-    assert_int_equal(td_mq_sink_open(q, 999, &bad), 0);
+    assert_int_equal(td_mq_sink_open(q, 999, &bad, &bad), 0);
     assert_int_equal(td_mq_push(bad, "x", 1, 1.0, &err), 0);
     assert_int_equal(td_mq_flush(bad, &err), TD_ENOTFOUND);
     assert_int_equal(td_mq_push(bad, "x", 2, 1.0, &err), 0);
@@ -392,6 +395,7 @@ static void test_failure_callback_names_job_once(void **state)
     pthread_mutex_lock(&fs.mu);
     assert_int_equal(fs.calls, 1);
     assert_int_equal(fs.job, 999);
+    assert_ptr_equal(fs.sink_ud, &bad);
     assert_int_equal(fs.err.code, TD_ENOTFOUND);
     pthread_mutex_unlock(&fs.mu);
     td_mq_sink_close(bad);
@@ -414,7 +418,7 @@ static void test_disk_full_waits_for_room(void **state)
     if (full_fixture(f, mnt, sizeof(mnt)) != 0)
         skip();
     assert_int_equal(td_mq_start(&q, f->db, 0, on_durable, f, &err), 0);
-    assert_int_equal(td_mq_sink_open(q, f->job, &s), 0);
+    assert_int_equal(td_mq_sink_open(q, f->job, NULL, &s), 0);
     reader = fill(f, mnt);
     for (int i = 1; i <= 20000; i++)
         assert_int_equal(td_mq_push(s, i % 2 ? "a" : "b", i, i, &err), 0);
@@ -455,7 +459,7 @@ static void test_disk_full_gives_up_after_wait(void **state)
     assert_int_equal(td_mq_start(&q, f->db, 0, on_durable, f, &err), 0);
     td_mq_on_failure(q, on_failed, &fs);
     td_mq_set_full_wait(q, 500);
-    assert_int_equal(td_mq_sink_open(q, f->job, &s), 0);
+    assert_int_equal(td_mq_sink_open(q, f->job, NULL, &s), 0);
     reader = fill(f, mnt);
     t0 = now_ms();
     for (int i = 1; i <= 20000; i++)
@@ -475,7 +479,7 @@ static void test_disk_full_gives_up_after_wait(void **state)
     assert_int_equal(td_mq_flush(s, &err), 0);
     td_mq_sink_close(s);
     unfill(mnt, reader);
-    assert_int_equal(td_mq_sink_open(q, f->job, &s), 0);
+    assert_int_equal(td_mq_sink_open(q, f->job, NULL, &s), 0);
     assert_int_equal(td_mq_push(s, "b", 1, 1, &err), 0);
     assert_int_equal(td_mq_flush(s, &err), 0);
     pthread_mutex_lock(&fs.mu);
