@@ -325,7 +325,8 @@ static void wal_watch(td_mq *q)
 
 /* A batch that failed is written again one sink at a time, so that one job's bad sample
  * (or its deleted row) does not cost other jobs theirs. Groups samples by sink in place,
- * keeping each sink's order. Called without q->mu; returns with q->mu held. */
+ * keeping each sink's order. Called and returns without q->mu, which it takes to account for
+ * each sink's samples. */
 static void write_per_sink(td_mq *q, size_t n, uint64_t batch_no)
 {
     size_t start = 0;
@@ -354,7 +355,6 @@ static void write_per_sink(td_mq *q, size_t n, uint64_t batch_no)
         if (start == n)
             break;
     }
-    pthread_mutex_lock(&q->mu);
 }
 
 /* Takes up to TD_MQ_BATCH samples off the ring into q->batch and q->rows, leaving out (and
@@ -389,7 +389,7 @@ static void write_batch(td_mq *q)
 {
     td_error_t e = {0};
     uint64_t batch_no;
-    int rc, one_sink, give_up;
+    int rc, one_sink, give_up, per_sink;
     size_t n = take_batch(q, &one_sink);
 
     if (n == 0)
@@ -400,14 +400,14 @@ static void write_batch(td_mq *q)
     rc = write_retrying(q, n, &e, &give_up);
     if (rc == 0)
         wal_watch(q);
-    if (rc != 0 && !give_up && !one_sink) {
+    per_sink = rc != 0 && !give_up && !one_sink;
+    if (per_sink)
         write_per_sink(q, n, batch_no);
-    } else {
-        if (rc == 0 && q->cb != NULL)
-            notify_durable(q, q->batch, n);
-        pthread_mutex_lock(&q->mu);
+    else if (rc == 0 && q->cb != NULL)
+        notify_durable(q, q->batch, n);
+    pthread_mutex_lock(&q->mu);
+    if (!per_sink)
         account(q, 0, n, rc, &e, batch_no, give_up);
-    }
     pthread_cond_broadcast(&q->progress);
 }
 
