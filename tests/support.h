@@ -58,6 +58,7 @@ typedef struct ts_watched {
 long long ts_now_ms(void);
 const char *ts_env_or(const char *name, const char *dflt);
 int ts_kill_leftover(void **state);
+const char *ts_bin_for_user(const char *bin, uid_t uid, gid_t gid);
 int ts_can_connect(const char *sock);
 
 /* A traind of the tests' own. */

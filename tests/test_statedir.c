@@ -106,6 +106,8 @@ static int run_refused(const char *const *args, const char *log, uid_t uid)
     int status = 0;
     pid_t pid;
 
+    if (uid != (uid_t)-1)
+        bin = ts_bin_for_user(bin, uid, uid);
     argv[n++] = bin;
     for (size_t i = 0; args[i] != NULL && n + 1 < sizeof(argv) / sizeof(argv[0]); i++)
         argv[n++] = args[i];
