@@ -474,6 +474,42 @@ void ts_wait_state(ts_client *c, int64_t id, const char *want, int timeout_s)
     fail_msg("job %lld is %s, not %s, after %d s", (long long)id, state, want, timeout_s);
 }
 
+/* Polls job id's status until it has run past step; fails the test after timeout_s. */
+void ts_wait_step(ts_client *c, int64_t id, int64_t step, int timeout_s)
+{
+    int64_t now = 0;
+
+    for (long long until = ts_now_ms() + timeout_s * 1000LL; ts_now_ms() < until;) {
+        now = ts_job_status(c, id, NULL, 0);
+        if (now > step)
+            return;
+        usleep(STATUS_POLL_MS * 1000);
+    }
+    fail_msg("job %lld is at step %lld, not past %lld, after %d s", (long long)id, (long long)now,
+             (long long)step, timeout_s);
+}
+
+/* Polls info until the daemon holds n connections (c's own included); fails the test after
+ * timeout_s. */
+void ts_wait_clients(ts_client *c, size_t n, int timeout_s)
+{
+    size_t now = 0;
+
+    for (long long until = ts_now_ms() + timeout_s * 1000LL; ts_now_ms() < until;) {
+        td_proto_frame *f;
+        ts_begin(c, "info", 0);
+        ts_client_send(c);
+        f = ts_client_recv(c);
+        assert_non_null(f);
+        now = (size_t)ts_get_i(td_proto_frame_root(f), "clients_total");
+        td_proto_frame_free(f);
+        if (now == n)
+            return;
+        usleep(STATUS_POLL_MS * 1000);
+    }
+    fail_msg("the daemon holds %zu connections, not %zu, after %d s", now, n, timeout_s);
+}
+
 /* Records one metric row [key, step, value, time] of a watch into out. */
 static void watch_row(const td_pval *row, ts_watched *out)
 {

@@ -90,6 +90,8 @@ int64_t ts_submitted(ts_client *c);
 td_proto_frame *ts_status(ts_client *c, int64_t id, const td_pval **job);
 int64_t ts_job_status(ts_client *c, int64_t id, char *state, size_t size);
 void ts_wait_state(ts_client *c, int64_t id, const char *want, int timeout_s);
+void ts_wait_step(ts_client *c, int64_t id, int64_t step, int timeout_s);
+void ts_wait_clients(ts_client *c, size_t n, int timeout_s);
 void ts_watch_to_end(ts_client *c, int64_t id, ts_watched *out);
 
 #endif

@@ -177,14 +177,27 @@ static void *push_many(void *arg)
     return NULL;
 }
 
+static long long now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+#define HOLD_MS 200 /* how long the full queue is kept full, once it is */
+
 /* A full queue blocks the producer (nothing is dropped) and unblocks as the store drains;
- * the time blocked is counted. The store is held busy by an open write transaction. */
+ * the time blocked is counted. The store is held busy by an open write transaction: once the
+ * queue is full (the store thread holds a batch it cannot commit, and the ring is full
+ * behind it), the producer of 1000 samples is blocked until the commit, HOLD_MS later. */
 static void test_full_queue_blocks_and_unblocks(void **state)
 {
     fixture *f = *state;
     td_mq *q;
     td_mq_sink *s;
     td_error_t err;
+    td_mq_stats_t st = {0};
     pusher p;
     pthread_t t;
 
@@ -194,12 +207,19 @@ static void test_full_queue_blocks_and_unblocks(void **state)
     assert_int_equal(td__store_exec(f->s, "BEGIN IMMEDIATE", &err), 0);
     p = (pusher){.s = s, .n = 1000};
     pthread_create(&t, NULL, push_many, &p);
-    usleep(300 * 1000);
+    for (long long until = now_ms() + 5000; now_ms() < until; usleep(1000)) {
+        td_mq_stats(q, &st);
+        if (st.queued == st.capacity)
+            break;
+    }
+    assert_int_equal(st.queued, 64);
+    assert_int_equal(__atomic_load_n(&p.done, __ATOMIC_SEQ_CST), 0);
+    usleep(HOLD_MS * 1000);
     assert_int_equal(__atomic_load_n(&p.done, __ATOMIC_SEQ_CST), 0);
     assert_int_equal(td__store_exec(f->s, "COMMIT", &err), 0);
     pthread_join(t, NULL);
     assert_int_equal(td_mq_flush(s, &err), 0);
-    assert_true(td_mq_sink_blocked_ms(s) >= 100.0);
+    assert_true(td_mq_sink_blocked_ms(s) >= HOLD_MS);
     assert_int_equal(stored(f, f->job), 1000);
     td_mq_sink_close(s);
     td_mq_stop(q);
@@ -224,14 +244,6 @@ static void test_dying_store_thread_is_reported(void **state)
     assert_non_null(strstr(err.msg, "disk vanished"));
     td_mq_sink_close(s);
     td_mq_stop(q);
-}
-
-static long long now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 typedef struct flusher {

@@ -421,7 +421,7 @@ static void test_one_daemon_per_state_dir(void **state)
     /* The first daemon's job was not requeued by the second: it runs on, its steps grow. */
     before = ts_job_status(&c, job, st, sizeof(st));
     assert_string_equal(st, "running");
-    usleep(500 * 1000);
+    wait_step(&c, job, before + 1, 60);
     after = ts_job_status(&c, job, st, sizeof(st));
     assert_string_equal(st, "running");
     assert_true(after > before);
