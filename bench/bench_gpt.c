@@ -357,7 +357,7 @@ static int run_metrics(const opts *o)
         goto out;
     }
     store_tid = newest_task();
-    if (td_mq_sink_open(q, job, &m.sink) != 0)
+    if (td_mq_sink_open(q, job, NULL, &m.sink) != 0)
         goto out;
     gpt_config(&cfg, o, WARMUP_STEPS + (int64_t)nblocks * block);
     if (trainer_new(&t, &cfg, &hooks) != 0)

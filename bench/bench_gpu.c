@@ -364,6 +364,7 @@ static int guarded(void (*fn)(void *), void *arg)
 {
     td_boundary b;
 
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         fn(arg);
         td_boundary_leave(&b);

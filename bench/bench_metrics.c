@@ -76,7 +76,7 @@ static void *produce(void *arg)
     td_mq_sink *s;
     td_error_t err;
 
-    if (td_mq_sink_open(p->q, p->job, &s) != 0)
+    if (td_mq_sink_open(p->q, p->job, NULL, &s) != 0)
         return NULL;
     for (long i = 0; i < p->rows; i++)
         if (td_mq_push(s, key_names[i % KEYS], i / KEYS + 1, (double)i * 1e-3, &err) != 0)

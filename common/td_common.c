@@ -74,7 +74,7 @@ void td_error_clear(td_error_t *err)
 
 _Thread_local td_boundary *td__boundary_top;
 
-void td__boundary_enter(td_boundary *b)
+void td_boundary_enter(td_boundary *b)
 {
     td_error_clear(&b->err);
     b->prev = td__boundary_top;

@@ -743,7 +743,12 @@ static void on_mail(void *ud)
 {
     td_daemon *d = ud;
     td_event *ev = td_mailbox_take(&d->mailbox);
+    uint64_t dropped = td_mailbox_take_dropped(&d->mailbox);
 
+    if (dropped > 0)
+        td_log_warn("out of memory: %llu progress or durable notices from the workers and the "
+                    "store thread were dropped (later ones replace them)",
+                    (unsigned long long)dropped);
     while (ev != NULL) {
         td_event *next = ev->next;
         handle_event(d, ev);
@@ -763,16 +768,9 @@ static void on_durable(void *ud, int64_t job, int64_t step)
 {
     td_event *ev = td_event_new(TD_EV_DURABLE, job);
 
-    ev->step = step;
-    td_mailbox_post(ud, ev);
-}
-
-/* The store thread's failure callback (the store thread): job's rows could not be stored. */
-static void on_store_failed(void *ud, int64_t job, const td_error_t *err)
-{
-    td_event *ev = td_event_new(TD_EV_STORE_FAILED, job);
-
-    ev->err = *err;
+    /* NULL: dropped and counted (mailbox.h); the job's next batch says it again. */
+    if (ev != NULL)
+        ev->step = step;
     td_mailbox_post(ud, ev);
 }
 
@@ -941,7 +939,7 @@ int td_daemon_new(td_daemon **out, uv_loop_t *loop, const td_config *cfg, td_err
     rc = td_mq_start(&d->mq, cfg->db_path, 0, on_durable, &d->mailbox, err);
     if (rc != 0)
         goto fail_queue;
-    td_mq_on_failure(d->mq, on_store_failed, &d->mailbox);
+    td_mq_on_failure(d->mq, td_run_on_store_failed, NULL);
     td_mq_set_full_wait(d->mq, cfg->disk_full_wait_s * 1e3);
     n = workers_plan(d, err);
     rc = n < 0 ? n : td_workers_start(d->workers, n, err);
@@ -1048,7 +1046,7 @@ static int submit_refused(td_daemon *d, int rc, td_error_t *err)
 {
     td_error_t why = *err;
 
-    if (rc == TD_ESTORE && td_store_locked(d->store))
+    if (rc == TD_EBUSY)
         return td_error_set(err, TD_EBUSY, "the store is locked by another process; try again (%s)",
                             why.msg);
     if (rc == TD_EDISKFULL)
@@ -1350,7 +1348,7 @@ static int purge_refused(td_daemon *d, int rc, td_error_t *err)
 {
     td_error_t why = *err;
 
-    if (rc == TD_ESTORE && td_store_locked(d->store))
+    if (rc == TD_EBUSY)
         return td_error_set(err, TD_EBUSY, "the store is locked by another process; try again (%s)",
                             why.msg);
     return rc;

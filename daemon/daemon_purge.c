@@ -244,9 +244,9 @@ static int step(td_purge *p, int *more, td_error_t *err)
 static void report_progress(td_purge *p);
 
 /* The store was locked by another process or full: the work waits, and is tried again. */
-static int pausable(td_purge *p, int rc)
+static int pausable(int rc)
 {
-    return (rc == TD_ESTORE && td_store_locked(p->store)) || rc == TD_EDISKFULL || rc == TD_EBUSY;
+    return rc == TD_EBUSY || rc == TD_EDISKFULL;
 }
 
 static void on_retry(uv_timer_t *t)
@@ -262,7 +262,7 @@ static void step_failed(td_purge *p, int rc, const td_error_t *err)
     double now = td_mono_ms();
     td_purge_result r = {0};
 
-    if (pausable(p, rc)) {
+    if (pausable(rc)) {
         if (p->paused_since == 0) {
             p->paused_since = now;
             p->retry_ms = TD_PURGE_RETRY_MIN_MS;

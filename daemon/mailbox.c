@@ -2,7 +2,6 @@
 #include <stdlib.h>
 
 #include "mailbox.h"
-#include "td_log.h"
 
 static void on_async(uv_async_t *h)
 {
@@ -27,15 +26,24 @@ int td_mailbox_init(td_mailbox *mb, uv_loop_t *loop, td_mailbox_cb cb, void *ud)
 
 void td_mailbox_post(td_mailbox *mb, td_event *ev)
 {
-    ev->next = NULL;
-    pthread_mutex_lock(&mb->mu);
-    if (mb->tail != NULL)
-        mb->tail->next = ev;
-    else
-        mb->head = ev;
-    mb->tail = ev;
-    pthread_mutex_unlock(&mb->mu);
+    if (ev == NULL) {
+        atomic_fetch_add(&mb->dropped, 1);
+    } else {
+        ev->next = NULL;
+        pthread_mutex_lock(&mb->mu);
+        if (mb->tail != NULL)
+            mb->tail->next = ev;
+        else
+            mb->head = ev;
+        mb->tail = ev;
+        pthread_mutex_unlock(&mb->mu);
+    }
     uv_async_send(&mb->async);
+}
+
+uint64_t td_mailbox_take_dropped(td_mailbox *mb)
+{
+    return atomic_exchange(&mb->dropped, 0);
 }
 
 void td_mailbox_wake(td_mailbox *mb)
@@ -71,16 +79,16 @@ void td_mailbox_close(td_mailbox *mb)
     pthread_mutex_destroy(&mb->mu);
 }
 
+void *(*td__event_calloc)(size_t n, size_t size) = calloc;
+
 td_event *td_event_new(td_event_kind kind, int64_t job)
 {
-    td_event *ev = calloc(1, sizeof(*ev));
+    td_event *ev = td__event_calloc(1, sizeof(*ev));
 
-    if (ev == NULL) {
-        td_log_err("out of memory posting an event for job %lld", (long long)job);
-        abort();
+    if (ev != NULL) {
+        ev->kind = kind;
+        ev->job = job;
     }
-    ev->kind = kind;
-    ev->job = job;
     return ev;
 }
 

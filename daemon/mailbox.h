@@ -4,12 +4,20 @@
  * one uv_async_t; the loop takes every posted event at once, oldest first (libuv coalesces the
  * wake-ups, so the taker always drains the whole list).
  *
+ * An event that cannot be allocated is not worth the daemon's life (STYLE.md habit 17), and
+ * the events that must not be lost do not depend on it: a run reserves its STARTED, DONE and
+ * STORE_FAILED events when it is created (run.h), where a failure is an error the loop
+ * handles. What is left, PROGRESS and DURABLE, each says "look again" and a later one says it
+ * too, so one that cannot be allocated is dropped and counted, and the loop logs the count.
+ *
  * Threads: td_mailbox_post, td_mailbox_wake and td_event_new from any thread; the rest on the
  * loop thread. Public because it embeds a libuv handle (STYLE.md habit 2). */
 #ifndef TD_MAILBOX_H
 #define TD_MAILBOX_H
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -46,14 +54,19 @@ typedef struct td_mailbox {
     td_mailbox_cb cb;
     void *ud;
     int open;
+    atomic_ullong dropped; /* events that could not be allocated since the last take */
 } td_mailbox;
 
 /* Starts mb on loop; cb(ud) runs on the loop thread after posts. A libuv code on failure
  * (nothing to close then). */
 int td_mailbox_init(td_mailbox *mb, uv_loop_t *loop, td_mailbox_cb cb, void *ud);
 
-/* Appends ev and wakes the loop. Any thread; takes ev. */
+/* Appends ev and wakes the loop. Any thread; takes ev. ev NULL is an event td_event_new could
+ * not allocate: it is counted (td_mailbox_take_dropped) and the loop woken to say so. */
 void td_mailbox_post(td_mailbox *mb, td_event *ev);
+
+/* How many events were dropped since the last call, and resets the count. Loop thread. */
+uint64_t td_mailbox_take_dropped(td_mailbox *mb);
 
 /* Wakes the loop without an event: cb runs at its next turn. Any thread. */
 void td_mailbox_wake(td_mailbox *mb);
@@ -67,9 +80,12 @@ td_event *td_mailbox_take(td_mailbox *mb);
  * run the close. Accepts a mailbox that was never opened. */
 void td_mailbox_close(td_mailbox *mb);
 
-/* A zeroed event. Any thread. Aborts when out of memory: losing an event would leave a job
- * or a watcher hanging, and nothing sane remains at that point. */
+/* A zeroed event, or NULL when out of memory (see above for what that costs). Any thread. */
 td_event *td_event_new(td_event_kind kind, int64_t job);
 void td_event_free(td_event *ev); /* accepts NULL */
+
+/* For tests: the allocator td_event_new calls (calloc unless a test sets it), so that a test
+ * can make allocations fail. Set it only while no other thread can be allocating an event. */
+extern void *(*td__event_calloc)(size_t n, size_t size);
 
 #endif

@@ -29,6 +29,7 @@ struct td_mq_sink {
     uint64_t err_batch; /* batch number of the last error attached, so one batch counts once */
     td_error_t refused; /* code != 0 once the store gave up on this sink; guarded by q->mu */
     int told;           /* the failure callback has named this sink's job; guarded by q->mu */
+    void *ud;           /* for the failure callback */
     double blocked_ms;
 };
 
@@ -146,7 +147,7 @@ static void account(td_mq *q, size_t from, size_t to, int rc, const td_error_t *
         if (rc != 0 && !s->told) {
             s->told = 1;
             if (q->failed_cb != NULL)
-                q->failed_cb(q->failed_ud, s->job, e);
+                q->failed_cb(q->failed_ud, s->ud, s->job, e);
         }
         q->written += rc == 0;
         s->done++;
@@ -273,9 +274,7 @@ static int write_retrying(td_mq *q, size_t n, td_error_t *e, int *give_up)
             stall_end(q);
             return 0;
         }
-        kind = rc == TD_ESTORE && td_store_locked(q->store) ? STALL_LOCK
-               : rc == TD_EDISKFULL                         ? STALL_FULL
-                                                            : STALL_NONE;
+        kind = rc == TD_EBUSY ? STALL_LOCK : rc == TD_EDISKFULL ? STALL_FULL : STALL_NONE;
         if (kind == STALL_NONE)
             return rc;
         if (kind == STALL_FULL && room_ran_out(q, e)) {
@@ -326,7 +325,8 @@ static void wal_watch(td_mq *q)
 
 /* A batch that failed is written again one sink at a time, so that one job's bad sample
  * (or its deleted row) does not cost other jobs theirs. Groups samples by sink in place,
- * keeping each sink's order. Called without q->mu; returns with q->mu held. */
+ * keeping each sink's order. Called and returns without q->mu, which it takes to account for
+ * each sink's samples. */
 static void write_per_sink(td_mq *q, size_t n, uint64_t batch_no)
 {
     size_t start = 0;
@@ -355,7 +355,6 @@ static void write_per_sink(td_mq *q, size_t n, uint64_t batch_no)
         if (start == n)
             break;
     }
-    pthread_mutex_lock(&q->mu);
 }
 
 /* Takes up to TD_MQ_BATCH samples off the ring into q->batch and q->rows, leaving out (and
@@ -390,7 +389,7 @@ static void write_batch(td_mq *q)
 {
     td_error_t e = {0};
     uint64_t batch_no;
-    int rc, one_sink, give_up;
+    int rc, one_sink, give_up, per_sink;
     size_t n = take_batch(q, &one_sink);
 
     if (n == 0)
@@ -401,14 +400,14 @@ static void write_batch(td_mq *q)
     rc = write_retrying(q, n, &e, &give_up);
     if (rc == 0)
         wal_watch(q);
-    if (rc != 0 && !give_up && !one_sink) {
+    per_sink = rc != 0 && !give_up && !one_sink;
+    if (per_sink)
         write_per_sink(q, n, batch_no);
-    } else {
-        if (rc == 0 && q->cb != NULL)
-            notify_durable(q, q->batch, n);
-        pthread_mutex_lock(&q->mu);
+    else if (rc == 0 && q->cb != NULL)
+        notify_durable(q, q->batch, n);
+    pthread_mutex_lock(&q->mu);
+    if (!per_sink)
         account(q, 0, n, rc, &e, batch_no, give_up);
-    }
     pthread_cond_broadcast(&q->progress);
 }
 
@@ -564,7 +563,7 @@ int td_mq_stalled(td_mq *q, char *why, size_t size)
     return stall != STALL_NONE;
 }
 
-int td_mq_sink_open(td_mq *q, int64_t job, td_mq_sink **out)
+int td_mq_sink_open(td_mq *q, int64_t job, void *ud, td_mq_sink **out)
 {
     td_mq_sink *s = calloc(1, sizeof(*s));
 
@@ -572,6 +571,7 @@ int td_mq_sink_open(td_mq *q, int64_t job, td_mq_sink **out)
         return TD_ENOMEM;
     s->q = q;
     s->job = job;
+    s->ud = ud;
     *out = s;
     return 0;
 }

@@ -14,7 +14,7 @@
  *
  * What the store thread waits out, and what it gives up on (nothing is ever dropped
  * silently):
- *   - A lock held by another process (td_store_locked: an sqlite3 shell inside BEGIN
+ *   - A lock held by another process (TD_EBUSY: an sqlite3 shell inside BEGIN
  *     IMMEDIATE, a backup): the batch is tried again with a backoff from TD_MQ_BACKOFF_MIN_MS
  *     doubling to TD_MQ_BACKOFF_MAX_MS, for as long as the lock lasts. Meanwhile the queue
  *     fills and then blocks the producers, so a job pauses instead of losing rows. A warning
@@ -60,8 +60,9 @@ typedef struct td_mq_sink td_mq_sink;
 typedef void (*td_mq_durable_cb)(void *ud, int64_t job, int64_t step);
 /* Some of job's samples could not be stored (err says why: a full disk waited out, an I/O
  * error, a missing job): the job cannot end with every row. Called once per sink, on the
- * store thread, with the queue's lock held: it must not call into the queue. */
-typedef void (*td_mq_failed_cb)(void *ud, int64_t job, const td_error_t *err);
+ * store thread, with the queue's lock held: it must not call into the queue. ud is
+ * td_mq_on_failure's, sink_ud the one the sink was opened with. */
+typedef void (*td_mq_failed_cb)(void *ud, void *sink_ud, int64_t job, const td_error_t *err);
 
 /* Opens its own store connection on db_path and starts the store thread. capacity 0 means
  * TD_MQ_CAPACITY. Caller stops it with td_mq_stop(). */
@@ -84,8 +85,9 @@ void td_mq_set_full_wait(td_mq *q, double ms);
  * worker blocked on a full queue meanwhile is waiting for the store, not hung. */
 int td_mq_stalled(td_mq *q, char *why, size_t size);
 
-/* A producer's handle for one job. Caller closes it with td_mq_sink_close(). */
-int td_mq_sink_open(td_mq *q, int64_t job, td_mq_sink **out);
+/* A producer's handle for one job; ud goes to the failure callback for this sink (borrowed
+ * until td_mq_sink_close). Caller closes it with td_mq_sink_close(). */
+int td_mq_sink_open(td_mq *q, int64_t job, void *ud, td_mq_sink **out);
 void td_mq_sink_close(td_mq_sink *s);
 
 /* Queues one sample (copies key), blocking while the queue is full. Returns 0, or an error

@@ -50,6 +50,12 @@ struct td_run {
     int64_t steps;
     td_error_t store_err; /* rank 0's metric write errors */
     td_error_t note;      /* e.g. a checkpoint that could not be written */
+    /* The events that must not be lost, reserved by td_run_new (mailbox.h): each is posted at
+     * most once, by one thread, which clears the pointer; td_run_free frees those never
+     * posted. */
+    td_event *ev_started;      /* rank 0's worker, once its data is loaded */
+    td_event *ev_done;         /* the last replica to finish (run_outcome) */
+    td_event *ev_store_failed; /* the store thread (td_run_on_store_failed) */
 };
 
 /* ---- workers (loop thread) ---- */
@@ -156,25 +162,39 @@ int td_workers_fresh(const td_worker *ws, int n, int64_t stale_ms, char *why, si
 
 /* ---- runs (loop thread) ---- */
 
+/* Reserves the run's once-only events. 0 or TD_ENOMEM; what was reserved, td_run_free frees. */
+static int reserve_events(td_run *r, int64_t job)
+{
+    r->ev_started = td_event_new(TD_EV_STARTED, job);
+    r->ev_done = td_event_new(TD_EV_DONE, job);
+    r->ev_store_failed = td_event_new(TD_EV_STORE_FAILED, job);
+    return r->ev_started && r->ev_done && r->ev_store_failed ? 0 : TD_ENOMEM;
+}
+
 int td_run_new(td_run **out, const td_run_args *a, td_error_t *err)
 {
     td_run *r = calloc(1, sizeof(*r));
     int rc;
 
     *out = NULL;
-    if (r == NULL)
-        return td_error_set(err, TD_ENOMEM, "out of memory starting job %lld", (long long)a->job);
-    rc = td_group_new(&r->group, a->workers[0]->kind, a->world, a->nccl_timeout_s, err);
-    if (rc != 0) {
-        free(r);
-        return rc;
+    if (r == NULL) {
+        rc = td_error_set(err, TD_ENOMEM, "out of memory starting job %lld", (long long)a->job);
+        goto out;
     }
     r->a = *a;
     memcpy(r->workers, a->workers, (size_t)a->world * sizeof(*a->workers));
     r->a.workers = r->workers;
     pthread_mutex_init(&r->mu, NULL);
-    *out = r;
-    return 0;
+    if (reserve_events(r, a->job) != 0)
+        rc = td_error_set(err, TD_ENOMEM, "out of memory starting job %lld", (long long)a->job);
+    else
+        rc = td_group_new(&r->group, a->workers[0]->kind, a->world, a->nccl_timeout_s, err);
+    if (rc != 0)
+        td_run_free(r);
+    else
+        *out = r;
+out:
+    return rc;
 }
 
 void td_run_start(td_run *r)
@@ -224,9 +244,27 @@ void td_run_free(td_run *r)
 {
     if (r == NULL)
         return;
+    td_event_free(r->ev_started);
+    td_event_free(r->ev_done);
+    td_event_free(r->ev_store_failed);
     td_group_free(r->group);
     pthread_mutex_destroy(&r->mu);
     free(r);
+}
+
+void td_run_on_store_failed(void *ud, void *run, int64_t job, const td_error_t *err)
+{
+    td_run *r = run;
+    td_event *ev = r->ev_store_failed;
+
+    (void)ud;
+    /* The queue names a sink once, and a run opens one: the reserve is there. */
+    r->ev_store_failed = NULL;
+    if (ev == NULL)
+        ev = td_event_new(TD_EV_STORE_FAILED, job);
+    if (ev != NULL)
+        ev->err = *err;
+    td_mailbox_post(r->a.mailbox, ev);
 }
 
 /* ---- replicas (worker threads) ---- */
@@ -287,8 +325,13 @@ static void hook_metric(void *ud, const char *key, int64_t step, double value)
 static void post_progress(td_run *r, int64_t step)
 {
     atomic_store(&r->live_step, step);
-    if (atomic_exchange(&r->progress_pending, 1) == 0)
-        td_mailbox_post(r->a.mailbox, td_event_new(TD_EV_PROGRESS, r->a.job));
+    if (atomic_exchange(&r->progress_pending, 1) == 0) {
+        td_event *ev = td_event_new(TD_EV_PROGRESS, r->a.job);
+        /* Dropped (counted by the mailbox): the next step tries again. */
+        if (ev == NULL)
+            atomic_store(&r->progress_pending, 0);
+        td_mailbox_post(r->a.mailbox, ev);
+    }
 }
 
 /* Whether debug.fail names device. */
@@ -465,7 +508,8 @@ static void replica_train(replica *p)
     }
     atomic_store(&w->heartbeat_ms, (long long)td_mono_ms());
     if (p->rank == 0) {
-        td_event *ev = td_event_new(TD_EV_STARTED, r->a.job);
+        td_event *ev = r->ev_started;
+        r->ev_started = NULL;
         ev->total_steps = td_trainer_total_steps(t);
         ev->step = td_trainer_steps_done(t);
         td_mailbox_post(r->a.mailbox, ev);
@@ -549,12 +593,13 @@ static int failed_sticky(const td_run *r, int rank)
     return td_device_poisoned();
 }
 
-/* The run's single DONE event, built by the last replica to finish. */
+/* The run's single DONE event, filled in by the last replica to finish. */
 static td_event *run_outcome(td_run *r)
 {
-    td_event *done = td_event_new(TD_EV_DONE, r->a.job);
+    td_event *done = r->ev_done;
     int any_failed = 0;
 
+    r->ev_done = NULL;
     done->step = r->steps;
     for (int i = 0; i < r->a.world; i++) {
         any_failed |= r->failed[i];
@@ -591,7 +636,7 @@ static void replica_run(td_worker *w, td_run *r, int rank)
     td_error_t e;
     int last;
 
-    if (rank == 0 && td_mq_sink_open(r->a.mq, r->a.job, &p.sink) != 0) {
+    if (rank == 0 && td_mq_sink_open(r->a.mq, r->a.job, r, &p.sink) != 0) {
         td_error_set(&e, TD_ENOMEM, "out of memory opening the metric sink");
         run_fail(r, rank, &e);
     } else {

@@ -69,13 +69,14 @@ typedef struct td_run_args {
     const td_jobspec *spec;    /* the job's validated spec, checkpoint_dir set */
     td_worker *const *workers; /* in device order: rank i trains on workers[i] */
     int world;                 /* how many */
-    td_mailbox *mailbox;       /* where STARTED, PROGRESS and DONE go */
+    td_mailbox *mailbox;       /* where STARTED, PROGRESS, DONE and STORE_FAILED go */
     td_mq *mq;                 /* the metric queue rank 0 records into */
     double nccl_timeout_s;     /* the job's collectives' timeout, resolved */
 } td_run_args;
 
-/* A run of a job on its workers, not yet started. TD_ENOMEM. Caller frees with
- * td_run_free() after the DONE event (or at once, if never started). */
+/* A run of a job on its workers, not yet started, with its STARTED, DONE and STORE_FAILED
+ * events reserved, so that no later allocation can lose them (mailbox.h). TD_ENOMEM. Caller
+ * frees with td_run_free() after the DONE event (or at once, if never started). */
 int td_run_new(td_run **out, const td_run_args *a, td_error_t *err);
 
 /* Wakes the run's workers. */
@@ -98,5 +99,10 @@ const td_worker *td_run_worker(const td_run *r, int rank);
 int td_run_world(const td_run *r);
 
 void td_run_free(td_run *r); /* accepts NULL */
+
+/* The metric queue's failure callback (td_mq_failed_cb; td_mq_on_failure's ud unused): rank
+ * 0's sink is opened with its run as sink_ud, and the run posts its reserved STORE_FAILED
+ * event with err. Store thread. */
+void td_run_on_store_failed(void *ud, void *run, int64_t job, const td_error_t *err);
 
 #endif

@@ -81,9 +81,9 @@ static int do_write(td_writes *w, const struct td_write *it, td_error_t *err)
 }
 
 /* Whether a failure may pass: another process's lock, a full disk, an I/O error. */
-static int retryable(const td_writes *w, int rc)
+static int retryable(int rc)
 {
-    return (rc == TD_ESTORE && td_store_locked(w->store)) || rc == TD_EDISKFULL || rc == TD_EIO;
+    return rc == TD_EBUSY || rc == TD_EDISKFULL || rc == TD_EIO;
 }
 
 static void on_timer(uv_timer_t *t);
@@ -113,7 +113,7 @@ static size_t drain(td_writes *w)
         struct td_write *it = w->head;
         td_error_t err = {0};
         int rc = do_write(w, it, &err);
-        if (rc != 0 && retryable(w, rc)) {
+        if (rc != 0 && retryable(rc)) {
             w->why = err;
             break;
         }
@@ -195,7 +195,7 @@ static int submit(td_writes *w, const struct td_write *it, td_error_t *err)
     if (w->head != NULL)
         return keep(w, it, err);
     rc = do_write(w, it, err);
-    if (rc == 0 || !retryable(w, rc))
+    if (rc == 0 || !retryable(rc))
         return rc;
     w->why = *err;
     w->since = td_mono_ms();

@@ -14,7 +14,8 @@
 # still, together: README, "What make test runs"). TD_TEST_SERIAL=1 runs it after them.
 # A long stage prints a line a minute naming the test program under way. Then, whatever
 # failed, the closing line "tests: N passed, N failed, N skipped" (followed by the stages that
-# failed, if any), and a non-zero exit when anything failed.
+# failed, if any), then a line per failed stage naming the test programs that failed in it, and
+# a non-zero exit when anything failed.
 #   usage: scripts/test.sh [BUILD_DIR]   (default build; the sanitizer trees are BUILD_DIR-asan
 #          and BUILD_DIR-tsan)   MESON_OPTS="..." configures a new BUILD_DIR (-Dwerror=true)
 set -uo pipefail
@@ -117,4 +118,5 @@ args=()
 for f in "${failed[@]}"; do
     args+=(--failed-stage "$f")
 done
-scripts/test-summary.py "$build" "$build-asan" "$build-tsan" "$build-fuzz" "${args[@]}"
+scripts/test-summary.py --build "plain suites" "$build" --build "ASan+UBSan" "$build-asan" \
+    --build "ThreadSanitizer" "$build-tsan" --build "libFuzzer" "$build-fuzz" "${args[@]}"

@@ -42,6 +42,8 @@ static int code_from_sqlite(int rc)
         code = TD_EIO;
     else if ((rc & 0xff) == SQLITE_NOMEM)
         code = TD_ENOMEM;
+    else if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED)
+        code = TD_EBUSY; /* another connection's lock, not waited out: the call may succeed later */
     else
         code = TD_ESTORE;
     return code;
@@ -51,9 +53,6 @@ int td__store_fail(td_store *s, int rc, const char *what, td_error_t *err)
 {
     const char *msg = s != NULL && s->db != NULL ? sqlite3_errmsg(s->db) : sqlite3_errstr(rc);
 
-    if (s != NULL)
-        s->locked = (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED;
-
     return td_error_set(err, code_from_sqlite(rc), "store: %s: %s (sqlite %d)", what, msg, rc);
 }
 
@@ -61,9 +60,6 @@ int td__store_stmt(td_store *s, int id, const char *sql, sqlite3_stmt **out, td_
 {
     int rc = SQLITE_OK;
     int ret = 0;
-
-    /* Every call starts with a statement: td_store_locked speaks of this call's failure. */
-    s->locked = 0;
 
     if (s->stmt[id] == NULL) {
         /* PERSISTENT: these live as long as the connection, so SQLite should not take
@@ -169,11 +165,6 @@ void td_store_set_lock_wait(td_store *s, td_store_lock_wait how)
         sqlite3_busy_handler(s->db, busy_nowait, s);
     else
         sqlite3_busy_timeout(s->db, TD_STORE_BUSY_MS);
-}
-
-int td_store_locked(const td_store *s)
-{
-    return s->locked;
 }
 
 int td__store_exec(td_store *s, const char *sql, td_error_t *err)

@@ -13,8 +13,10 @@
  * lock, as SQLite's busy timeout does. One in TD_STORE_NOWAIT mode waits only while another
  * connection of this same process is inside a write transaction (the daemon's own, short by
  * construction); a lock held by another process (an sqlite3 shell inside BEGIN IMMEDIATE, a
- * backup tool) fails its write after TD_STORE_NOWAIT_MS, and td_store_locked() then says so,
- * so that the caller can keep the write and try again later instead of blocking its thread.
+ * backup tool) fails its write after TD_STORE_NOWAIT_MS with TD_EBUSY, so that the caller can
+ * keep the write and try again later instead of blocking its thread. Any call that meets a lock
+ * it does not wait out (SQLITE_BUSY or SQLITE_LOCKED) fails with TD_EBUSY: the same call can
+ * succeed later.
  *
  * Files. The database, its -wal and its -shm are created with the process's umask (SQLite
  * gives the -wal and -shm the database's own mode). A checkpoint copies the WAL back into the
@@ -53,14 +55,9 @@ typedef enum td_store_lock_wait {
     TD_STORE_WAIT,   /* up to TD_STORE_BUSY_MS, whoever holds it: the default */
     TD_STORE_NOWAIT, /* only while this process's own other connection writes (at most
                       * TD_STORE_BUSY_MS); another process's lock fails the call after
-                      * TD_STORE_NOWAIT_MS with TD_ESTORE ("database is locked") */
+                      * TD_STORE_NOWAIT_MS with TD_EBUSY ("database is locked") */
 } td_store_lock_wait;
 void td_store_set_lock_wait(td_store *s, td_store_lock_wait how);
-
-/* Whether the last call on s, which failed with TD_ESTORE, did so because another connection
- * held a lock that it did not wait out (SQLITE_BUSY or SQLITE_LOCKED): the same call can
- * succeed later. Read it right after the failed call; the next call resets it. */
-int td_store_locked(const td_store *s);
 
 /* ---- the WAL ---- */
 

@@ -102,7 +102,6 @@ struct td_store {
     td_store_lock_wait lock_wait;
     double busy_since; /* monotonic ms when the current wait for a lock began */
     int in_write;      /* a write transaction of this connection is open (counted) */
-    int locked;        /* the last failure was a lock not waited out (td_store_locked) */
 };
 
 /* Sets *out to the cached statement id, preparing sql on first use (it must be the same
@@ -111,8 +110,9 @@ int td__store_stmt(td_store *s, int id, const char *sql, sqlite3_stmt **out, td_
 
 /* Turns a failed SQLite call into a td_ error in err, naming what was being done and
  * SQLite's own message: SQLITE_FULL -> TD_EDISKFULL, SQLITE_IOERR -> TD_EIO, SQLITE_NOMEM
- * -> TD_ENOMEM, anything else -> TD_ESTORE. Returns the td_ code. Call it before anything
- * else runs on the connection, since that replaces SQLite's message. */
+ * -> TD_ENOMEM, SQLITE_BUSY and SQLITE_LOCKED -> TD_EBUSY, anything else -> TD_ESTORE. Returns the
+ * td_ code. Call it before anything else runs on the connection, since that replaces SQLite's
+ * message. */
 int td__store_fail(td_store *s, int rc, const char *what, td_error_t *err);
 
 /* BEGIN IMMEDIATE / COMMIT / ROLLBACK. Rollback is safe to call when SQLite already rolled

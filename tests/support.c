@@ -2,6 +2,8 @@
  * socket and state directory, and a small blocking client of its wire protocol. Owns nothing
  * between calls but ts_live_pid; called from the test process's one thread. */
 #include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -26,6 +29,7 @@
 #define LISTEN_WAIT_MS  50     /* between tries to connect to a starting traind */
 #define LISTEN_TRIES    200    /* ...so 10 s in all */
 #define STATUS_POLL_MS  50     /* between status requests while waiting for a state */
+#define TS_MAX_COPIES   4      /* binaries ts_bin_for_user copies for another user */
 
 pid_t ts_live_pid = -1;
 
@@ -53,6 +57,86 @@ int ts_kill_leftover(void **state)
         ts_live_pid = -1;
     }
     return 0;
+}
+
+/* Whether user uid (group gid) may execute path: asked of a child that becomes that user. */
+static int runnable_by(const char *path, uid_t uid, gid_t gid)
+{
+    int status = 0;
+    pid_t pid = fork();
+
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        gid_t groups[1] = {gid};
+        if (setgroups(1, groups) != 0 || setgid(gid) != 0 || setuid(uid) != 0)
+            _exit(2);
+        _exit(access(path, X_OK) == 0 ? 0 : 1);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) != 2);
+    return WEXITSTATUS(status) == 0;
+}
+
+/* The copies ts_bin_for_user made: their directory and their paths. */
+static char copy_dir[64];
+static char copies[TS_MAX_COPIES][300];
+static char copied_from[TS_MAX_COPIES][300];
+static int ncopies;
+
+static void remove_copies(void)
+{
+    for (int i = 0; i < ncopies; i++)
+        unlink(copies[i]);
+    if (copy_dir[0] != '\0')
+        rmdir(copy_dir);
+}
+
+/* Copies the file src to dst, made with mode 0755 whatever the umask. */
+static void copy_executable(const char *src, const char *dst)
+{
+    static char buf[1 << 16];
+    int in = open(src, O_RDONLY), out;
+    ssize_t n;
+
+    assert_true(in >= 0);
+    out = open(dst, O_WRONLY | O_CREAT | O_EXCL, 0700);
+    assert_true(out >= 0);
+    while ((n = read(in, buf, sizeof(buf))) > 0)
+        assert_int_equal(write(out, buf, (size_t)n), n);
+    assert_int_equal(n, 0);
+    assert_int_equal(fchmod(out, 0755), 0);
+    assert_int_equal(close(out), 0);
+    close(in);
+}
+
+/* bin itself when user uid (group gid) may run it where it is; else a copy of it in a
+ * directory every user may enter, /tmp/traind-bin.XXXXXX (0755), made once per binary and
+ * removed when the test program exits. A checkout under /root, or in a mktemp -d directory
+ * (0700), is out of another user's reach, but the binaries load only system libraries, so a
+ * copy runs as the original does. */
+const char *ts_bin_for_user(const char *bin, uid_t uid, gid_t gid)
+{
+    const char *base = strrchr(bin, '/') != NULL ? strrchr(bin, '/') + 1 : bin;
+    int i;
+
+    if (runnable_by(bin, uid, gid))
+        return bin;
+    for (i = 0; i < ncopies; i++)
+        if (strcmp(copied_from[i], bin) == 0)
+            return copies[i];
+    assert_true(ncopies < TS_MAX_COPIES);
+    if (copy_dir[0] == '\0') {
+        snprintf(copy_dir, sizeof(copy_dir), "/tmp/traind-bin.XXXXXX");
+        assert_non_null(mkdtemp(copy_dir));
+        assert_int_equal(chmod(copy_dir, 0755), 0);
+        atexit(remove_copies);
+    }
+    snprintf(copies[i], sizeof(copies[i]), "%s/%s", copy_dir, base);
+    snprintf(copied_from[i], sizeof(copied_from[i]), "%s", bin);
+    copy_executable(bin, copies[i]);
+    ncopies++;
+    assert_true(runnable_by(copies[i], uid, gid));
+    return copies[i];
 }
 
 /* Whether a connection to sock is accepted. No cmocka asserts: forked children that dropped to
@@ -388,6 +472,42 @@ void ts_wait_state(ts_client *c, int64_t id, const char *want, int timeout_s)
         usleep(STATUS_POLL_MS * 1000);
     }
     fail_msg("job %lld is %s, not %s, after %d s", (long long)id, state, want, timeout_s);
+}
+
+/* Polls job id's status until it has run past step; fails the test after timeout_s. */
+void ts_wait_step(ts_client *c, int64_t id, int64_t step, int timeout_s)
+{
+    int64_t now = 0;
+
+    for (long long until = ts_now_ms() + timeout_s * 1000LL; ts_now_ms() < until;) {
+        now = ts_job_status(c, id, NULL, 0);
+        if (now > step)
+            return;
+        usleep(STATUS_POLL_MS * 1000);
+    }
+    fail_msg("job %lld is at step %lld, not past %lld, after %d s", (long long)id, (long long)now,
+             (long long)step, timeout_s);
+}
+
+/* Polls info until the daemon holds n connections (c's own included); fails the test after
+ * timeout_s. */
+void ts_wait_clients(ts_client *c, size_t n, int timeout_s)
+{
+    size_t now = 0;
+
+    for (long long until = ts_now_ms() + timeout_s * 1000LL; ts_now_ms() < until;) {
+        td_proto_frame *f;
+        ts_begin(c, "info", 0);
+        ts_client_send(c);
+        f = ts_client_recv(c);
+        assert_non_null(f);
+        now = (size_t)ts_get_i(td_proto_frame_root(f), "clients_total");
+        td_proto_frame_free(f);
+        if (now == n)
+            return;
+        usleep(STATUS_POLL_MS * 1000);
+    }
+    fail_msg("the daemon holds %zu connections, not %zu, after %d s", now, n, timeout_s);
 }
 
 /* Records one metric row [key, step, value, time] of a watch into out. */

@@ -58,6 +58,7 @@ typedef struct ts_watched {
 long long ts_now_ms(void);
 const char *ts_env_or(const char *name, const char *dflt);
 int ts_kill_leftover(void **state);
+const char *ts_bin_for_user(const char *bin, uid_t uid, gid_t gid);
 int ts_can_connect(const char *sock);
 
 /* A traind of the tests' own. */
@@ -89,6 +90,8 @@ int64_t ts_submitted(ts_client *c);
 td_proto_frame *ts_status(ts_client *c, int64_t id, const td_pval **job);
 int64_t ts_job_status(ts_client *c, int64_t id, char *state, size_t size);
 void ts_wait_state(ts_client *c, int64_t id, const char *want, int timeout_s);
+void ts_wait_step(ts_client *c, int64_t id, int64_t step, int timeout_s);
+void ts_wait_clients(ts_client *c, size_t n, int timeout_s);
 void ts_watch_to_end(ts_client *c, int64_t id, ts_watched *out);
 
 #endif

@@ -238,6 +238,7 @@ static gpt_run gpt_step(td_gpt *m, td_params *p, const td_kernels *k, int chunk,
     assert_int_equal(td_arena_init(&arena, td_gpt_arena_bytes(m, B, T, 1)), 0);
     assert_int_equal(td_tape_init(&tape, td_gpt_tape_len(m)), 0);
     memset(p->grad, 0, p->n * sizeof(float));
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         td_tensor *loss = td_gpt_forward(&c, m, tok, tgt, B, T, NULL);
         r.loss = loss->data[0];
@@ -393,6 +394,7 @@ static void op_check(int B, int NH, int hs, int Nq, int Nk, int packed, int caus
     assert_non_null(o.r);
     for (int i = 0; i < B * Nq * C; i++)
         o.r[i] = i == 0 ? 1.0f : 2 * td_rng_uniform(&rng) - 1;
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         td_tensor *out;
         for (int i = 0; i < n; i++) {
@@ -466,6 +468,7 @@ static void test_ops_refuse_bad_shapes(void **state)
     v = td_tensor_new(&c, 3, (int[]){2, 5, 8}, 0);
     v2 = td_tensor_new(&c, 3, (int[]){2, 4, 8}, 0);
     for (int i = 0; i < 3; i++) {
+        td_boundary_enter(&b);
         if (TD_TRY(&b)) {
             if (i == 0)
                 td_attention_qkv(&c, q, k, v2, 2, 0, 0);
@@ -516,6 +519,7 @@ static void test_ops_bytes_exact(void **state)
 
     assert_int_equal(td_arena_init(&arena, 1 << 20), 0);
     assert_int_equal(td_tape_init(&tape, 4), 0);
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         q = td_tensor_new(&c, 3, (int[]){B, Nq, C}, 1);
         k = td_tensor_new(&c, 3, (int[]){B, Nk, C}, 1);
@@ -578,6 +582,7 @@ static void test_gpt_bytes(void **state)
             m->attn_chunk = chunks[ci];
             assert_int_equal(td_arena_init(&arena, td_gpt_arena_bytes(m, B, T, train)), 0);
             assert_int_equal(td_tape_init(&tape, td_gpt_tape_len(m)), 0);
+            td_boundary_enter(&b);
             if (TD_TRY(&b)) {
                 td_tensor *loss = td_gpt_forward(&c, m, tok, tgt, B, T, NULL);
                 if (train)

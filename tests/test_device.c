@@ -128,6 +128,7 @@ static int allreduce_caught(td_group *g, int rank, float *buf, size_t n, td_erro
 {
     td_boundary b;
 
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         td_group_allreduce(g, rank, buf, n);
         td_boundary_leave(&b);

@@ -213,6 +213,7 @@ static void test_gpt_gradient_fd(void **state)
     assert_int_equal(td_arena_init(&arena, td_gpt_arena_bytes(m, B, T, 1)), 0);
     assert_int_equal(td_tape_init(&tape, td_gpt_tape_len(m)), 0);
     grad = malloc(p.n * sizeof(float));
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         td_tensor *loss = td_gpt_forward(&c, m, tok, tgt, B, T, NULL);
         assert_int_equal(tape.len, td_gpt_tape_len(m));

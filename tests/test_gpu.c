@@ -191,6 +191,7 @@ static void caught(void (*body)(void))
     td_boundary b;
 
     td__boundary_top = NULL;
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
 #ifdef TD_HAVE_CUDA
         /* a test that failed half way may have left TF32 on */
@@ -1778,6 +1779,7 @@ static void catch_panic(void (*fn)(void))
 
     td__boundary_top = NULL;
     memset(&panicked, 0, sizeof(panicked));
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         fn();
         td_boundary_leave(&b);
@@ -1915,6 +1917,7 @@ static int sticky_child(void)
         printf("context: %s\n", err.msg);
         return 10;
     }
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         td_cuda_fault_illegal_address();
         td_cuda_sync();
@@ -1929,6 +1932,7 @@ static int sticky_child(void)
         return 13;
     rc = td_cuda_alloc(&p, MiB, &err);
     printf("cudaMalloc afterwards: %s\n", rc == 0 ? "succeeded" : err.msg);
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         td_cuda_sync();
         td_boundary_leave(&b);
@@ -2018,6 +2022,7 @@ static void *rank_main(void *arg)
     }
     for (size_t i = 0; i < AR_N; i++)
         h[i] = (float)(j->rank + 1) * (float)(i % 1000);
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         td_cuda_upload(d, h, AR_N * sizeof(float));
         if (!j->skip) {

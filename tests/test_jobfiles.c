@@ -100,6 +100,8 @@ static int trainctl(int uid, const char *cwd, const char *sock, char *out, size_
         n++;
     va_end(ap);
     argv[n] = NULL;
+    if (uid != 0)
+        bin = ts_bin_for_user(bin, NOBODY, NOBODY);
     assert_int_equal(pipe(p), 0);
     pid = fork();
     assert_true(pid >= 0);

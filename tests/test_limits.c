@@ -814,7 +814,7 @@ static void test_unknown_keys_do_not_stall(void **state)
     watched = steps_in(&ctl, job, 1500);
     for (int i = 0; i < 4; i++)
         ts_client_close(&ws[i]);
-    usleep(200 * 1000);
+    ts_wait_clients(&ctl, 1, 30); /* the watchers are gone */
     after = steps_in(&ctl, job, 1500);
     print_message("steps in 1.5 s: %lld alone, %lld with 64 watchers, %lld after; list at most "
                   "%lld ms alone, %lld ms with the watchers\n",
@@ -884,6 +884,41 @@ static int64_t submit_gpt(ts_client *c, const char *corpus)
     return ts_submitted(c);
 }
 
+#define EXPORT_WAIT_MS 30000 /* an export's first frame, or its slot given back */
+
+/* Waits until the daemon has begun its reply on c (something to read), for up to ms. */
+static void wait_readable(const ts_client *c, int ms, const char *what)
+{
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+
+    if (poll(&p, 1, ms) != 1)
+        fail_msg("%s: no reply within %d ms", what, ms);
+}
+
+/* Asks c for an export of job until the daemon takes it: refusals must be the per-user cap's
+ * (a slot not given back yet); fails the test after EXPORT_WAIT_MS. Returns the request's id
+ * and the first frame of the export in *first. */
+static int64_t export_once_free(ts_client *c, int64_t job, td_proto_frame **first)
+{
+    long long until = ts_now_ms() + EXPORT_WAIT_MS;
+    char msg[256];
+
+    for (;;) {
+        int64_t id = ts_send_job_request(c, "export", job);
+        td_proto_frame *f = ts_client_recv(c);
+        assert_non_null(f);
+        if (!ts_str_is(td_pv_get(td_proto_frame_root(f), "type"), "error")) {
+            *first = f;
+            return id;
+        }
+        assert_int_equal(error_of(f, msg, sizeof(msg)), E2BIG_CODE);
+        if (ts_now_ms() > until)
+            fail_msg("an export is still refused %d ms after another one went: %s", EXPORT_WAIT_MS,
+                     msg);
+        usleep(50 * 1000);
+    }
+}
+
 /* Two exports nobody reads hold their model files; a third from the same user is refused
  * until one of them has gone, and then goes through. */
 static void test_exports_capped_per_user(void **state)
@@ -903,15 +938,17 @@ static void test_exports_capped_per_user(void **state)
     ts_connect_hello(&b, d.sock);
     ts_send_job_request(&a, "export", job);
     ts_send_job_request(&b, "export", job);
-    usleep(300 * 1000);
+    /* Both under way: each has begun to send its file. */
+    wait_readable(&a, EXPORT_WAIT_MS, "the first export");
+    wait_readable(&b, EXPORT_WAIT_MS, "the second export");
     ts_send_job_request(&c, "export", job);
     assert_int_equal(recv_error(&c, msg, sizeof(msg)), E2BIG_CODE);
     assert_string_equal(msg, "uid 0 has 2 exports under way, the limit (max_exports_per_user); "
                              "wait for one to finish");
+    /* Once the daemon has seen the first client go, its slot is free. */
     ts_client_close(&a);
-    usleep(300 * 1000);
-    id = ts_send_job_request(&c, "export", job);
-    while ((f = ts_client_recv(&c)) != NULL) {
+    id = export_once_free(&c, job, &f);
+    for (; f != NULL; f = ts_client_recv(&c)) {
         const td_pval *root = td_proto_frame_root(f);
         assert_int_equal(ts_get_i(root, "id"), id);
         if (ts_str_is(td_pv_get(root, "type"), "end")) {

@@ -105,7 +105,7 @@ static void test_flush_waits_for_queued_events(void **state)
     td_error_t err;
 
     assert_int_equal(td_mq_start(&q, f->db, 0, on_durable, f, &err), 0);
-    assert_int_equal(td_mq_sink_open(q, f->job, &s), 0);
+    assert_int_equal(td_mq_sink_open(q, f->job, NULL, &s), 0);
     for (int i = 1; i <= 20000; i++)
         assert_int_equal(td_mq_push(s, i % 2 ? "a" : "b", i, i * 0.5, &err), 0);
     assert_int_equal(td_mq_flush(s, &err), 0);
@@ -129,8 +129,8 @@ static void test_errors_reported_once_in_order(void **state)
     int rc;
 
     assert_int_equal(td_mq_start(&q, f->db, 0, NULL, NULL, &err), 0);
-    assert_int_equal(td_mq_sink_open(q, 999, &bad), 0);
-    assert_int_equal(td_mq_sink_open(q, f->job, &good), 0);
+    assert_int_equal(td_mq_sink_open(q, 999, NULL, &bad), 0);
+    assert_int_equal(td_mq_sink_open(q, f->job, NULL, &good), 0);
     assert_int_equal(td_mq_push(bad, "x", 1, 1.0, &err), 0);
     assert_int_equal(td_mq_flush(bad, &err), TD_ENOTFOUND);
     assert_non_null(strstr(err.msg, "job 999"));
@@ -177,29 +177,49 @@ static void *push_many(void *arg)
     return NULL;
 }
 
+static long long now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+#define HOLD_MS 200 /* how long the full queue is kept full, once it is */
+
 /* A full queue blocks the producer (nothing is dropped) and unblocks as the store drains;
- * the time blocked is counted. The store is held busy by an open write transaction. */
+ * the time blocked is counted. The store is held busy by an open write transaction: once the
+ * queue is full (the store thread holds a batch it cannot commit, and the ring is full
+ * behind it), the producer of 1000 samples is blocked until the commit, HOLD_MS later. */
 static void test_full_queue_blocks_and_unblocks(void **state)
 {
     fixture *f = *state;
     td_mq *q;
     td_mq_sink *s;
     td_error_t err;
+    td_mq_stats_t st = {0};
     pusher p;
     pthread_t t;
 
     assert_int_equal(td_mq_start(&q, f->db, 64, NULL, NULL, &err), 0);
-    assert_int_equal(td_mq_sink_open(q, f->job, &s), 0);
+    assert_int_equal(td_mq_sink_open(q, f->job, NULL, &s), 0);
     /* Hold the write lock from the test's connection so the store thread cannot commit. */
     assert_int_equal(td__store_exec(f->s, "BEGIN IMMEDIATE", &err), 0);
     p = (pusher){.s = s, .n = 1000};
     pthread_create(&t, NULL, push_many, &p);
-    usleep(300 * 1000);
+    for (long long until = now_ms() + 5000; now_ms() < until; usleep(1000)) {
+        td_mq_stats(q, &st);
+        if (st.queued == st.capacity)
+            break;
+    }
+    assert_int_equal(st.queued, 64);
+    assert_int_equal(__atomic_load_n(&p.done, __ATOMIC_SEQ_CST), 0);
+    usleep(HOLD_MS * 1000);
     assert_int_equal(__atomic_load_n(&p.done, __ATOMIC_SEQ_CST), 0);
     assert_int_equal(td__store_exec(f->s, "COMMIT", &err), 0);
     pthread_join(t, NULL);
     assert_int_equal(td_mq_flush(s, &err), 0);
-    assert_true(td_mq_sink_blocked_ms(s) >= 100.0);
+    assert_true(td_mq_sink_blocked_ms(s) >= HOLD_MS);
     assert_int_equal(stored(f, f->job), 1000);
     td_mq_sink_close(s);
     td_mq_stop(q);
@@ -215,7 +235,7 @@ static void test_dying_store_thread_is_reported(void **state)
     td_error_t err;
 
     assert_int_equal(td_mq_start(&q, f->db, 16, NULL, NULL, &err), 0);
-    assert_int_equal(td_mq_sink_open(q, f->job, &s), 0);
+    assert_int_equal(td_mq_sink_open(q, f->job, NULL, &s), 0);
     assert_int_equal(td_mq_push(s, "k", 1, 1.0, &err), 0);
     assert_int_equal(td_mq_flush(s, &err), 0);
     td_mq_kill(q, TD_EIO, "disk vanished");
@@ -224,14 +244,6 @@ static void test_dying_store_thread_is_reported(void **state)
     assert_non_null(strstr(err.msg, "disk vanished"));
     td_mq_sink_close(s);
     td_mq_stop(q);
-}
-
-static long long now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 typedef struct flusher {
@@ -265,7 +277,7 @@ static void test_outside_lock_is_waited_out(void **state)
     pthread_t t;
 
     assert_int_equal(td_mq_start(&q, f->db, 0, on_durable, f, &err), 0);
-    assert_int_equal(td_mq_sink_open(q, f->job, &s), 0);
+    assert_int_equal(td_mq_sink_open(q, f->job, NULL, &s), 0);
     assert_int_equal(sqlite3_open(f->db, &db), SQLITE_OK);
     /* The store thread's writes hold the lock now and then, briefly. */
     sqlite3_busy_timeout(db, 10000);
@@ -357,23 +369,26 @@ typedef struct failures {
     pthread_mutex_t mu;
     int calls;
     int64_t job;
+    void *sink_ud; /* the last call's */
     td_error_t err;
 } failures;
 
-static void on_failed(void *ud, int64_t job, const td_error_t *err)
+static void on_failed(void *ud, void *sink_ud, int64_t job, const td_error_t *err)
 {
     failures *fs = ud;
 
     pthread_mutex_lock(&fs->mu);
     fs->calls++;
     fs->job = job;
+    fs->sink_ud = sink_ud;
     fs->err = *err;
     pthread_mutex_unlock(&fs->mu);
 }
 
 /* Samples the store refuses for another reason (here: no such job) fail their sink's job:
- * the failure callback names it, once however many batches fail; the samples are still
- * queued (test_errors_reported_once_in_order). */
+ * the failure callback names it and hands back the sink's own ud (a run's reserved event
+ * rides on it), once however many batches fail; the samples are still queued
+ * (test_errors_reported_once_in_order). */
 static void test_failure_callback_names_job_once(void **state)
 {
     fixture *f = *state;
@@ -384,7 +399,7 @@ static void test_failure_callback_names_job_once(void **state)
 
     assert_int_equal(td_mq_start(&q, f->db, 0, NULL, NULL, &err), 0);
     td_mq_on_failure(q, on_failed, &fs);
-    assert_int_equal(td_mq_sink_open(q, 999, &bad), 0);
+    assert_int_equal(td_mq_sink_open(q, 999, &bad, &bad), 0);
     assert_int_equal(td_mq_push(bad, "x", 1, 1.0, &err), 0);
     assert_int_equal(td_mq_flush(bad, &err), TD_ENOTFOUND);
     assert_int_equal(td_mq_push(bad, "x", 2, 1.0, &err), 0);
@@ -392,6 +407,7 @@ static void test_failure_callback_names_job_once(void **state)
     pthread_mutex_lock(&fs.mu);
     assert_int_equal(fs.calls, 1);
     assert_int_equal(fs.job, 999);
+    assert_ptr_equal(fs.sink_ud, &bad);
     assert_int_equal(fs.err.code, TD_ENOTFOUND);
     pthread_mutex_unlock(&fs.mu);
     td_mq_sink_close(bad);
@@ -414,7 +430,7 @@ static void test_disk_full_waits_for_room(void **state)
     if (full_fixture(f, mnt, sizeof(mnt)) != 0)
         skip();
     assert_int_equal(td_mq_start(&q, f->db, 0, on_durable, f, &err), 0);
-    assert_int_equal(td_mq_sink_open(q, f->job, &s), 0);
+    assert_int_equal(td_mq_sink_open(q, f->job, NULL, &s), 0);
     reader = fill(f, mnt);
     for (int i = 1; i <= 20000; i++)
         assert_int_equal(td_mq_push(s, i % 2 ? "a" : "b", i, i, &err), 0);
@@ -455,7 +471,7 @@ static void test_disk_full_gives_up_after_wait(void **state)
     assert_int_equal(td_mq_start(&q, f->db, 0, on_durable, f, &err), 0);
     td_mq_on_failure(q, on_failed, &fs);
     td_mq_set_full_wait(q, 500);
-    assert_int_equal(td_mq_sink_open(q, f->job, &s), 0);
+    assert_int_equal(td_mq_sink_open(q, f->job, NULL, &s), 0);
     reader = fill(f, mnt);
     t0 = now_ms();
     for (int i = 1; i <= 20000; i++)
@@ -475,7 +491,7 @@ static void test_disk_full_gives_up_after_wait(void **state)
     assert_int_equal(td_mq_flush(s, &err), 0);
     td_mq_sink_close(s);
     unfill(mnt, reader);
-    assert_int_equal(td_mq_sink_open(q, f->job, &s), 0);
+    assert_int_equal(td_mq_sink_open(q, f->job, NULL, &s), 0);
     assert_int_equal(td_mq_push(s, "b", 1, 1, &err), 0);
     assert_int_equal(td_mq_flush(s, &err), 0);
     pthread_mutex_lock(&fs.mu);

@@ -272,6 +272,7 @@ static void op_check(op_case *o)
     assert_non_null(o->r);
     for (int i = 0; i < 4096; i++)
         o->r[i] = i == 0 ? 1.0f : 2 * td_rng_uniform(&rng) - 1;
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         td_tensor *out;
         for (int i = 0; i < o->n; i++) {
@@ -496,7 +497,8 @@ static void test_siglip_reference(void **state)
     td_rng_seed(&rng, 9, 0);
     assert_int_equal(td_arena_init(&arena, 1 << 20), 0);
     assert_int_equal(td_tape_init(&tape, 4), 0);
-    if (!TD_TRY(&b))
+    td_boundary_enter(&b);
+    if (TD_CAUGHT(&b))
         fail_msg("panic: %s", b.err.msg);
     for (int v = 0; v < 3; v++) {
         siglip_case(&c, &rng, ts[v], bs[v], 0);
@@ -589,6 +591,7 @@ static void model_fd(td_slm_pool pool)
         td__slm_tokenize("abcdefgh", (size_t)end[i], d.L, tok + i * d.L, &end[i]);
     assert_int_equal(td_arena_init(&arena, td_sensorlm_arena_bytes(m, B, B, 1, 1) + (1 << 16)), 0);
     assert_int_equal(td_tape_init(&tape, td_sensorlm_tape_len(m)), 0);
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         td_tensor *x = td_tensor_new(&c, 3, (int[]){B, d.N, d.P}, 0), *s, *u, *loss;
         size_t base = arena.used;

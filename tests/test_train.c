@@ -146,6 +146,7 @@ static void test_mlp_gradient_through_tape(void **state)
     assert_int_equal(td_arena_init(&arena, 1 << 20), 0);
     assert_int_equal(td_tape_init(&tape, td_mlp_tape_len(&m)), 0);
 
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         td_tensor *x = td_tensor_new(&c, 2, (int[]){N, 6}, 0);
         td_tensor *loss;
@@ -223,6 +224,7 @@ static void test_gradients_accumulate(void **state)
     assert_int_equal(td_arena_init(&arena, 1 << 16), 0);
     assert_int_equal(td_tape_init(&tape, 4), 0);
     g1 = malloc(p.n * sizeof(float));
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         td_tensor *x = td_tensor_new(&c, 2, (int[]){2, 3}, 0);
         for (int i = 0; i < 6; i++)
@@ -251,6 +253,7 @@ static void test_arena_exhausted_panics(void **state)
     volatile int reached = 0;
 
     assert_int_equal(td_arena_init(&a, 256), 0);
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         (void)td_arena_alloc(&a, 200);
         reached = 1;

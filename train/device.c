@@ -136,6 +136,7 @@ static int set_precision(td_cuda_ctx *ctx, int bf16, int tf32, td_error_t *err)
 {
     td_boundary b;
 
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         td_cuda_ctx_set_bf16(ctx, bf16);
         td_cuda_ctx_set_tf32(ctx, tf32);

@@ -118,6 +118,7 @@ static int try_generate(const td_train_config *cfg, td_gpt *m, td_arena *arena, 
 {
     td_boundary b;
 
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         generate_loop(cfg, m, arena, tok, n, ntokens, temperature, rng, stop, out, outsize);
         td_boundary_leave(&b);

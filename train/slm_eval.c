@@ -261,7 +261,8 @@ static int embedder_place(td_sensorlm_embedder *e, td_error_t *err)
     td_boundary b;
     int rc;
 
-    if (!TD_TRY(&b)) {
+    td_boundary_enter(&b);
+    if (TD_CAUGHT(&b)) {
         *err = b.err;
         return err->code;
     }
@@ -381,7 +382,8 @@ static int embed_all(td_sensorlm_embedder *e, const float *grids, const char *co
 
     if (n < 0 || (n > 0 && out == NULL))
         return td_error_set(err, TD_EINVAL, "embed: %d rows, out %p", n, (void *)out);
-    if (!TD_TRY(&b)) {
+    td_boundary_enter(&b);
+    if (TD_CAUGHT(&b)) {
         *err = b.err;
         return err->code;
     }

@@ -518,7 +518,8 @@ static int place(td_trainer *t, td_error_t *err)
     td_boundary b;
     int rc;
 
-    if (!TD_TRY(&b)) {
+    td_boundary_enter(&b);
+    if (TD_CAUGHT(&b)) {
         *err = b.err;
         return err->code;
     }
@@ -763,6 +764,7 @@ static int params_to_host(td_params *p, td_error_t *err)
 {
     td_boundary b;
 
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         td_params_to_host(p);
         td_boundary_leave(&b);
@@ -994,6 +996,7 @@ int td_trainer_step_caught(td_trainer *t, td_error_t *err)
     td_boundary b;
     int done;
 
+    td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         done = td_trainer_step(t);
         td_boundary_leave(&b);
