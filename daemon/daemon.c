@@ -611,13 +611,14 @@ static void store_failed_devices(td_daemon *d, int64_t job, const td_run *r)
         const td_error_t *e = td_run_failure(r, i);
         if (e == NULL)
             continue;
-        td_pw_map(&w, 3);
+        td_pw_map_open(&w);
         td_pw_str(&w, "device");
         td_pw_int(&w, td_run_worker(r, i)->device);
         td_pw_str(&w, "code");
         td_pw_int(&w, e->code);
         td_pw_str(&w, "message");
         td_pw_str(&w, e->msg);
+        td_pw_map_close(&w);
     }
     body = td_pw_body(&w, &len);
     if (body == NULL)

@@ -712,7 +712,7 @@ int td_jobspec_set_batch(const void *spec, size_t len, int batch, void **out, si
         has |= is_key(td_pv_key_at(root, i), "batch_size");
     /* The other pairs go out as they came, in their order; batch_size keeps its place, or
      * comes last when the job had none. */
-    td_pw_map(&w, (uint32_t)(n + !has));
+    td_pw_map_open(&w);
     for (size_t i = 0; i < n; i++) {
         const td_pval *k = td_pv_key_at(root, i);
         td_pw_val(&w, k);
@@ -725,6 +725,7 @@ int td_jobspec_set_batch(const void *spec, size_t len, int batch, void **out, si
         td_pw_str(&w, "batch_size");
         td_pw_int(&w, batch);
     }
+    td_pw_map_close(&w);
     body = td_pw_body(&w, &blen);
     if (w.failed || body == NULL || (*out = malloc(blen)) == NULL) {
         rc = td_error_set(err, TD_ENOMEM, "out of memory re-encoding a job");
