@@ -41,14 +41,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bench_util.h"
-#include "engine.h"
-#include "hostreduce.h"
-#include "kernels.h"
-#include "metricq.h"
-#include "store.h"
-#include "td_clock.h"
-#include "train.h"
+#include "bench/bench_util.h"
+#include "train/engine.h"
+#include "kernels/hostreduce.h"
+#include "kernels/kernels.h"
+#include "daemon/metricq.h"
+#include "store/store.h"
+#include "common/td_clock.h"
+#include "train/train.h"
 
 #define HEADLINE_STEPS 20
 #define METRICS_STEPS  24 /* timed steps with metrics on, and as many off */

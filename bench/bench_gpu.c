@@ -52,18 +52,18 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine.h"
-#include "td_clock.h"
-#include "td_panic.h"
-#include "train.h"
+#include "train/engine.h"
+#include "common/td_clock.h"
+#include "common/td_panic.h"
+#include "train/train.h"
 
 #ifdef TD_HAVE_CUDA
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include "gpu_profile.h"
-#include "td_cuda.h"
+#include "bench/gpu_profile.h"
+#include "kernels/cuda/td_cuda.h"
 
 #define GEMM_N     8192      /* the reference GEMM's m = n = k */
 #define GEMM_ITERS 20        /* timed GEMMs, after 3 untimed */

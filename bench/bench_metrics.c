@@ -22,9 +22,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "metricq.h"
-#include "store.h"
-#include "td_clock.h"
+#include "daemon/metricq.h"
+#include "store/store.h"
+#include "common/td_clock.h"
 
 #define KEYS          8    /* metric names per step, as a training step records */
 #define RAW_BATCH     4096 /* rows per raw transaction: TD_MQ_BATCH, the store thread's most */

@@ -13,10 +13,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "bench_util.h"
-#include "engine.h"
-#include "td_clock.h"
-#include "train.h"
+#include "bench/bench_util.h"
+#include "train/engine.h"
+#include "common/td_clock.h"
+#include "train/train.h"
 
 #define DEFAULT_STEPS 500
 #define WARMUP_STEPS  10  /* steps left out of the timing: first-touch page faults, BLAS start */

@@ -26,10 +26,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "proto.h"
-#include "store.h"
-#include "store_int.h" /* td__store_exec: a job's end time set back */
-#include "td_clock.h"
+#include "proto/proto.h"
+#include "store/store.h"
+#include "store/store_int.h" /* td__store_exec: a job's end time set back */
+#include "common/td_clock.h"
 
 #define KEYS        5 /* metric names a step records */
 #define MAX_SAMPLES 100000

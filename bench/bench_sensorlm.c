@@ -30,12 +30,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bench_util.h"
-#include "engine.h"
-#include "kernels.h"
-#include "sensor.h"
-#include "td_clock.h"
-#include "train.h"
+#include "bench/bench_util.h"
+#include "train/engine.h"
+#include "kernels/kernels.h"
+#include "train/sensor.h"
+#include "common/td_clock.h"
+#include "train/train.h"
 
 #define WARMUP_STEPS 2  /* steps left out of the timing: first-touch page faults, BLAS start */
 #define SGEMM_REPS   5  /* calls per shape when timing sgemm alone */

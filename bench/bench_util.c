@@ -2,8 +2,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "bench_util.h"
-#include "td_clock.h"
+#include "bench/bench_util.h"
+#include "common/td_clock.h"
 
 double bench_cpu_ms(void)
 {

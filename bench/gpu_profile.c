@@ -1,14 +1,14 @@
 /* bench_gpu --profile's instrument (gpu_profile.h): the wrapping table, its event pool, and the
  * report. One thread: the bench's, with its CUDA context bound. */
-#include "gpu_profile.h"
+#include "bench/gpu_profile.h"
 
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "td_clock.h"
-#include "td_panic.h"
+#include "common/td_clock.h"
+#include "common/td_panic.h"
 
 #define GP_MAX_OPS 16384 /* ops timed in one step: a GPT-2 124M step issues about 600 */
 

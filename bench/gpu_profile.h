@@ -11,8 +11,8 @@
 
 #include <stdint.h>
 
-#include "kernels.h"
-#include "td_cuda.h"
+#include "kernels/kernels.h"
+#include "kernels/cuda/td_cuda.h"
 
 /* The classes of work a step is split into. */
 typedef enum {

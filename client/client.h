@@ -16,7 +16,7 @@
 
 #include <jansson.h>
 
-#include "proto.h"
+#include "proto/proto.h"
 
 /* Exit statuses (sysexits.h numbers, written out so the contract is visible in one place). */
 enum {

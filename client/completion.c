@@ -7,7 +7,7 @@
  * one `complete` line per verb and flag. */
 #include <string.h>
 
-#include "client.h"
+#include "client/client.h"
 
 /* Metric names offered after --keys: what every job records, and the evaluations'. */
 #define TC_COMMON_KEYS                                                                   \

@@ -10,8 +10,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "client.h"
-#include "td_text.h"
+#include "client/client.h"
+#include "common/td_text.h"
 
 #define TC_READ_CHUNK   65536 /* bytes read from the socket at a time */
 #define TC_MAX_FEATURES 32    /* feature names of traind's hello kept */

@@ -3,7 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "client.h"
+#include "client/client.h"
 
 /* Set by watch.c while its bars, without a last newline, are on stdout. */
 int tc_line_open;

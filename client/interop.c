@@ -12,7 +12,7 @@
 
 #include <msgpack.h>
 
-#include "client.h"
+#include "client/client.h"
 
 /* A bin value's bytes and length, or NULL when v is not a bin. proto.h has no accessor for
  * bin; td_pval is msgpack-c's object. */

@@ -8,8 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "client.h"
-#include "td_text.h"
+#include "client/client.h"
+#include "common/td_text.h"
 
 /* 15 significant digits print every decimal a person wrote (3e-4, 1700000000.123) as written,
  * where jansson's default of 17 would show 0.00029999999999999997. */

@@ -7,9 +7,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "client.h"
-#include "td_clock.h"
-#include "td_text.h"
+#include "client/client.h"
+#include "common/td_clock.h"
+#include "common/td_text.h"
 
 #define TC_LS_NAME_MAX    24 /* characters of a job name shown by ls */
 #define TC_INFO_QUEUE_MAX 20 /* queued job ids info lists before "and N more" */

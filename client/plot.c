@@ -25,8 +25,8 @@
 
 #include <cairo.h>
 
-#include "client.h"
-#include "td_text.h"
+#include "client/client.h"
+#include "common/td_text.h"
 
 #define TC_PLOT_W            1200  /* chart width: pixels (PNG) or points (SVG) */
 #define TC_PLOT_H            700   /* chart height without --panels, the same units */

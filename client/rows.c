@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client.h"
+#include "client/client.h"
 
 #define TC_SUMMARY_MIN_SLOTS 64 /* slots of the first summary table (a power of two) */
 

@@ -13,8 +13,8 @@
 #include <strings.h>
 #include <sys/stat.h>
 
-#include "client.h"
-#include "sensor.h"
+#include "client/client.h"
+#include "train/sensor.h"
 
 #define CSV_MAX_LINE        (1 << 20) /* bytes in one line of a CSV, captions or labels file */
 #define MAX_DAYS            100000    /* synth --days: 100,000 days take 5.8 GB */

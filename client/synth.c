@@ -24,8 +24,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "client.h"
-#include "sensor.h"
+#include "client/client.h"
+#include "train/sensor.h"
 
 #define DAY          1440 /* minutes: T */
 #define NCH          10   /* channels */

@@ -9,8 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "client.h"
-#include "td_text.h"
+#include "client/client.h"
+#include "common/td_text.h"
 
 #define TC_LABELS_MAX 256 /* labels one --labels may name: the request's limit */
 

@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "client.h"
+#include "client/client.h"
 
 /* Flags a verb may accept. F_FORMAT, F_OUTFILE and F_OUTPATH share the names -o and --output:
  * a read verb takes an output format there (-o json, as kubectl does), plot the chart to

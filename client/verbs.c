@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client.h"
-#include "td_text.h"
+#include "client/client.h"
+#include "common/td_text.h"
 
 /* The job file with its --set changes, as a msgpack body in *body. */
 static int build_job(const tc_opts *o, td_pw *body)

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "client.h"
+#include "client/client.h"
 
 /* ---- the reply ---- */
 

@@ -12,8 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "client.h"
-#include "td_clock.h"
+#include "client/client.h"
+#include "common/td_clock.h"
 
 #define TC_BAR_WIDTH    20         /* characters of a bar itself */
 #define TC_BAR_MIN_COLS 40         /* narrower terminals get the text without the bars */

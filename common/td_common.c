@@ -8,11 +8,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "td_clock.h"
-#include "td_errno.h"
-#include "td_log.h"
-#include "td_panic.h"
-#include "td_text.h"
+#include "common/td_clock.h"
+#include "common/td_errno.h"
+#include "common/td_log.h"
+#include "common/td_panic.h"
+#include "common/td_text.h"
 
 const char *td_strerror(int code)
 {

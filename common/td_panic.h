@@ -11,7 +11,7 @@
 
 #include <setjmp.h>
 
-#include "td_errno.h"
+#include "common/td_errno.h"
 
 typedef struct td_boundary {
     jmp_buf env;

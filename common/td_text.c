@@ -2,7 +2,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "td_text.h"
+#include "common/td_text.h"
 
 /* The well-formed UTF-8 character at s (n bytes left): its length (1 to 4) with *cp set, or 0
  * when the bytes there are not one (RFC 3629: no overlong forms, surrogates or code points

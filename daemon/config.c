@@ -14,9 +14,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "metricq.h"
-#include "td_log.h"
+#include "daemon/config.h"
+#include "daemon/metricq.h"
+#include "common/td_log.h"
 
 #define GROUP_BUF_MAX (1 << 20) /* bytes getgrnam_r may need for a group with many members */
 #define VALUE_SHOWN   80        /* bytes of a bad value quoted in a message */

@@ -8,8 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "device.h"
-#include "td_errno.h"
+#include "train/device.h"
+#include "common/td_errno.h"
 
 #define TD_MAX_CONNS 1024 /* connections open at once by default; more are closed at accept */
 #define TD_MAX_CONNS_PER_USER                                                                   \

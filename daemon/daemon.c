@@ -10,13 +10,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon.h"
-#include "mailbox.h"
-#include "metricq.h"
-#include "run.h"
-#include "td_clock.h"
-#include "td_log.h"
-#include "writes.h"
+#include "daemon/daemon.h"
+#include "daemon/mailbox.h"
+#include "daemon/metricq.h"
+#include "daemon/run.h"
+#include "common/td_clock.h"
+#include "common/td_log.h"
+#include "daemon/writes.h"
 
 #define MIB (1024.0 * 1024.0) /* bytes */
 #define TD_VACUUM_AT_START_MAX                                                               \

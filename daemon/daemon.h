@@ -14,13 +14,13 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "config.h"
-#include "jobspec.h"
-#include "memguard.h"
-#include "metricq.h"
-#include "proto.h"
-#include "daemon_purge.h"
-#include "store.h"
+#include "daemon/config.h"
+#include "daemon/jobspec.h"
+#include "daemon/memguard.h"
+#include "daemon/metricq.h"
+#include "proto/proto.h"
+#include "daemon/daemon_purge.h"
+#include "store/store.h"
 
 #define TD_PROGRESS_WRITE_MS 1000 /* how often a running job's step is written to the store */
 

@@ -9,9 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon_purge.h"
-#include "td_clock.h"
-#include "td_log.h"
+#include "daemon/daemon_purge.h"
+#include "common/td_clock.h"
+#include "common/td_log.h"
 
 /* What the next step does. */
 enum { PH_ROWS, PH_VACUUM, PH_SWEEP, PH_DONE };

@@ -24,8 +24,8 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "store.h"
-#include "td_errno.h"
+#include "store/store.h"
+#include "common/td_errno.h"
 
 #define TD_PURGE_SLICE_MS     5    /* ms of store work one loop turn gives the deletions */
 #define TD_PURGE_BATCH        500  /* rows one transaction deletes (of one job or many) */

@@ -12,9 +12,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "data.h"
-#include "jobspec.h"
-#include "td_text.h"
+#include "train/data.h"
+#include "daemon/jobspec.h"
+#include "common/td_text.h"
 
 typedef struct field {
     const char *name;

@@ -6,8 +6,8 @@
 #ifndef TD_JOBSPEC_H
 #define TD_JOBSPEC_H
 
-#include "proto.h"
-#include "train.h"
+#include "proto/proto.h"
+#include "train/train.h"
 
 #define TD_JOB_MAX_DEVICES      64        /* devices one job may ask for */
 #define TD_JOB_MAX_BATCH        (1 << 20) /* rows of a job's batch_size, the largest accepted */

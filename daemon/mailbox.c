@@ -1,7 +1,7 @@
 /* The mailbox from workers and the store thread to the loop (mailbox.h). */
 #include <stdlib.h>
 
-#include "mailbox.h"
+#include "daemon/mailbox.h"
 
 static void on_async(uv_async_t *h)
 {

@@ -21,8 +21,8 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "store.h"
-#include "td_errno.h"
+#include "store/store.h"
+#include "common/td_errno.h"
 
 /* What workers and the store thread tell the loop. */
 typedef enum {

@@ -36,13 +36,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "daemon.h"
-#include "notify.h"
-#include "prom.h"
-#include "server.h"
-#include "td_clock.h"
-#include "td_log.h"
+#include "daemon/config.h"
+#include "daemon/daemon.h"
+#include "daemon/notify.h"
+#include "daemon/prom.h"
+#include "daemon/server/server.h"
+#include "common/td_clock.h"
+#include "common/td_log.h"
 
 #define EX_USAGE    64
 #define EX_TEMPFAIL 75

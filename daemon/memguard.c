@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "data.h"
-#include "device.h"
-#include "memguard.h"
+#include "train/data.h"
+#include "train/device.h"
+#include "daemon/memguard.h"
 
 #define MIB(x) ((unsigned long long)((x) >> 20))
 

@@ -10,7 +10,7 @@
 
 #include <stddef.h>
 
-#include "jobspec.h"
+#include "daemon/jobspec.h"
 
 /* What the guard found, for the refusal, the job's log and --dry-run's reply. */
 typedef struct td_memguard {

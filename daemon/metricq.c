@@ -8,9 +8,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "metricq.h"
-#include "td_clock.h"
-#include "td_log.h"
+#include "daemon/metricq.h"
+#include "common/td_clock.h"
+#include "common/td_log.h"
 
 /* What the store thread is waiting for, if anything (td_mq_stalled). */
 enum { STALL_NONE, STALL_LOCK, STALL_FULL };

@@ -36,8 +36,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "store.h"
-#include "td_errno.h"
+#include "store/store.h"
+#include "common/td_errno.h"
 
 #define TD_MQ_CAPACITY       65536 /* samples the queue holds before producers block */
 #define TD_MQ_BATCH          4096  /* samples written in one transaction at most */

@@ -11,8 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "notify.h"
-#include "td_log.h"
+#include "daemon/notify.h"
+#include "common/td_log.h"
 
 #define USEC_PER_MS 1000
 

@@ -13,7 +13,7 @@
 #include <sys/un.h>
 #include <uv.h>
 
-#include "td_errno.h"
+#include "common/td_errno.h"
 
 /* Says whether the daemon is well enough for the watchdog to be fed. Returns 1 when it is,
  * else 0 with a sentence in why saying what is stale. stale_ms is the watchdog interval:

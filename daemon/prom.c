@@ -32,10 +32,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "prom.h"
-#include "td_clock.h"
-#include "td_log.h"
-#include "td_text.h"
+#include "daemon/prom.h"
+#include "common/td_clock.h"
+#include "common/td_log.h"
+#include "common/td_text.h"
 
 /* The exposition being built. */
 typedef struct text {

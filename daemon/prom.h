@@ -20,8 +20,8 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "config.h"
-#include "daemon.h"
+#include "daemon/config.h"
+#include "daemon/daemon.h"
 
 #define TD_PROM_MAX_JOBS 1024 /* running jobs one write lists (there are at most 64 devices) */
 

@@ -15,11 +15,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "data.h"
-#include "run.h"
-#include "td_clock.h"
-#include "td_log.h"
-#include "td_panic.h"
+#include "train/data.h"
+#include "daemon/run.h"
+#include "common/td_clock.h"
+#include "common/td_log.h"
+#include "common/td_panic.h"
 
 /* debug.fail names devices in a 64-bit mask (jobspec.h's fail_devices). */
 _Static_assert(TD_MAX_DEVICES <= 64, "a job's debug.fail mask must cover every device");

@@ -19,10 +19,10 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "device.h"
-#include "jobspec.h"
-#include "mailbox.h"
-#include "metricq.h"
+#include "train/device.h"
+#include "daemon/jobspec.h"
+#include "daemon/mailbox.h"
+#include "daemon/metricq.h"
 
 typedef struct td_run td_run;
 

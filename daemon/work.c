@@ -14,9 +14,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "data.h"
-#include "sensor.h"
-#include "work.h"
+#include "train/data.h"
+#include "train/sensor.h"
+#include "daemon/work.h"
 
 #define EMBED_ROWS 64 /* windows per forward of an embedding pass */
 

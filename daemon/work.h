@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "daemon.h"
+#include "daemon/daemon.h"
 
 #define TD_SAMPLE_MAX_TOKENS     4096 /* tokens one sample request may ask for */
 #define TD_SAMPLE_DEFAULT_TOKENS 256  /* tokens when the request names none */

@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "td_clock.h"
-#include "td_log.h"
-#include "writes.h"
+#include "common/td_clock.h"
+#include "common/td_log.h"
+#include "daemon/writes.h"
 
 enum { W_STATE, W_PROGRESS, W_LOG, W_SPEC, W_ERR_DEVICES };
 

@@ -18,8 +18,8 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "store.h"
-#include "td_errno.h"
+#include "store/store.h"
+#include "common/td_errno.h"
 
 #define TD_WRITES_RETRY_MIN_MS 100   /* first wait before kept writes are tried again */
 #define TD_WRITES_RETRY_MAX_MS 2000  /* the longest such wait */

@@ -14,10 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_int.h"
-#include "cpu_team.h"
-#include "kernels.h"
-#include "td_panic.h"
+#include "kernels/cpu_int.h"
+#include "kernels/cpu_team.h"
+#include "kernels/kernels.h"
+#include "common/td_panic.h"
 
 /* The elementwise loops are built twice, for AVX2 and for any x86-64, and the loader picks one
  * (GCC function multiversioning, an ifunc): twice the lanes where the CPU has them, without

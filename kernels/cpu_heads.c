@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "cpu_int.h"
+#include "kernels/cpu_int.h"
 
 void td__cpu_token_mean_forward(float *out, const float *inp, int B, int N, int C)
 {

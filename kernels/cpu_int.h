@@ -4,7 +4,7 @@
 #ifndef TD_CPU_INT_H
 #define TD_CPU_INT_H
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 /* cpu_heads.c: a two-tower model's heads (kernels.h's token_mean ... siglip). Single-threaded:
  * they touch B rows of embeddings or one (B,N,C) activation once, next to a step's matmuls. */

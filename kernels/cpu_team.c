@@ -12,8 +12,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "cpu_team.h"
-#include "kernels.h"
+#include "kernels/cpu_team.h"
+#include "kernels/kernels.h"
 
 /* ---- the team: the calling thread's helper threads ------------------------------------------
  *

@@ -2,8 +2,8 @@
  * guards the barrier and the published buffer addresses, never held while averaging. */
 #include <time.h>
 
-#include "hostreduce.h"
-#include "td_clock.h"
+#include "kernels/hostreduce.h"
+#include "common/td_clock.h"
 
 void td_hostreduce_init(td_hostreduce *g, int world)
 {

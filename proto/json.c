@@ -7,7 +7,7 @@
 
 #include <msgpack.h>
 
-#include "proto.h"
+#include "proto/proto.h"
 
 /* Levels followed before a deeper value is written as null: a decoded value is at most
  * TD_PROTO_MAX_DEPTH deep, so this only guards the stack against a hand-built tree. */

@@ -9,8 +9,8 @@
 
 #include <msgpack.h>
 
-#include "proto.h"
-#include "td_text.h"
+#include "proto/proto.h"
+#include "common/td_text.h"
 
 /* A zone chunk never smaller or larger than these, so a small frame does not pay for a
  * large chunk and a large one does not make thousands of tiny ones. */

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "td_errno.h"
+#include "common/td_errno.h"
 
 #define TD_PROTO_VERSION   1
 #define TD_PROTO_MAX_FRAME (1u << 20)    /* bytes of one frame's body, without the prefix */

@@ -33,13 +33,14 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TREES = ["daemon", "train"]  # the folders checked
 DIRS = ["daemon", "daemon/server", "common", "proto", "store", "train", "kernels",
-        "kernels/cuda"]  # where an include is looked for, after the including file's folder
+        "kernels/cuda"]  # where a bare include is looked for, after the source root (every
+                         # include names its part: "train/sensor.h") and the file's folder
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
 def resolve(name, here):
     """The repository path of the header name included from directory here, or None."""
-    for d in [here] + DIRS:
+    for d in ["", here] + DIRS:
         p = os.path.join(d, name)
         if os.path.isfile(os.path.join(ROOT, p)):
             return os.path.normpath(p)

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store_int.h"
-#include "td_clock.h"
+#include "store/store_int.h"
+#include "common/td_clock.h"
 
 /* The columns of td_job_row, in the order row_read expects them. */
 #define JOB_COLUMNS                                                                       \

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store_int.h"
+#include "store/store_int.h"
 
 #define KEYS_MIN_CAP 64 /* slots in the key cache when first used */
 #define ACC_MIN_CAP  64 /* slots in the batch's summary table when first used */

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store_int.h"
+#include "store/store_int.h"
 
 /* The states a job may be deleted in: it has ended. */
 static int state_ended(const char *state)

@@ -7,8 +7,8 @@
  * TD_STORE_SCHEMA_VERSION in store.h. */
 #include <stdio.h>
 
-#include "store_int.h"
-#include "td_log.h"
+#include "store/store_int.h"
+#include "common/td_log.h"
 
 /* Version 0 -> 1: the first schema.
  *

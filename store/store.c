@@ -12,9 +12,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "store_int.h"
-#include "td_clock.h"
-#include "td_log.h"
+#include "store/store_int.h"
+#include "common/td_clock.h"
+#include "common/td_log.h"
 
 /* KiB of page cache per connection (SQLite's default is 2000). A job's metric tables
  * outgrow the default within a million rows, after which every batch rereads b-tree pages

@@ -30,7 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "td_errno.h"
+#include "common/td_errno.h"
 
 #define TD_STORE_SCHEMA_VERSION 3
 #define TD_STORE_MAX_KEY        64         /* bytes of a metric name, NUL included */

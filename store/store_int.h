@@ -8,7 +8,7 @@
 
 #include <sqlite3.h>
 
-#include "store.h"
+#include "store/store.h"
 
 /* Every cached statement has a slot. The SQL text lives at the call site
  * (td__store_stmt), so a reader sees the query where it is used. */

@@ -18,8 +18,8 @@
 
 #include <cmocka.h>
 
-#include "cdp.h"
-#include "support.h"
+#include "tests/cdp.h"
+#include "tests/support.h"
 
 #define CDP_REPLY_MS 60000  /* a reply the browser owes us; generous for a loaded machine */
 #define CDP_CLOSE_MS 10000  /* how long Browser.close may take before the group is killed */

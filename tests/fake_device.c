@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fake_device.h"
+#include "tests/fake_device.h"
 
 #define OFFSET ((uintptr_t)1 << 62) /* heap address + this: non-canonical, faults on access */
 

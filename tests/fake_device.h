@@ -11,7 +11,7 @@
 
 #include <stdint.h>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 typedef struct fd_counters {
     int64_t allocs, frees, uploads, downloads;

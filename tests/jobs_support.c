@@ -10,10 +10,10 @@
 
 #include <cmocka.h>
 
-#include "jobs_support.h"
-#include "proto.h"
-#include "store.h"
-#include "support.h"
+#include "tests/jobs_support.h"
+#include "proto/proto.h"
+#include "store/store.h"
+#include "tests/support.h"
 
 #define FMNIST "/usr/share/datasets/fashion-mnist"
 

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "support.h"
+#include "tests/support.h"
 
 /* Extra keys of a test job: devices, and an injected fault. */
 typedef struct tj_extra {

@@ -22,8 +22,8 @@
 
 #include <cmocka.h>
 
-#include "support.h"
-#include "td_clock.h"
+#include "tests/support.h"
+#include "common/td_clock.h"
 
 #define RECV_TIMEOUT_MS 120000 /* a frame the daemon owes us; generous for a loaded CI box */
 #define LISTEN_WAIT_MS  50     /* between tries to connect to a starting traind */

@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "proto.h"
+#include "proto/proto.h"
 
 #define TS_MAX_LOSSES 512 /* train_loss values ts_watch_to_end keeps, by step */
 

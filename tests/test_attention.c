@@ -18,8 +18,8 @@
 #include <cblas.h>
 #include <cmocka.h>
 
-#include "engine.h"
-#include "td_panic.h"
+#include "train/engine.h"
+#include "common/td_panic.h"
 
 /* ---- the attention this op replaced ----------------------------------------------------------
  *

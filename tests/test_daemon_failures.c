@@ -21,9 +21,9 @@
 
 #include <cmocka.h>
 
-#include "proto.h"
-#include "support.h"
-#include "jobs_support.h"
+#include "proto/proto.h"
+#include "tests/support.h"
+#include "tests/jobs_support.h"
 
 /* Injected failures on one and on two of three devices give exactly DESIGN.md's messages;
  * the devices then run the next job. */

@@ -20,9 +20,9 @@
 
 #include <cmocka.h>
 
-#include "proto.h"
-#include "store.h"
-#include "support.h"
+#include "proto/proto.h"
+#include "store/store.h"
+#include "tests/support.h"
 
 /* A small English corpus in dir/corpus.txt: a few sentences recombined, about 40 KB. */
 static void write_corpus(const char *dir, char *path, size_t size)

@@ -21,9 +21,9 @@
 
 #include <cmocka.h>
 
-#include "proto.h"
-#include "support.h"
-#include "jobs_support.h"
+#include "proto/proto.h"
+#include "tests/support.h"
+#include "tests/jobs_support.h"
 
 /* A short real job trains to its end through the daemon; the watcher sees every step once,
  * in order; the rows are in SQLite; status reports the last metric values. */

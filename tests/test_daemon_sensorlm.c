@@ -22,9 +22,9 @@
 
 #include <cmocka.h>
 
-#include "proto.h"
-#include "store.h"
-#include "support.h"
+#include "proto/proto.h"
+#include "store/store.h"
+#include "tests/support.h"
 
 /* `trainctl sensor synth -o dir --days days --seed 3`: dir/synth-train.bin, synth-valid.bin
  * (10% of the days). */

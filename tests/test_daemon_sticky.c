@@ -24,9 +24,9 @@
 
 #include <cmocka.h>
 
-#include "proto.h"
-#include "support.h"
-#include "jobs_support.h"
+#include "proto/proto.h"
+#include "tests/support.h"
+#include "tests/jobs_support.h"
 
 #define SURVIVOR_STEPS 1000000 /* more than it ever runs: it is cancelled */
 #define PAST_INTERRUPT 20      /* steps it trains in the new process past where it stopped */

@@ -20,9 +20,9 @@
 
 #include <cmocka.h>
 
-#include "proto.h"
-#include "support.h"
-#include "jobs_support.h"
+#include "proto/proto.h"
+#include "tests/support.h"
+#include "tests/jobs_support.h"
 
 #define STALL_STEPS   8000
 #define TD_HIGH_WATER (256 << 10) /* server/connection.h's TD_CONN_HIGH_WATER, bytes */

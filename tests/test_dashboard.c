@@ -35,11 +35,11 @@
 #include <cairo.h>
 #include <cmocka.h>
 
-#include "cdp.h"
-#include "jobs_support.h"
-#include "proto.h"
-#include "store_int.h"
-#include "support.h"
+#include "tests/cdp.h"
+#include "tests/jobs_support.h"
+#include "proto/proto.h"
+#include "store/store_int.h"
+#include "tests/support.h"
 
 /* Sanitizer builds run the large test with a tenth of the rows: its figures are the plain
  * build's, and a 14-times-slower traind would only make the run long. */

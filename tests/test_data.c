@@ -23,10 +23,10 @@
 
 #include <cmocka.h>
 
-#include "ckpt.h"
-#include "data.h"
-#include "engine.h"
-#include "weights.h"
+#include "train/ckpt.h"
+#include "train/data.h"
+#include "train/engine.h"
+#include "train/weights.h"
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 

@@ -14,9 +14,9 @@
 
 #include <cmocka.h>
 
-#include "device.h"
-#include "kernels.h"
-#include "td_panic.h"
+#include "train/device.h"
+#include "kernels/kernels.h"
+#include "common/td_panic.h"
 
 static void test_cpu_count_and_open(void **state)
 {

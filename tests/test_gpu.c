@@ -44,15 +44,15 @@
 
 #include <cmocka.h>
 
-#include "engine.h"
-#include "kernels.h"
-#include "td_clock.h"
-#include "td_panic.h"
-#include "train.h"
-#include "train_support.h"
+#include "train/engine.h"
+#include "kernels/kernels.h"
+#include "common/td_clock.h"
+#include "common/td_panic.h"
+#include "train/train.h"
+#include "tests/train_support.h"
 
 #ifdef TD_HAVE_CUDA
-#include "cuda_internal.h"
+#include "kernels/cuda/cuda_internal.h"
 #endif
 
 #define U      (1.0 / 16777216.0) /* 2^-24 */

@@ -24,8 +24,8 @@
 #include <cmocka.h>
 #include <sqlite3.h>
 
-#include "jobs_support.h"
-#include "support.h"
+#include "tests/jobs_support.h"
+#include "tests/support.h"
 
 #define EPERM_CODE     (-4215)
 #define ESTATE_CODE    (-4216)

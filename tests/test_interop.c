@@ -24,8 +24,8 @@
 #include <cmocka.h>
 #include <msgpack.h>
 
-#include "proto.h"
-#include "support.h"
+#include "proto/proto.h"
+#include "tests/support.h"
 
 #define CHUNK_MAX   262144 /* bytes of one chunk's data: the protocol's limit on a bin */
 #define LLMC_HEADER 1024   /* bytes of an llm.c model file's header */

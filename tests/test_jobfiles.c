@@ -22,8 +22,8 @@
 
 #include <cmocka.h>
 
-#include "proto.h"
-#include "support.h"
+#include "proto/proto.h"
+#include "tests/support.h"
 
 #define FMNIST "/usr/share/datasets/fashion-mnist"
 #define NOBODY 65534 /* the other user's uid and gid */

@@ -18,9 +18,9 @@
 
 #include <cmocka.h>
 
-#include "jobspec.h"
-#include "memguard.h"
-#include "sensor.h"
+#include "daemon/jobspec.h"
+#include "daemon/memguard.h"
+#include "train/sensor.h"
 
 #define FMNIST "/usr/share/datasets/fashion-mnist"
 

@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "kernels.h"
-#include "td_errno.h"
+#include "kernels/kernels.h"
+#include "common/td_errno.h"
 
 /* Finite differences: central, step FD_EPS, of an objective L = sum_i r_i * out_i accumulated
  * in double (r random), compared with the backward kernel given dout = r.

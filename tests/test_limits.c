@@ -45,10 +45,10 @@
 #include <cmocka.h>
 #include <msgpack.h>
 
-#include "proto.h"
-#include "store_int.h"
-#include "support.h"
-#include "td_text.h"
+#include "proto/proto.h"
+#include "store/store_int.h"
+#include "tests/support.h"
+#include "common/td_text.h"
 
 #define FMNIST         "/usr/share/datasets/fashion-mnist"
 #define E2BIG_CODE     -4204

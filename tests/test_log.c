@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "td_log.h"
+#include "common/td_log.h"
 
 typedef struct fixture {
     char path[256];

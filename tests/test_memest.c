@@ -25,11 +25,11 @@
 
 #include <cmocka.h>
 
-#include "engine.h"
-#include "llmc.h"
-#include "td_panic.h"
-#include "train.h"
-#include "train_support.h"
+#include "train/engine.h"
+#include "train/llmc.h"
+#include "common/td_panic.h"
+#include "train/train.h"
+#include "tests/train_support.h"
 
 #define SIDE    8
 #define PIXELS  (SIDE * SIDE)

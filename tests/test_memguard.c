@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "memguard.h"
+#include "daemon/memguard.h"
 
 #define MIB (1ull << 20)
 

@@ -19,9 +19,9 @@
 #include <cmocka.h>
 #include <sqlite3.h>
 
-#include "metricq.h"
-#include "store.h"
-#include "store_int.h" /* td__store_exec, to hold the write lock */
+#include "daemon/metricq.h"
+#include "store/store.h"
+#include "store/store_int.h" /* td__store_exec, to hold the write lock */
 
 typedef struct fixture {
     char dir[64];

@@ -18,8 +18,8 @@
 
 #include <cmocka.h>
 
-#include "jobs_support.h"
-#include "support.h"
+#include "tests/jobs_support.h"
+#include "tests/support.h"
 
 #define PYTHON "/usr/bin/python3" /* Debian's, which has python3-prometheus-client */
 

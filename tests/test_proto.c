@@ -13,7 +13,7 @@
 #include <cmocka.h>
 #include <msgpack.h>
 
-#include "proto.h"
+#include "proto/proto.h"
 
 #define FUZZ_ITERATIONS 20000 /* mutated frames per fuzz test; a few seconds at -O0 */
 #define FUZZ_SEED       0x7d5eedULL

@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "server.h"
+#include "daemon/server/server.h"
 
 #define MAX_DOCUMENTED 64 /* request sections PROTOCOL.md may have, for this test's array */
 #define NAME_MAX_LEN   32 /* bytes of a request's name, NUL included */

@@ -17,14 +17,14 @@
 
 #include <cmocka.h>
 
-#include "engine.h"
-#include "jobspec.h"
-#include "mailbox.h"
-#include "metricq.h"
-#include "proto.h"
-#include "run.h"
-#include "store.h"
-#include "train_support.h"
+#include "train/engine.h"
+#include "daemon/jobspec.h"
+#include "daemon/mailbox.h"
+#include "daemon/metricq.h"
+#include "proto/proto.h"
+#include "daemon/run.h"
+#include "store/store.h"
+#include "tests/train_support.h"
 
 #define N_IMAGES 256
 #define STEPS    20

@@ -19,7 +19,7 @@
 
 #include <cmocka.h>
 
-#include "sensor.h"
+#include "train/sensor.h"
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 

@@ -19,14 +19,14 @@
 
 #include <cmocka.h>
 
-#include "engine.h"
-#include "fake_device.h"
-#include "sensor.h"
-#include "sizes.h"
-#include "slm.h"
-#include "td_panic.h"
-#include "train.h"
-#include "train_support.h"
+#include "train/engine.h"
+#include "tests/fake_device.h"
+#include "train/sensor.h"
+#include "train/sizes.h"
+#include "train/slm.h"
+#include "common/td_panic.h"
+#include "train/train.h"
+#include "tests/train_support.h"
 
 static char train_path[TD_PATH_MAX], valid_path[TD_PATH_MAX];
 

@@ -33,8 +33,8 @@
 
 #include <cmocka.h>
 
-#include "proto.h"
-#include "support.h"
+#include "proto/proto.h"
+#include "tests/support.h"
 
 #define FMNIST           "/usr/share/datasets/fashion-mnist"
 #define START_TIMEOUT_MS 20000   /* traind's start, up to READY=1 or a listening socket */

@@ -31,8 +31,8 @@
 #include <cmocka.h>
 #include <sqlite3.h>
 
-#include "proto.h"
-#include "support.h"
+#include "proto/proto.h"
+#include "tests/support.h"
 
 #define FMNIST           "/usr/share/datasets/fashion-mnist"
 #define START_TIMEOUT_MS 20000 /* a traind's start, up to its socket accepting */

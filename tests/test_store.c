@@ -18,8 +18,8 @@
 #include <cmocka.h>
 #include <sqlite3.h>
 
-#include "store.h"
-#include "store_int.h"
+#include "store/store.h"
+#include "store/store_int.h"
 
 #define MAX_ROWS 4096 /* rows a collector keeps */
 

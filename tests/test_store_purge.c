@@ -16,8 +16,8 @@
 #include <cmocka.h>
 #include <sqlite3.h>
 
-#include "store.h"
-#include "store_int.h"
+#include "store/store.h"
+#include "store/store_int.h"
 
 typedef struct fixture {
     char dir[256];

@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "td_text.h"
+#include "common/td_text.h"
 
 /* td_text_check of a literal (len from sizeof, so NULs inside count). */
 #define CHECK(lit, at) td_text_check(lit, sizeof(lit) - 1, at)

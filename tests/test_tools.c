@@ -26,8 +26,8 @@
 #include <jansson.h>
 #include <msgpack.h>
 
-#include "proto.h"
-#include "support.h"
+#include "proto/proto.h"
+#include "tests/support.h"
 
 #define LLMC_HEADER 1024 /* bytes of an llm.c model file's header */
 

@@ -14,11 +14,11 @@
 
 #include <cmocka.h>
 
-#include "engine.h"
-#include "fake_device.h"
-#include "td_panic.h"
-#include "train.h"
-#include "train_support.h"
+#include "train/engine.h"
+#include "tests/fake_device.h"
+#include "common/td_panic.h"
+#include "train/train.h"
+#include "tests/train_support.h"
 
 #ifndef FASHION_DIR /* -DFASHION_DIR=... points the real-data test elsewhere */
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"

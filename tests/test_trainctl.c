@@ -24,7 +24,7 @@
 
 #include <cmocka.h>
 
-#include "proto.h"
+#include "proto/proto.h"
 
 #define OUT_MAX (1 << 20) /* bytes of a command's stdout or stderr kept for checks */
 

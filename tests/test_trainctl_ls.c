@@ -28,9 +28,9 @@
 
 #include <cmocka.h>
 
-#include "proto.h"
-#include "store_int.h"
-#include "support.h"
+#include "proto/proto.h"
+#include "store/store_int.h"
+#include "tests/support.h"
 
 #define N       10000     /* jobs seeded */
 #define OUT_MAX (8 << 20) /* bytes of trainctl's stdout kept */

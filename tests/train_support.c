@@ -14,9 +14,9 @@
 
 #include <cmocka.h>
 
-#include "sensor.h"
-#include "train.h"
-#include "train_support.h"
+#include "train/sensor.h"
+#include "train/train.h"
+#include "tests/train_support.h"
 
 char tt_tmpdir[64];
 

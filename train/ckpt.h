@@ -28,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "td_errno.h"
+#include "common/td_errno.h"
 
 #define TD_CKPT_MAGIC        0x4b434454u /* "TDCK" read as a little-endian uint32 */
 #define TD_CKPT_END_MAGIC    0x45434454u /* "TDCE": the trailer's last 4 bytes */

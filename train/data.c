@@ -19,8 +19,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "data.h"
-#include "engine.h"
+#include "train/data.h"
+#include "train/engine.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "llm.c shards are little-endian and are mapped as they are: a big-endian port must swap"

@@ -66,7 +66,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
-#include "td_errno.h"
+#include "common/td_errno.h"
 
 #define TD_DATA_SHARD_MAGIC   20240520 /* header[0] of an llm.c token shard */
 #define TD_DATA_SHARD_VERSION 1        /* header[1] */

@@ -8,12 +8,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "device.h"
-#include "hostreduce.h"
-#include "kernels.h"
-#include "td_panic.h"
+#include "train/device.h"
+#include "kernels/hostreduce.h"
+#include "kernels/kernels.h"
+#include "common/td_panic.h"
 #ifdef TD_HAVE_CUDA
-#include "td_cuda.h"
+#include "kernels/cuda/td_cuda.h"
 #endif
 
 #define NO_CUDA "this traind was built without CUDA"

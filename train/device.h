@@ -13,7 +13,7 @@
 
 #include <stddef.h>
 
-#include "td_errno.h"
+#include "common/td_errno.h"
 
 #define TD_MAX_DEVICES 64 /* devices one process drives, and replicas in one run */
 

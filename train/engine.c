@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
-#include "td_panic.h"
+#include "train/engine.h"
+#include "common/td_panic.h"
 
 /* ---- the activation arena ------------------------------------------------------------- */
 

@@ -16,9 +16,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels.h"
-#include "td_errno.h"
-#include "train.h"
+#include "kernels/kernels.h"
+#include "common/td_errno.h"
+#include "train/train.h"
 
 /* ---- tensors ---------------------------------------------------------------------------- */
 

@@ -4,8 +4,8 @@
  * I/O on the caller's thread (the daemon's threadpool); errors are returned, never panicked. */
 #include <stdlib.h>
 
-#include "sizes.h"
-#include "weights.h"
+#include "train/sizes.h"
+#include "train/weights.h"
 
 int td_export_llmc(const td_train_config *cfg, const char *out_path, td_error_t *err)
 {

@@ -6,7 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine.h"
+#include "train/engine.h"
 
 #define INIT_STD 0.02 /* llm.c's (and GPT-2's) initial weight standard deviation */
 

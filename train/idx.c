@@ -18,8 +18,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "data.h"
-#include "engine.h"
+#include "train/data.h"
+#include "train/engine.h"
 
 /* Bytes per gzread call (16 MiB): the stop callback is polled between them. */
 #define READ_CHUNK (1u << 24)

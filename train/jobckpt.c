@@ -5,8 +5,8 @@
  * panicked. */
 #include <string.h>
 
-#include "ckpt.h"
-#include "sizes.h"
+#include "train/ckpt.h"
+#include "train/sizes.h"
 
 /* Feeds a string's bytes and its terminator (so "ab","c" and "a","bc" differ). */
 static uint64_t hash_str(uint64_t h, const char *s)

@@ -8,9 +8,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "data.h"
-#include "llmc.h"
-#include "train.h"
+#include "train/data.h"
+#include "train/llmc.h"
+#include "train/train.h"
 
 #define HEADER_INTS       256 /* int32 words of the header */
 #define LLMC_VERSION_OLD  2   /* llm.c's first fp32 version: the same layout, no Vp field */

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "td_errno.h"
+#include "common/td_errno.h"
 
 #define TD_LLMC_MAGIC   20240326 /* header[0] of an llm.c model file */
 #define TD_LLMC_VERSION 3        /* header[1]: fp32 parameters (2 is fp32 in older files) */

@@ -16,13 +16,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "data.h"
-#include "device.h"
-#include "engine.h"
-#include "safetensors.h"
-#include "weights.h"
-#include "sizes.h"
-#include "slm.h"
+#include "train/data.h"
+#include "train/device.h"
+#include "train/engine.h"
+#include "train/safetensors.h"
+#include "train/weights.h"
+#include "train/sizes.h"
+#include "train/slm.h"
 
 /* Estimates past this are refused rather than risk a wrapped size_t. */
 #define MAX_BYTES ((double)(1ull << 62))

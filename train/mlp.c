@@ -3,7 +3,7 @@
  * ops recorded on the tape. Parameters live in the trainer's td_params. */
 #include <math.h>
 
-#include "engine.h"
+#include "train/engine.h"
 
 int td_mlp_declare(td_mlp *m, td_params *p, const int *sizes, int n_sizes)
 {

@@ -3,7 +3,7 @@
  * clipping. Called by the trainer's step. The schedules are in schedule.c. */
 #include <math.h>
 
-#include "engine.h"
+#include "train/engine.h"
 
 int td_optim_moments(const td_train_config *cfg)
 {

@@ -1,7 +1,7 @@
 /* The engine's PRNG: xoshiro256** seeded through splitmix64 (both by Blackman and Vigna, public
  * domain). Deterministic on every machine, so a seed names one initialisation and one
  * sequence of shuffles. A td_rng belongs to whoever holds it; no global state. */
-#include "engine.h"
+#include "train/engine.h"
 
 static uint64_t splitmix64(uint64_t *x)
 {

@@ -13,9 +13,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "data.h"
-#include "safetensors.h"
-#include "train.h"
+#include "train/data.h"
+#include "train/safetensors.h"
+#include "train/train.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c reads and writes float32 as the host stores it: a little-endian host"

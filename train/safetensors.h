@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "td_errno.h"
+#include "common/td_errno.h"
 
 #define TD_ST_MAX_HEADER  (100u << 20) /* bytes of JSON header: the format's own limit */
 #define TD_ST_MAX_TENSORS 65536        /* tensors in one file */

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
-#include "td_panic.h"
+#include "train/engine.h"
+#include "common/td_panic.h"
 
 #define TEXT_START '\n' /* a text job's first token when the prompt is empty */
 

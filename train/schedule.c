@@ -12,7 +12,7 @@
  *             base(N - D) * (N - t) / D, a straight line down to 0 at the last step */
 #include <math.h>
 
-#include "engine.h"
+#include "train/engine.h"
 
 /* The warmup's rate at step t of W warmup steps (t <= W, W >= 1). */
 static double warmup_lr(double lr, int64_t t, int64_t W)

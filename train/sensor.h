@@ -34,7 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "td_errno.h"
+#include "common/td_errno.h"
 
 #define TD_SENSOR_MAGIC        "TDSENSOR" /* the file's first 8 bytes */
 #define TD_SENSOR_VERSION      1

@@ -10,9 +10,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine.h"
-#include "sensor.h"
-#include "td_panic.h"
+#include "train/engine.h"
+#include "train/sensor.h"
+#include "common/td_panic.h"
 
 #define INIT_STD   0.02              /* every linear weight, tok, pos and the probe: N(0, 0.02) */
 #define INIT_SCALE 2.302585092994046 /* logit_scale: ln 10 */

@@ -1,9 +1,9 @@
 /* A job's sizes (sizes.h): what the trainer allocates by and the memory estimate counts. */
 #include <stdint.h>
 
-#include "sizes.h"
-#include "slm.h"
-#include "weights.h"
+#include "train/sizes.h"
+#include "train/slm.h"
+#include "train/weights.h"
 
 int td__train_gpt_dims(const td_train_config *cfg, td_gpt_dims *d, td_error_t *err)
 {

@@ -9,7 +9,7 @@
 
 #include <stddef.h>
 
-#include "engine.h"
+#include "train/engine.h"
 
 #define TD_MLP_EVAL_BATCH                                                                  \
     1000                  /* samples per forward when evaluating an mlp, at most (no tape, \

@@ -24,10 +24,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "data.h"
-#include "engine.h"
-#include "td_errno.h"
-#include "train.h"
+#include "train/data.h"
+#include "train/engine.h"
+#include "common/td_errno.h"
+#include "train/train.h"
 
 #define TD_SLM_MAX_FILES  1024  /* sensor shards of one job, both splits */
 #define TD_SLM_EVAL_MAX   16384 /* valid windows one evaluation ranks, at most */

@@ -12,8 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "sensor.h"
-#include "slm.h"
+#include "train/sensor.h"
+#include "train/slm.h"
 
 #define MAX_WINDOWS    ((int64_t)1 << 31) /* windows of one job, both splits: uint32 order */
 #define SHUFFLE_STREAM 0x534c4d0000ull    /* + epoch: the order's PRNG stream ("SLM") */

@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sizes.h"
-#include "slm.h"
-#include "td_panic.h"
+#include "train/sizes.h"
+#include "train/slm.h"
+#include "common/td_panic.h"
 
 /* ---- evaluation ---------------------------------------------------------------------------- */
 

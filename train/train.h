@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "td_errno.h"
+#include "common/td_errno.h"
 
 #define TD_MAX_LAYERS   16   /* sizes in an MLP, input and output included */
 #define TD_PATH_MAX     1024 /* bytes of a path in a job, NUL included */

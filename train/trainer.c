@@ -27,14 +27,14 @@
 #include <string.h>
 #include <time.h>
 
-#include "ckpt.h"
-#include "data.h"
-#include "engine.h"
-#include "sizes.h"
-#include "slm.h"
-#include "td_clock.h"
-#include "td_panic.h"
-#include "weights.h"
+#include "train/ckpt.h"
+#include "train/data.h"
+#include "train/engine.h"
+#include "train/sizes.h"
+#include "train/slm.h"
+#include "common/td_clock.h"
+#include "common/td_panic.h"
+#include "train/weights.h"
 
 #define CLIP_EPS 1e-6 /* torch.nn.utils.clip_grad_norm_'s: coef = max_norm / (norm + 1e-6) */
 

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "llmc.h"
-#include "safetensors.h"
-#include "weights.h"
+#include "train/llmc.h"
+#include "train/safetensors.h"
+#include "train/weights.h"
 
 /* One parameter under a format's name: the file's name and shape and the floats to write
  * (st), where a load puts them (dst), and how many (n). */

@@ -24,7 +24,7 @@
 
 #include <stdint.h>
 
-#include "engine.h"
+#include "train/engine.h"
 
 /* A gpt's dimensions from path: a safetensors file (its name ends in .safetensors) or else an
  * llm.c model file. safetensors: V and C from wte.weight, maxT from wpe.weight, L from the h.N

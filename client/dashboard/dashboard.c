@@ -44,9 +44,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "client.h"
-#include "dashboard.h"
-#include "td_text.h"
+#include "client/client.h"
+#include "client/dashboard/dashboard.h"
+#include "common/td_text.h"
 
 #define DASH_DEFAULT_LISTEN "127.0.0.1:8080"
 #define DASH_IDLE_S         60   /* seconds an HTTP connection may sit idle (streams talk) */

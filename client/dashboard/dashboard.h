@@ -15,7 +15,7 @@
 
 #include <microhttpd.h>
 
-#include "proto.h"
+#include "proto/proto.h"
 
 #define TC_DASH_TOKEN_BYTES  16    /* random bytes of the URL's token (32 hex digits) */
 #define TC_DASH_MAX_CONNS    48    /* HTTP connections (and so threads) at once */

@@ -12,10 +12,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "client.h"
-#include "dashboard.h"
-#include "td_clock.h"
-#include "td_text.h"
+#include "client/client.h"
+#include "client/dashboard/dashboard.h"
+#include "common/td_clock.h"
+#include "common/td_text.h"
 
 #define DCONN_READ_CHUNK   65536 /* bytes read from the socket at a time */
 #define DCONN_MAX_FEATURES 32    /* feature names of traind's hello kept */

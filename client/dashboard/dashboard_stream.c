@@ -34,9 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client.h"
-#include "dashboard.h"
-#include "td_clock.h"
+#include "client/client.h"
+#include "client/dashboard/dashboard.h"
+#include "common/td_clock.h"
 
 #define SSE_BLOCK   (32 * 1024) /* bytes libmicrohttpd asks the reader for at a time */
 #define NO_DIRTY    SIZE_MAX    /* a series with nothing to send */

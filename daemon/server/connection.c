@@ -12,8 +12,8 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "connection.h"
-#include "td_log.h"
+#include "daemon/server/connection.h"
+#include "common/td_log.h"
 
 #define TD_SWEEP_MAX_MS 1000 /* the sweep timer's period, at most... */
 #define TD_SWEEP_MIN_MS 20   /* ...and at least */

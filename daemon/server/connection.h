@@ -20,8 +20,8 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "proto.h"
-#include "td_errno.h"
+#include "proto/proto.h"
+#include "common/td_errno.h"
 
 #define TD_CONN_HIGH_WATER                                                                  \
     (256 << 10)                      /* bytes queued to a client before its producers pause \

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server_int.h"
-#include "td_log.h"
+#include "daemon/server/server_int.h"
+#include "common/td_log.h"
 
 #define TD_RM_MAX_JOBS 1000 /* job ids one rm names */
 

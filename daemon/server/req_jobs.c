@@ -5,9 +5,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "memguard.h"
-#include "server_int.h"
-#include "td_log.h"
+#include "daemon/memguard.h"
+#include "daemon/server/server_int.h"
+#include "common/td_log.h"
 
 #define TD_INFO_CLIENTS 256  /* connections an info reply lists */
 #define TD_INFO_QUEUED  1000 /* queued job ids an info reply lists */

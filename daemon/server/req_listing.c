@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server_int.h"
-#include "td_log.h"
-#include "td_text.h"
+#include "daemon/server/server_int.h"
+#include "common/td_log.h"
+#include "common/td_text.h"
 
 typedef struct last_vals {
     char (*keys)[TD_STORE_MAX_KEY];

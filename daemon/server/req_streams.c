@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server_int.h"
-#include "td_log.h"
-#include "td_text.h"
+#include "daemon/server/server_int.h"
+#include "common/td_log.h"
+#include "common/td_text.h"
 
 struct td_stream {
     td_producer p; /* first: the connection pumps and drops it */

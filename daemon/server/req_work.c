@@ -11,10 +11,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "server_int.h"
-#include "td_log.h"
-#include "td_text.h"
-#include "work.h"
+#include "daemon/server/server_int.h"
+#include "common/td_log.h"
+#include "common/td_text.h"
+#include "daemon/work.h"
 
 /* Bytes of model file per chunk frame: the protocol's limit on one bin (a frame stays far
  * below TD_PROTO_MAX_FRAME). */

@@ -18,9 +18,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "server_int.h"
-#include "td_log.h"
-#include "td_text.h"
+#include "daemon/server/server_int.h"
+#include "common/td_log.h"
+#include "common/td_text.h"
 
 #define TD_SHOWN_TYPE 64                      /* bytes of an unknown request type quoted back... */
 #define TD_SHOWN_MAX  (4 * TD_SHOWN_TYPE + 1) /* ...which escaping may make 4 times longer */

@@ -19,8 +19,8 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "config.h"
-#include "daemon.h"
+#include "daemon/config.h"
+#include "daemon/daemon.h"
 
 #define TD_STREAM_PAGE 512 /* metric rows per rows frame */
 

@@ -8,8 +8,8 @@
 #ifndef TD_SERVER_INT_H
 #define TD_SERVER_INT_H
 
-#include "connection.h"
-#include "server.h"
+#include "daemon/server/connection.h"
+#include "daemon/server/server.h"
 
 #define TD_REPLY_BUDGET                                                                 \
     (768u << 10)              /* bytes of jobs or lines one list or logs reply carries, \

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_internal.h"
-#include "td_panic.h"
+#include "kernels/cuda/cuda_internal.h"
+#include "common/td_panic.h"
 
 /* Set once, never cleared: a sticky error ends the process's CUDA life. */
 static atomic_int poisoned;

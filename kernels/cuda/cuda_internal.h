@@ -8,7 +8,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "td_cuda.h"
+#include "kernels/cuda/td_cuda.h"
 
 #ifdef __cplusplus
 #define TD_NORETURN [[noreturn]]

@@ -23,9 +23,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "cuda_internal.h"
-#include "td_clock.h"
-#include "td_panic.h"
+#include "kernels/cuda/cuda_internal.h"
+#include "common/td_clock.h"
+#include "common/td_panic.h"
 
 #define POLL_NS 100000 /* nanoseconds between two polls of the watchdog: 0.1 ms */
 

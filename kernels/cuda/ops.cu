@@ -24,8 +24,8 @@
 
 #include <cuda_bf16.h>
 
-#include "cuda_internal.h"
-#include "heads.h"
+#include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/heads.h"
 
 extern "C" {
 /* td_panic.h is C11 (_Noreturn), so its one function is declared here for C++. */

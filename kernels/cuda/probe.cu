@@ -4,9 +4,9 @@
 #include <stdio.h>
 
 extern "C" {
-#include "td_errno.h" /* C declarations without a linkage block of their own */
+#include "common/td_errno.h" /* C declarations without a linkage block of their own */
 }
-#include "td_cuda.h"
+#include "kernels/cuda/td_cuda.h"
 
 /* "12.2" for CUDA's version number 12020. */
 static void version(char *out, size_t size, int v)

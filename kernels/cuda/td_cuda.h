@@ -26,13 +26,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#include "td_errno.h" /* C declarations without a linkage block of their own */
+#include "common/td_errno.h" /* C declarations without a linkage block of their own */
 
 /* cuBLAS's workspace, set by the context so that cuBLAS never allocates on its own in the
  * step loop. NVIDIA's recommendation for Hopper (sm_90); more than enough for Ampere. */

@@ -8,9 +8,9 @@
  * above the largest label. */
 #include <string.h>
 
-#include "data.h"
-#include "engine.h"
-#include "fuzz.h"
+#include "train/data.h"
+#include "train/engine.h"
+#include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

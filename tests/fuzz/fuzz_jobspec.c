@@ -20,12 +20,12 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "data.h"
-#include "engine.h"
-#include "fuzz.h"
-#include "jobspec.h"
-#include "sensor.h"
-#include "weights.h"
+#include "train/data.h"
+#include "train/engine.h"
+#include "tests/fuzz/fuzz.h"
+#include "daemon/jobspec.h"
+#include "train/sensor.h"
+#include "train/weights.h"
 
 #define FIXTURES "/tmp/traind-fuzz-jobspec"
 

@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fuzz.h"
-#include "proto.h"
+#include "tests/fuzz/fuzz.h"
+#include "proto/proto.h"
 
 /* Bytes of a valid UTF-8 sequence at s (n available), or 0: RFC 3629's well-formed forms. */
 static size_t utf8_seq(const unsigned char *s, size_t n)

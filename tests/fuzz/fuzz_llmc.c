@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
-#include "fuzz.h"
-#include "llmc.h"
-#include "weights.h"
+#include "train/engine.h"
+#include "tests/fuzz/fuzz.h"
+#include "train/llmc.h"
+#include "train/weights.h"
 
 static td_gpt model, copy; /* a td_gpt holds a view of every layer: too large for the stack */
 

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fuzz.h"
-#include "proto.h"
+#include "tests/fuzz/fuzz.h"
+#include "proto/proto.h"
 
 #define GET_CHECKED_PAIRS 64 /* pairs of a map whose key td_pv_get looks up (it is linear) */
 

@@ -14,8 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fuzz.h"
-#include "sensor.h"
+#include "tests/fuzz/fuzz.h"
+#include "train/sensor.h"
 
 /* Reads path whole into a malloc'd buffer; its size in *n. */
 static uint8_t *read_file(const char *path, size_t *n)

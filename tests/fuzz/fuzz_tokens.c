@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "data.h"
-#include "fuzz.h"
+#include "train/data.h"
+#include "tests/fuzz/fuzz.h"
 
 #define MAX_B        8
 #define MAX_T        32

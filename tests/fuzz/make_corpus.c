@@ -10,11 +10,11 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "data.h"
-#include "engine.h"
-#include "proto.h"
-#include "sensor.h"
-#include "weights.h"
+#include "train/data.h"
+#include "train/engine.h"
+#include "proto/proto.h"
+#include "train/sensor.h"
+#include "train/weights.h"
 
 #define FIXTURES "/tmp/traind-fuzz-jobspec" /* fuzz_jobspec.c's fixture directory */
 
