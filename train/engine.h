@@ -609,11 +609,12 @@ int td__train_load_gpt(const td_train_config *cfg, td_gpt *m, td_params *p, int6
                        td_error_t *err);
 
 /* Builds m in p (zeroed by the caller; release with td_params_free) from cfg and loads the
- * sensorlm job's latest checkpoint into it: *step is the checkpoint's, norm (2*C floats: the
- * channels' mean, then their std) the statistics the job normalised windows with. Errors as
- * td__train_load_gpt's; TD_EINVAL for a job that is not sensorlm. */
+ * sensorlm job's latest checkpoint into it: *step is the checkpoint's, *norm (2*C floats: the
+ * channels' mean, then their std; caller frees with free(), also after an error) the
+ * statistics the job normalised windows with. Errors as td__train_load_gpt's; TD_EINVAL for a
+ * job that is not sensorlm. */
 int td__train_load_sensorlm(const td_train_config *cfg, td_sensorlm *m, td_params *p, int64_t *step,
-                            float *norm, td_error_t *err);
+                            float **norm, td_error_t *err);
 
 /* ---- a trainer's insides, for tests and benches ---------------------------------------- */
 

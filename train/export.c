@@ -47,16 +47,11 @@ static int export_sensorlm(const td_train_config *cfg, const char *out_path, td_
     td_params p = {0};
     float *norm = NULL;
     int64_t step = 0;
-    td_slm_dims d;
     int rc;
 
     if (m == NULL)
         return td_error_set(err, TD_ENOMEM, "no memory for a model");
-    rc = td__train_slm_dims(cfg, &d, NULL, err);
-    if (rc == 0 && (norm = malloc(2 * (size_t)d.C * sizeof(float))) == NULL)
-        rc = td_error_set(err, TD_ENOMEM, "no memory for a model");
-    if (rc == 0)
-        rc = td__train_load_sensorlm(cfg, m, &p, &step, norm, err);
+    rc = td__train_load_sensorlm(cfg, m, &p, &step, &norm, err);
     if (rc == 0)
         rc = td_weights_slm_save_st(out_path, m, norm, step, err);
     free(norm);

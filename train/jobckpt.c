@@ -3,6 +3,7 @@
  * checkpoint loaded into a model built for it alone (export, sampling, the embedder). The
  * files themselves are ckpt.c's. Called on the caller's thread; errors are returned, never
  * panicked. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "train/ckpt.h"
@@ -132,12 +133,13 @@ int td__train_load_gpt(const td_train_config *cfg, td_gpt *m, td_params *p, int6
 /* For embedders and export: a sensorlm job's model as of its latest checkpoint, with its
  * moments (so the checkpoint's sections match), step and statistics. */
 int td__train_load_sensorlm(const td_train_config *cfg, td_sensorlm *m, td_params *p, int64_t *step,
-                            float *norm, td_error_t *err)
+                            float **norm, td_error_t *err)
 {
     td_ckpt_section sec[4];
     td_slm_dims d;
     int rc;
 
+    *norm = NULL;
     if (cfg->model != TD_MODEL_SENSORLM)
         return td_error_set(err, TD_EINVAL, "not a sensorlm job");
     if (cfg->checkpoint_dir[0] == '\0')
@@ -149,5 +151,7 @@ int td__train_load_sensorlm(const td_train_config *cfg, td_sensorlm *m, td_param
         return rc;
     if (td_params_alloc(p, td_optim_moments(cfg)) != 0)
         return td_error_set(err, TD_ENOMEM, "no memory for %zu parameters", p->n);
-    return load_latest(cfg, sec, td__train_ckpt_sections(p, norm, d.C, sec), step, err);
+    if ((*norm = malloc(2 * (size_t)d.C * sizeof(float))) == NULL)
+        return td_error_set(err, TD_ENOMEM, "no memory for a model's window statistics");
+    return load_latest(cfg, sec, td__train_ckpt_sections(p, *norm, d.C, sec), step, err);
 }

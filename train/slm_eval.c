@@ -300,17 +300,12 @@ int td_sensorlm_embedder_open(td_sensorlm_embedder **out, const td_train_config 
     td_params p = {0};
     float *norm = NULL;
     int64_t step = 0;
-    td_slm_dims d;
     int rc;
 
     *out = NULL;
     if (m == NULL)
         return td_error_set(err, TD_ENOMEM, "no memory for an embedder");
-    rc = td__train_slm_dims(cfg, &d, NULL, err);
-    if (rc == 0 && (norm = malloc(2 * (size_t)d.C * sizeof(float))) == NULL)
-        rc = td_error_set(err, TD_ENOMEM, "no memory for an embedder");
-    if (rc == 0)
-        rc = td__train_load_sensorlm(cfg, m, &p, &step, norm, err);
+    rc = td__train_load_sensorlm(cfg, m, &p, &step, &norm, err);
     if (rc == 0)
         rc = td__slm_embedder_new(out, cfg, &m->d, p.host_data, p.n, norm, step, rows, err);
     td_params_free(&p);
