@@ -49,13 +49,15 @@ if [ ! -f "$BUILD/build.ninja" ]; then
     rm -f "$BUILD.setup.log"
 fi
 ninja -C "$BUILD" "${BINS[@]}" >/dev/null || die "building ${BINS[*]} in $BUILD failed"
+# (ldd's output is read whole first: under pipefail, a grep -q that stops reading early would
+# make ldd's SIGPIPE the pipeline's status.)
 for b in "${BINS[@]}"; do
-    if ldd "$BUILD/$b" | grep -q 'libcudart\.so'; then
+    if [[ "$(ldd "$BUILD/$b")" == *libcudart.so* ]]; then
         die "$BUILD/$b loads libcudart.so: configure $BUILD with -Dcudart=static"
     fi
 done
 for b in tests/test_gpu daemon/traind bench/bench_gpu; do
-    ldd "$BUILD/$b" | grep -q 'libcublas\.so' ||
+    [[ "$(ldd "$BUILD/$b")" == *libcublas.so* ]] ||
         die "$BUILD/$b has no CUDA backend: configure $BUILD with -Dcuda=enabled"
 done
 

@@ -28,10 +28,14 @@ fi
 echo "asan: building the ASan+UBSan tree ($dir)"
 scripts/ninja-progress.sh "$dir"
 
-reports=$(cd "$dir" && pwd)/meson-logs/sanitizer
-rm -rf "$reports"
-mkdir -p "$reports"
-# test_service's children drop to another user; a report of theirs must still be writable.
+# The reports are written where every user can write (test_service's children drop to
+# another user, test_jobfiles runs trainctl as nobody): a sticky 1777 folder in /tmp, not under
+# the checkout, which another user may not be able to enter (a clone under /root or in a
+# mktemp -d folder). At the end they are moved to BUILD_DIR/meson-logs/sanitizer.
+kept=$(cd "$dir" && pwd)/meson-logs/sanitizer
+rm -rf "$kept"
+mkdir -p "$kept"
+reports=$(mktemp -d "${TMPDIR:-/tmp}/traind-asan-reports.XXXXXX")
 chmod 1777 "$reports"
 export ASAN_OPTIONS="log_path=$reports/asan:detect_leaks=1"
 export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"
@@ -43,9 +47,11 @@ meson test -C "$dir" --suite unit --suite fuzz --suite integration --print-error
     --no-rebuild --timeout-multiplier "$multiplier" || rc=$?
 
 shopt -s nullglob
-found=("$reports"/*)
+for f in "$reports"/*; do mv "$f" "$kept/"; done
+rmdir "$reports"
+found=("$kept"/*)
 if [ ${#found[@]} -gt 0 ]; then
-    echo "asan: ${#found[@]} sanitizer report(s) in $reports:"
+    echo "asan: ${#found[@]} sanitizer report(s) in $kept:"
     for f in "${found[@]}"; do
         echo "---- $f"
         cat "$f"

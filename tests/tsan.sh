@@ -25,10 +25,14 @@ fi
 echo "tsan: building the ThreadSanitizer tree ($dir)"
 scripts/ninja-progress.sh "$dir"
 
-reports=$(cd "$dir" && pwd)/meson-logs/sanitizer
-rm -rf "$reports"
-mkdir -p "$reports"
-# test_service's children drop to another user; a report of theirs must still be writable.
+# The reports are written where every user can write (test_service's children drop to
+# another user, test_jobfiles runs trainctl as nobody): a sticky 1777 folder in /tmp, not under
+# the checkout, which another user may not be able to enter (a clone under /root or in a
+# mktemp -d folder). At the end they are moved to BUILD_DIR/meson-logs/sanitizer.
+kept=$(cd "$dir" && pwd)/meson-logs/sanitizer
+rm -rf "$kept"
+mkdir -p "$kept"
+reports=$(mktemp -d "${TMPDIR:-/tmp}/traind-tsan-reports.XXXXXX")
 chmod 1777 "$reports"
 # tests/tsan.supp holds the reports a library makes false, each with its reason.
 export TSAN_OPTIONS="exitcode=66 halt_on_error=0 second_deadlock_stack=1 log_path=$reports/tsan \
@@ -40,9 +44,11 @@ meson test -C "$dir" --suite integration --print-errorlogs --no-rebuild \
     --timeout-multiplier "$multiplier" || rc=$?
 
 shopt -s nullglob
-found=("$reports"/*)
+for f in "$reports"/*; do mv "$f" "$kept/"; done
+rmdir "$reports"
+found=("$kept"/*)
 if [ ${#found[@]} -gt 0 ]; then
-    echo "tsan: ${#found[@]} sanitizer report(s) in $reports:"
+    echo "tsan: ${#found[@]} sanitizer report(s) in $kept:"
     for f in "${found[@]}"; do
         echo "---- $f"
         cat "$f"
