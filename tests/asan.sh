@@ -37,8 +37,12 @@ rm -rf "$kept"
 mkdir -p "$kept"
 reports=$(mktemp -d "${TMPDIR:-/tmp}/traind-asan-reports.XXXXXX")
 chmod 1777 "$reports"
+# The suppressions too, for the same reason: a process that cannot read them stops at start.
+supp=$(mktemp -d "${TMPDIR:-/tmp}/traind-asan-supp.XXXXXX")
+cp tests/lsan.supp "$supp/"
+chmod 755 "$supp" && chmod 644 "$supp/lsan.supp"
 export ASAN_OPTIONS="log_path=$reports/asan:detect_leaks=1"
-export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"
+export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$reports/ubsan"
 
 echo "asan: unit, fuzz and integration suites (timeouts x$multiplier)"
@@ -49,6 +53,7 @@ meson test -C "$dir" --suite unit --suite fuzz --suite integration --print-error
 shopt -s nullglob
 for f in "$reports"/*; do mv "$f" "$kept/"; done
 rmdir "$reports"
+rm -rf "$supp"
 found=("$kept"/*)
 if [ ${#found[@]} -gt 0 ]; then
     echo "asan: ${#found[@]} sanitizer report(s) in $kept:"

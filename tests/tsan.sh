@@ -34,9 +34,13 @@ rm -rf "$kept"
 mkdir -p "$kept"
 reports=$(mktemp -d "${TMPDIR:-/tmp}/traind-tsan-reports.XXXXXX")
 chmod 1777 "$reports"
+# The suppressions too, for the same reason: a process that cannot read them stops at start.
+supp=$(mktemp -d "${TMPDIR:-/tmp}/traind-tsan-supp.XXXXXX")
+cp tests/tsan.supp "$supp/"
+chmod 755 "$supp" && chmod 644 "$supp/tsan.supp"
 # tests/tsan.supp holds the reports a library makes false, each with its reason.
 export TSAN_OPTIONS="exitcode=66 halt_on_error=0 second_deadlock_stack=1 log_path=$reports/tsan \
-suppressions=$PWD/tests/tsan.supp"
+suppressions=$supp/tsan.supp"
 
 echo "tsan: integration suite (timeouts x$multiplier)"
 rc=0
@@ -46,6 +50,7 @@ meson test -C "$dir" --suite integration --print-errorlogs --no-rebuild \
 shopt -s nullglob
 for f in "$reports"/*; do mv "$f" "$kept/"; done
 rmdir "$reports"
+rm -rf "$supp"
 found=("$kept"/*)
 if [ ${#found[@]} -gt 0 ]; then
     echo "tsan: ${#found[@]} sanitizer report(s) in $kept:"
