@@ -367,5 +367,4 @@ void gp_report(const char *title, const gp_step *steps, int n, double plain_ms, 
            median(steps, n, get_count, 2), median(steps, n, get_count, 3),
            median(steps, n, get_count, 4), median(steps, n, get_wait, 0),
            dropped ? " (some ops past the event pool were not timed)" : "");
-    printf("\n");
 }

@@ -60,7 +60,7 @@ const char *gp_class_name(gp_class c);
  * median wall time of the same step unprofiled, flops the FLOPs of one step, tokens its
  * tokens (or samples), peak the device's dense peak FLOP/s at the precision (0: unknown) and
  * gemm_tflops cuBLAS's own bf16 GEMM in this run (0: not measured). The block starts with a
- * line "profile: title" and ends with an empty line. */
+ * line "profile: title"; the caller ends it with an empty line. */
 void gp_report(const char *title, const gp_step *steps, int n, double plain_ms, double flops,
                double tokens, const char *unit, double peak, double gemm_tflops);
 
