@@ -274,7 +274,7 @@ JOB
     BIG=$(tcall 30 submit "$D/job.json" --set batch_size=1048576 --set devices=1) || rc=1
     tcall 60 watch "$BIG" >"$D/big.txt" 2>&1
     cat "$D/big.txt"
-    tcall 20 status "$BIG" | grep "does not fit on " | sed 's/^/figure: /' | grep . ||
+    tcall 20 status "$BIG" | grep "does not fit on " | sed 's/^.*ENOMEM: */figure: the guard refused: /' | grep . ||
         { echo "the memory guard did not refuse the job"; rc=1; }
     # an injected sticky error: the job fails, traind re-executes itself and serves again
     STK=$(tcall 30 submit "$D/job.json" --set devices=1 --set max_steps=20 \
