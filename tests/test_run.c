@@ -226,22 +226,29 @@ static void wait_done(fixture *f)
     assert_int_equal(f->got.done, 1);
 }
 
+/* The arguments of a run of job on the fixture's first worker, with spec as its spec. */
+static td_run_args run_args(fixture *f, int64_t job, td_worker **ws, td_jobspec *spec)
+{
+    ws[0] = &f->w[0];
+    mlp_spec(spec);
+    return (td_run_args){.job = job,
+                         .spec = spec,
+                         .workers = ws,
+                         .world = 1,
+                         .mailbox = &f->mb,
+                         .mq = f->q,
+                         .nccl_timeout_s = 60};
+}
+
 /* Runs job on the worker with every event allocation after td_run_new failing. */
 static void run_starved(fixture *f, int64_t job)
 {
-    td_worker *ws[1] = {&f->w[0]};
+    td_worker *ws[1];
     td_jobspec spec;
-    td_run_args a = {.job = job,
-                     .spec = &spec,
-                     .workers = ws,
-                     .world = 1,
-                     .mailbox = &f->mb,
-                     .mq = f->q,
-                     .nccl_timeout_s = 60};
+    td_run_args a = run_args(f, job, ws, &spec);
     td_error_t err = {0};
     td_run *r = NULL;
 
-    mlp_spec(&spec);
     assert_int_equal(td_run_new(&r, &a, &err), 0);
     td__event_calloc = fail_calloc; /* no worker allocates before td_run_start wakes it */
     td_run_start(r);
@@ -285,19 +292,12 @@ static void test_store_failure_arrives_when_events_cannot_be_allocated(void **st
 static void test_run_refused_when_reserve_fails(void **state)
 {
     fixture *f = *state;
-    td_worker *ws[1] = {&f->w[0]};
+    td_worker *ws[1];
     td_jobspec spec;
-    td_run_args a = {.job = f->job,
-                     .spec = &spec,
-                     .workers = ws,
-                     .world = 1,
-                     .mailbox = &f->mb,
-                     .mq = f->q,
-                     .nccl_timeout_s = 60};
+    td_run_args a = run_args(f, f->job, ws, &spec);
     td_error_t err = {0};
     td_run *r = NULL;
 
-    mlp_spec(&spec);
     td__event_calloc = fail_calloc;
     assert_int_equal(td_run_new(&r, &a, &err), TD_ENOMEM);
     td__event_calloc = calloc;
