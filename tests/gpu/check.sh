@@ -163,16 +163,13 @@ start_daemon() {
 
 # The versions and sizes a person needs to read a GPU report, and everything missing at once.
 stage_preflight() {
-    local missing="" fatal=0 smi ngpu
+    local missing="" fatal=0 smi ngpu rc
+    # Its "figure: " lines are the log's and the summary's (run_stage copies them there).
     date -u
     uname -a
-    echo "cores: $(nproc)"
-    free -m 2>/dev/null | sed -n 2p | awk '{print "memory: " $2 " MiB, " $7 " MiB available"}'
-    df -h "$WORK" | tail -1 | awk '{print "disk (work): " $4 " free of " $2}'
     if command -v nvidia-smi >/dev/null 2>&1; then
         smi=$(timeout 20 nvidia-smi --query-gpu=index,name,driver_version,memory.total,memory.free \
             --format=csv,noheader 2>&1)
-        echo "nvidia-smi: $smi"
         echo "$smi" | sed "s/^/figure: nvidia-smi: /"
         timeout 20 nvidia-smi 2>&1 | sed -n '1,12p'
     else
@@ -184,7 +181,6 @@ stage_preflight() {
     [ -n "${NCCL_FOUND:-}" ] || missing="$missing NCCL (libnccl.so.2);"
     # The bundle's own probe (write_env ran it): what the CUDA runtime, cuBLAS and NCCL it loads
     # say, and each device.
-    cat "$WORK/probe.txt"
     rc=$(cat "$WORK/probe.rc")
     ngpu=$(awk '/^devices: / { print $2 }' "$WORK/probe.txt")
     echo "${ngpu:-0}" >"$WORK/ngpu"
