@@ -48,13 +48,16 @@ tar -xzf "$DIR/payload.tar.gz" -C "$T/payload" || { echo "FAILED: the payload do
 # ---- 2. the manifest
 ALLOW='^(linux-vdso\.so\.1|ld-linux-x86-64\.so\.2|libc\.so\.6|libm\.so\.6|libdl\.so\.2|librt\.so\.1|libpthread\.so\.0|libresolv\.so\.2|libutil\.so\.1|libcuda\.so\.1|libcublas\.so\.13|libcublasLt\.so\.13|libnccl\.so\.2)$'
 
+# build_bin NAME: the build tree's executable a bundled binary was stripped from.
+build_bin() { find "$BUILD" -maxdepth 3 -type f -name "$1" -perm -u+x | head -1; }
+
 # uncovered MANIFEST: each soname a bundled binary's build counterpart loads that MANIFEST
 # neither carries (lib/SONAME) nor leaves to the machine under the allow-list; one a line.
 uncovered() {
     local man=$1 b so
     for b in "$T"/payload/bin/*; do
         b=$(basename "$b")
-        src=$(find "$BUILD" -maxdepth 3 -type f -name "$b" -perm -u+x | head -1)
+        src=$(build_bin "$b")
         [ -n "$src" ] || { echo "no build binary for $b"; continue; }
         ldd "$src" | awk '/=>/ { print $1; next } { n = split($1, p, "/"); print p[n] }' |
             while read -r so; do
@@ -123,7 +126,7 @@ else
     # Every system file a carried library resolves to here, and the tools a build needs.
     hide=()
     for b in "$T"/payload/bin/*; do
-        src=$(find "$BUILD" -maxdepth 3 -type f -name "$(basename "$b")" -perm -u+x | head -1)
+        src=$(build_bin "$(basename "$b")")
         while read -r so path; do
             [ -f "$T/payload/lib/$so" ] && hide+=("$(readlink -f "$path")")
         done < <(ldd "$src" | awk '/=>/ { print $1, $3 }')
