@@ -1029,6 +1029,11 @@ static int validate(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t gi
         return rc;
     spec->uid = uid; /* every later open of its files is made as this user */
     spec->gid = gid;
+    if (spec->nodes > 1)
+        return td_error_set(err, TD_EJOB,
+                            "nodes: this daemon cannot launch a job of %d nodes (no launcher "
+                            "is configured)",
+                            spec->nodes);
     if (spec->devices > d->nworkers)
         return td_error_set(err, TD_EJOB,
                             "devices: the job asks for %d devices but this daemon has %d",

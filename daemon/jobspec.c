@@ -482,16 +482,35 @@ static int parse_schedule(const td_pval *s, td_train_config *c, td_error_t *err)
     return 0;
 }
 
-/* debug.fail: {step, device: D or [D, ...], kind}. Kept in the spec; the daemon applies it
- * to the replicas on the named devices. */
+/* debug.fail's device or node: a number 0-63 or a list of them, as a mask; absent, all. */
+static int get_mask(const td_pval *v, const char *key, const char *why, uint64_t *mask,
+                    td_error_t *err)
+{
+    *mask = 0;
+    if (v == NULL) {
+        *mask = ~0ull;
+        return 0;
+    }
+    for (size_t i = 0; i < (td_pv_type_of(v) == TD_PV_ARRAY ? td_pv_len(v) : 1); i++) {
+        const td_pval *d = td_pv_type_of(v) == TD_PV_ARRAY ? td_pv_at(v, i) : v;
+        int64_t x;
+        if (td_pv_int(d, &x) != 0 || x < 0 || x >= 64)
+            return bad(err, "debug.fail", key, why);
+        *mask |= 1ull << x;
+    }
+    return 0;
+}
+
+/* debug.fail: {step, device: D or [D, ...], node: N or [N, ...], kind}. Kept in the spec; the
+ * daemon applies it to the replicas on the named devices. */
 static int parse_debug(const td_pval *dbg, td_jobspec *out, td_error_t *err)
 {
     static const char *const keys[] = {"fail", NULL};
-    static const char *const fkeys[] = {"step", "device", "kind", NULL};
+    static const char *const fkeys[] = {"step", "device", "node", "kind", NULL};
     static const char *const kinds[] = {"panic", "nan", "oom", "data", "sticky", NULL};
     static const td_fail_kind map[] = {TD_FAIL_PANIC, TD_FAIL_NAN, TD_FAIL_OOM, TD_FAIL_DATA,
                                        TD_FAIL_STICKY};
-    const td_pval *f, *dev;
+    const td_pval *f, *dev, *node;
     int kind = 0, rc;
 
     if (dbg == NULL)
@@ -512,20 +531,12 @@ static int parse_debug(const td_pval *dbg, td_jobspec *out, td_error_t *err)
                       &out->fail_step, err)) != 0)
         return rc;
     dev = td_pv_get(f, "device");
-    out->fail_devices = 0;
-    if (dev == NULL) {
-        out->fail_devices = ~0ull;
-        return 0;
-    }
-    for (size_t i = 0; i < (td_pv_type_of(dev) == TD_PV_ARRAY ? td_pv_len(dev) : 1); i++) {
-        const td_pval *d = td_pv_type_of(dev) == TD_PV_ARRAY ? td_pv_at(dev, i) : dev;
-        int64_t x;
-        if (td_pv_int(d, &x) != 0 || x < 0 || x >= 64)
-            return bad(err, "debug.fail", "device",
-                       "must be a device number 0-63 or a list of them");
-        out->fail_devices |= 1ull << x;
-    }
-    return 0;
+    node = td_pv_get(f, "node");
+    if ((rc = get_mask(dev, "device", "must be a device number 0-63 or a list of them",
+                       &out->fail_devices, err)) != 0)
+        return rc;
+    return get_mask(node, "node", "must be a node number 0-63 or a list of them", &out->fail_nodes,
+                    err);
 }
 
 /* batch_size: a positive integer, or "auto" (the memory guard picks it at the job's first
@@ -596,6 +607,47 @@ static int sensorlm_pairing(const td_pval *job, td_train_config *c, td_error_t *
     return 0;
 }
 
+/* nodes, devices_per_node, min_nodes, max_restarts: the shape of a job that spans nodes. A
+ * job of one node names its devices with "devices"; one of several, with devices_per_node,
+ * the same on every node. */
+static int parse_nodes(const td_pval *job, td_jobspec *out, td_error_t *err)
+{
+    int rc;
+
+    out->nodes = 1;
+    out->devices_per_node = 1;
+    out->max_restarts = 0;
+    if ((rc = get_int32(job, "", "nodes", 1, TD_JOB_MAX_NODES,
+                        "must be a positive integer (at most 256)", &out->nodes, err)) ||
+        (rc = get_int32(job, "", "devices_per_node", 1, TD_JOB_MAX_DEVICES,
+                        "must be a positive integer (at most 64)", &out->devices_per_node, err)) ||
+        (rc = get_int32(job, "", "max_restarts", 0, 1000, "must be an integer from 0 to 1000",
+                        &out->max_restarts, err)))
+        return rc;
+    out->min_nodes = out->nodes;
+    if ((rc = get_int32(job, "", "min_nodes", 1, out->nodes,
+                        "must be a positive integer, at most nodes", &out->min_nodes, err)))
+        return rc;
+    if (out->nodes == 1) {
+        if (td_pv_get(job, "devices_per_node") != NULL && td_pv_get(job, "devices") != NULL)
+            return td_error_set(err, TD_EJOB,
+                                "devices_per_node: give devices or devices_per_node, not both");
+        if (td_pv_get(job, "devices_per_node") != NULL)
+            out->devices = out->devices_per_node;
+        out->devices_per_node = out->devices;
+        return 0;
+    }
+    if (td_pv_get(job, "devices") != NULL)
+        return td_error_set(err, TD_EJOB,
+                            "devices: a job of %d nodes names its devices with devices_per_node",
+                            out->nodes);
+    if ((int64_t)out->nodes * out->devices_per_node > out->train.batch_size && !out->batch_auto)
+        return td_error_set(err, TD_EJOB,
+                            "batch_size: %d rows cannot be split over %d nodes x %d devices",
+                            out->train.batch_size, out->nodes, out->devices_per_node);
+    return 0;
+}
+
 static int parse_job(const td_pval *job, td_jobspec *out, int files, td_error_t *err)
 {
     static const char *const keys[] = {"name",
@@ -618,6 +670,10 @@ static int parse_job(const td_pval *job, td_jobspec *out, int files, td_error_t 
                                        "precision",
                                        "tf32",
                                        "nccl_timeout_s",
+                                       "nodes",
+                                       "devices_per_node",
+                                       "min_nodes",
+                                       "max_restarts",
                                        NULL};
     static const char *const nan_policies[] = {"fail", "skip", NULL};
     int on_nan = 0;
@@ -675,7 +731,7 @@ static int parse_job(const td_pval *job, td_jobspec *out, int files, td_error_t 
     if ((rc = get_int(job, "", "seed", 0, INT64_MAX, "must be an integer >= 0", &seed, err)))
         return rc;
     c->seed = (uint64_t)seed;
-    return 0;
+    return parse_nodes(job, out, err);
 }
 
 /* Whether map key k is the string name. */

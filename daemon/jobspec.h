@@ -12,11 +12,19 @@
 #define TD_JOB_MAX_DEVICES      64        /* devices one job may ask for */
 #define TD_JOB_MAX_BATCH        (1 << 20) /* rows of a job's batch_size, the largest accepted */
 #define TD_JOB_MAX_NCCL_TIMEOUT 86400.0   /* seconds of nccl_timeout_s, the most accepted (a day) */
+#define TD_JOB_MAX_NODES        256       /* nodes one job may span */
 
 typedef struct td_jobspec {
     char name[128];
     int devices;  /* devices requested; default 1 */
     int priority; /* higher runs first; default 0 */
+    /* A job that spans nodes (nodes > 1): one `traind rank` process per node, each training
+     * on devices_per_node devices of its own; devices is then the local job's default (1) and
+     * means nothing. For a job of one node, devices_per_node = devices. */
+    int nodes;            /* default 1 */
+    int devices_per_node; /* default 1 */
+    int min_nodes;        /* the fewest a restart may run on; default nodes */
+    int max_restarts;     /* relaunches after a rank's death; default 0 */
     td_train_config train;
     int batch_auto;        /* batch_size "auto": the memory guard picks the largest batch that
                             * fits the job's devices at its first start (train.batch_size is 0
@@ -27,6 +35,7 @@ typedef struct td_jobspec {
     td_fail_kind fail_kind; /* TD_FAIL_NONE when the job has no debug.fail */
     int64_t fail_step;
     uint64_t fail_devices; /* bit d set: device d fails */
+    uint64_t fail_nodes;   /* bit n set: node n's devices fail (every node: all bits) */
     /* Whose rights the job's files are opened with (train/data.h, td_data_access), at every
      * open: at submit's checks, at the memory guard and when a run loads them, a resume after
      * a restart included. Not job-file keys: the daemon sets them from the submitter (uid and
