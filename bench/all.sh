@@ -68,6 +68,7 @@ run slm_small "$build/bench/bench_sensorlm" --size small --threads "$cores"
 [ -z "$py" ] || torch_best torch_slm_small --gpt-steps 0 --mlp-steps 0 --slm small --threads "$cores"
 run gpt_metrics "$build/bench/bench_gpt" --metrics 24 --block 3
 run gpt_world "$build/bench/bench_gpt" --world 2 16 --block 4
+run rank "$here/bench_rank.sh" "$build" 20
 run metrics "$build/bench/bench_metrics" 300000 4 3
 run csv "$here/metrics_csv.sh" "$build" 100000 5
 
@@ -121,6 +122,7 @@ echo "GPT step, metrics on - off: $(num gpt_metrics 'on - off:')% (goal within 2
 echo "trainctl metrics --csv / sqlite3: $(num csv 'ratio trainctl/sqlite3:') (goal <= 2)"
 echo "GPT cpu:2 / cpu:1 tokens/s: $(num gpt_world 'cpu:2 / cpu:1 tokens/s:'); all-reduce $(
   num gpt_world 'all-reduce') ms/step, $(num gpt_world 'ms/step (')% of the cpu:2 step"
+echo "GPT 2 processes (mpirun) / 1 process, cpu:2 tokens/s: $(num rank 'ratio 2 processes / 1 process:')"
 # A run that had fewer cores than the machine has shared them with other work, and its figures
 # say as much about that work as about traind's.
 echo "cores busy (of $(nproc)): GPT $(grep -m1 -oE '[0-9.]+ of [0-9]+ cores busy' "$out/gpt" |

@@ -501,11 +501,29 @@ static int get_mask(const td_pval *v, const char *key, const char *why, uint64_t
     return 0;
 }
 
+/* debug.hold: {step: S}: the job waits before step S + 1 until it is cancelled or
+ * interrupted, so that a test can act on a job in a known state without racing it. */
+static int parse_hold(const td_pval *h, td_jobspec *out, td_error_t *err)
+{
+    static const char *const hkeys[] = {"step", NULL};
+    int rc;
+
+    out->hold_step = -1;
+    if (h == NULL)
+        return 0;
+    if ((rc = need_map(h, "debug", "hold", err)) != 0 ||
+        (rc = check_keys(h, "debug.hold", hkeys, err)) != 0)
+        return rc;
+    out->hold_step = 0;
+    return get_int(h, "debug.hold", "step", 0, INT64_MAX / 2, "must be an integer >= 0",
+                   &out->hold_step, err);
+}
+
 /* debug.fail: {step, device: D or [D, ...], node: N or [N, ...], kind}. Kept in the spec; the
  * daemon applies it to the replicas on the named devices. */
 static int parse_debug(const td_pval *dbg, td_jobspec *out, td_error_t *err)
 {
-    static const char *const keys[] = {"fail", NULL};
+    static const char *const keys[] = {"fail", "hold", NULL};
     static const char *const fkeys[] = {"step", "device", "node", "kind", NULL};
     static const char *const kinds[] = {"panic", "nan", "oom", "data", "sticky", NULL};
     static const td_fail_kind map[] = {TD_FAIL_PANIC, TD_FAIL_NAN, TD_FAIL_OOM, TD_FAIL_DATA,
@@ -517,6 +535,8 @@ static int parse_debug(const td_pval *dbg, td_jobspec *out, td_error_t *err)
         return 0;
     if ((rc = need_map(dbg, "", "debug", err)) != 0 ||
         (rc = check_keys(dbg, "debug", keys, err)) != 0)
+        return rc;
+    if ((rc = parse_hold(td_pv_get(dbg, "hold"), out, err)) != 0)
         return rc;
     f = td_pv_get(dbg, "fail");
     if (f == NULL)
@@ -684,6 +704,7 @@ static int parse_job(const td_pval *job, td_jobspec *out, int files, td_error_t 
 
     memset(out, 0, sizeof(*out));
     out->uid = out->gid = -1; /* the daemon names the submitter */
+    out->hold_step = -1;
     td_train_config_defaults(c);
     snprintf(out->name, sizeof(out->name), "job");
     out->devices = 1;

@@ -36,6 +36,9 @@ typedef struct td_jobspec {
     int64_t fail_step;
     uint64_t fail_devices; /* bit d set: device d fails */
     uint64_t fail_nodes;   /* bit n set: node n's devices fail (every node: all bits) */
+    /* debug.hold: the step after which the job waits until it is cancelled or interrupted;
+     * -1 for none */
+    int64_t hold_step;
     /* Whose rights the job's files are opened with (train/data.h, td_data_access), at every
      * open: at submit's checks, at the memory guard and when a run loads them, a resume after
      * a restart included. Not job-file keys: the daemon sets them from the submitter (uid and

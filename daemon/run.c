@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "train/data.h"
@@ -44,6 +45,7 @@ struct td_run {
     atomic_int cancel;           /* set by the loop: stop at the next step boundary */
     atomic_int interrupt;        /* set by the loop at shutdown: stop and go back to the queue */
     atomic_llong live_step;      /* set by rank 0's worker after each step */
+    atomic_llong at_step;        /* set by local rank 0 before each step barrier */
     atomic_int progress_pending; /* a PROGRESS event is posted and not yet taken */
     pthread_mutex_t mu;          /* guards the outcomes below */
     /* outcomes, by rank */
@@ -293,6 +295,15 @@ static int decide_stop(void *ud)
 {
     td_run *r = ud;
 
+    /* debug.hold: wait here, at the step barrier, for a cancel or an interrupt */
+    if (r->a.spec->hold_step >= 0 && atomic_load(&r->at_step) == r->a.spec->hold_step)
+        while (!atomic_load(&r->cancel) && !atomic_load(&r->interrupt)) {
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            for (int i = 0; i < r->a.world; i++)
+                atomic_store(&r->workers[i]->heartbeat_ms, (long long)td_mono_ms());
+            nanosleep(&ts, NULL);
+        }
+
     return (atomic_load(&r->cancel) ? VOTE_CANCEL : 0) |
            (atomic_load(&r->interrupt) ? VOTE_INTERRUPT : 0);
 }
@@ -321,14 +332,17 @@ typedef struct replica {
     td_mq_sink *sink;        /* rank 0 only */
     int joined;              /* a member of the run's group */
     long long load_start_ms; /* CLOCK_MONOTONIC ms when it began to load the job's data */
+    double allreduce_ms;     /* this step's time in the all-reduce, waits for peers included */
 } replica;
 
 /* The all-reduce hook, under the step's panic boundary. */
 static void hook_allreduce(void *ud, float *buf, size_t n)
 {
     replica *p = ud;
+    double t0 = td_mono_ms();
 
     td_group_allreduce(p->r->group, p->rank, buf, n);
+    p->allreduce_ms += td_mono_ms() - t0;
 }
 
 /* Metric samples: only rank 0 records (the trainer emits only there). A store error is kept
@@ -452,6 +466,10 @@ static void record_step(replica *p, td_trainer *t, double *blocked)
         *blocked = td_mq_sink_blocked_ms(p->sink);
         hook_metric(p, "metrics_blocked_ms", step, *blocked);
     }
+    if (td_group_world(p->r->group) > 1) {
+        hook_metric(p, "allreduce_ms", step, p->allreduce_ms);
+        p->allreduce_ms = 0;
+    }
     if (p->w->kind == TD_DEVICE_CUDA) {
         double used = gpu_mem_used_mb(p->r);
         if (used >= 0)
@@ -544,6 +562,8 @@ static void replica_train(replica *p)
         td_mailbox_post(r->a.mailbox, ev);
     }
     while (!finished) {
+        if (p->rank == 0)
+            atomic_store(&r->at_step, td_trainer_steps_done(t));
         rc = td_group_barrier(r->group, p->rank, decide_stop, r, &votes, &e);
         if (rc == -2)
             run_fail(r, p->rank, &e);
