@@ -158,3 +158,17 @@ cmp -s "$work/r.rows" "$work/u.rows" ||
 cmp -s "$work/shared/ckpt-40.bin" "$work/u/checkpoints/job-1/ckpt-40.bin" ||
     fail "resume: the final weights differ from an uninterrupted run's"
 echo "ok: resumed on 1 process from step $stopped, it ends with an uninterrupted run's rows and weights"
+
+# 5. The NCCL bootstrap over MPI, in a CUDA build: global rank 0's ncclGetUniqueId reaches
+#    every process by MPI_Bcast (no GPU needed to make or send an id).
+if [ -x "$build/tests/rank_nccl" ]; then
+    set +e
+    out=$("${MPIRUN[@]}" -np 2 "$build/tests/rank_nccl" 2>&1)
+    rc=$?
+    set -e
+    case $rc in
+    0) echo "ok: $(grep rank_nccl: <<<"$out")" ;;
+    77) echo "note: $(grep rank_nccl: <<<"$out")" ;;
+    *) fail "the NCCL bootstrap: $out" ;;
+    esac
+fi

@@ -450,6 +450,27 @@ int td_group_spanning(const td_group *g)
 #endif
 }
 
+int td_group_id_digest(const td_group *g, uint64_t *digest, td_error_t *err)
+{
+    *digest = 0;
+#ifdef TD_HAVE_CUDA
+    if (g->kind == TD_DEVICE_CUDA && g->world > 1) {
+        uint64_t h = 1469598103934665603ull;
+        if (g->id_err.code != 0) {
+            *err = g->id_err;
+            return err->code;
+        }
+        for (size_t i = 0; i < sizeof(g->id.bytes); i++)
+            h = (h ^ (unsigned char)g->id.bytes[i]) * 1099511628211ull;
+        *digest = h;
+        return 0;
+    }
+#else
+    (void)g;
+#endif
+    return td_error_set(err, TD_EINVAL, "no NCCL communicator in this group");
+}
+
 int td_group_join(td_group *g, int rank, td_device *d, long long *heartbeat, td_error_t *err)
 {
 #ifdef TD_HAVE_CUDA

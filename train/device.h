@@ -12,6 +12,7 @@
 #define TD_DEVICE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/td_errno.h"
 
@@ -153,6 +154,12 @@ void td_group_free(td_group *g); /* accepts NULL */
 int td_group_world(const td_group *g);    /* every rank of the group, over all processes */
 int td_group_base(const td_group *g);     /* the global rank of this process's local rank 0 */
 int td_group_spanning(const td_group *g); /* 1 for a group over processes */
+
+/* For tests and checks of a setup: a digest (FNV-1a) of a cuda group's NCCL unique id, so that
+ * the processes of a spanning group can show they got global rank 0's. The id's own error when
+ * it could not be made; TD_EINVAL for a cpu group, a group of one rank, or a build without
+ * CUDA. */
+int td_group_id_digest(const td_group *g, uint64_t *digest, td_error_t *err);
 
 /* Joins rank on its own thread, with its open device d: for a cuda group of more than one
  * rank, its rank of the communicator (collective: every rank joins at about the same time).
