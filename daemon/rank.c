@@ -819,15 +819,18 @@ int td_rank_main(int argc, char **argv)
     td_pw_init(&p.w);
     p.stream_fd = -1;
     p.exit_code = TD_RANK_FAILED;
-    if (td_world_rank() == 0 && p.f.state == NULL) {
-        /* The stream is the process's stdout as the launcher gave it; everything else that
-         * writes to fd 1 (a library's notice) goes to stderr instead, never into a frame. */
-        p.stream_fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3);
+    if (p.f.state == NULL) {
+        /* The stream is global rank 0's stdout as the launcher gave it; everything else that
+         * writes to fd 1 (a library's notice), on every process, goes to stderr instead: srun
+         * and mpirun merge every task's stdout into the one the daemon reads frames from. */
+        p.stream_fd = td_world_rank() == 0 ? fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3) : 0;
         if (p.stream_fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
             fprintf(stderr, "traind rank: cannot set up the rank stream: %s\n", strerror(errno));
             td_world_finalize();
             return TD_RANK_USAGE;
         }
+        if (td_world_rank() != 0)
+            p.stream_fd = -1;
     }
     rc = setup(&p, &err);
     if (rc != 0) {
