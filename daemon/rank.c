@@ -93,6 +93,8 @@ static void usage(void)
 {
     fputs("usage: traind rank --spec FILE [--job ID] [--state DIR] [--checkpoint-dir DIR]\n"
           "                   [--devices cpu:N|cuda:N]\n"
+          "--devices defaults to the job's nodes x devices_per_node over the processes there\n"
+          "are (devices_per_node where that does not divide).\n"
           "One process of a job that spans nodes, started by srun --mpi=pmix or mpirun, one per\n"
           "node. FILE is a job file (JSON) or the daemon's msgpack spec. Without --state, rank\n"
           "0 writes traind's frames on stdout (the rank stream, proto/PROTOCOL.md); with it,\n"
@@ -220,11 +222,16 @@ static int read_spec(const char *path, void **out, size_t *len, td_error_t *err)
     return 0;
 }
 
-/* The devices of each node: --devices, else devices_per_node of cuda when this build drives
- * GPUs and the node shows that many, else of cpu. */
+/* The devices of each node: --devices, else the job's world (nodes x devices_per_node) spread
+ * over the processes there are, so that a restart on fewer nodes keeps the world and its
+ * bits (devices_per_node when it does not divide), of cuda when this build drives GPUs and
+ * the node shows that many, else of cpu. */
 static int plan_devices(rank_proc *p, td_error_t *err)
 {
-    int n = p->spec.devices_per_node, seen = 0;
+    int world = p->spec.nodes * p->spec.devices_per_node, procs = td_world_size();
+    int n = world % procs == 0 && world / procs <= TD_MAX_DEVICES ? world / procs
+                                                                  : p->spec.devices_per_node;
+    int seen = 0;
 
     p->kind = TD_DEVICE_CPU;
     if (p->f.devices != NULL) {

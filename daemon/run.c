@@ -742,7 +742,9 @@ static void merge_outcomes(td_run *r, const unsigned char *all, size_t len, int 
 static void run_gather(td_run *r)
 {
     int local = r->a.world, procs = td_group_world(r->group) / local, missing = 0;
-    size_t len = sizeof(proc_head) + (size_t)local * sizeof(proc_dev);
+    /* each process's part starts on a proc_head's alignment in the gathered array */
+    size_t len = (sizeof(proc_head) + (size_t)local * sizeof(proc_dev) + _Alignof(proc_head) - 1) /
+                 _Alignof(proc_head) * _Alignof(proc_head);
     unsigned char *mine = calloc(1, len);
     unsigned char *all = td_group_base(r->group) == 0 ? calloc((size_t)procs, len) : NULL;
     proc_head *h = (proc_head *)mine;

@@ -9,6 +9,10 @@ set -euo pipefail
 
 build=$(cd "$1" && pwd)
 traind="$build/daemon/traind"
+# Open MPI's own allocations outlive MPI_Finalize: an ASan build's leak check is not for them.
+if [ -n "${ASAN_OPTIONS:-}" ]; then
+    export ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0"
+fi
 command -v mpirun >/dev/null 2>&1 || { echo "skip: no mpirun (openmpi-bin)"; exit 77; }
 probe=$("$traind" rank --spec /nonexistent 2>&1 || true)
 if [[ "$probe" == *"built without MPI"* ]]; then
@@ -29,10 +33,6 @@ trap cleanup EXIT
 export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_hwloc_base_binding_policy=none
-# Open MPI's own allocations outlive MPI_Finalize: an ASan build's leak check is not for them.
-if [ -n "${ASAN_OPTIONS:-}" ]; then
-    export ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0"
-fi
 MPIRUN=(mpirun --bind-to none)
 
 fail() {
@@ -141,11 +141,12 @@ stopped=${stopped%%;*}
 [ -f "$work/shared/ckpt-$stopped.bin" ] || fail "no checkpoint of step $stopped in the shared dir"
 echo "ok: SIGUSR1 cancels every process at step $stopped with its checkpoint"
 
-# 4. Resume on fewer processes: the cancelled job (without its hold) on one process of cpu:4
+# 4. Resume on fewer processes: the cancelled job (without its hold) on one process, which
+#    takes the job's whole world (2 nodes x 2 devices: cpu:4) when --devices is not given,
 #    from the shared checkpoint, to its end; an uninterrupted 2 x cpu:2 run stores the same
 #    rows from the resume on, and the same final weights.
 job "$work/resume.json" 40
-"$traind" rank --spec "$work/resume.json" --state "$work/r" --devices cpu:4 \
+"$traind" rank --spec "$work/resume.json" --state "$work/r" \
     --checkpoint-dir "$work/shared" 2>"$work/r.err" || fail "resume: $(cat "$work/r.err")"
 "${MPIRUN[@]}" -np 2 "$traind" rank --spec "$work/resume.json" --state "$work/u" --devices cpu:2 \
     2>"$work/u.err" || fail "uninterrupted: $(tail -5 "$work/u.err")"
