@@ -401,15 +401,22 @@ static void on_sink_failed(void *ud, void *sink_ud, int64_t job, const td_error_
 
 /* ---- rank 0's frames (the reader thread) ---- */
 
-/* An integer field of m, or TD_EPROTO naming it. */
-static int get_i(const td_pval *m, const char *type, const char *key, int64_t lo, int64_t hi,
-                 int64_t *out, td_error_t *err)
+/* An integer field key of m, or TD_EPROTO naming it (as what, e.g. "failed[].node"; NULL:
+ * key). */
+static int get_field(const td_pval *m, const char *type, const char *key, const char *what,
+                     int64_t lo, int64_t hi, int64_t *out, td_error_t *err)
 {
     if (td_pv_int(td_pv_get(m, key), out) != 0 || *out < lo || *out > hi)
         return td_error_set(err, TD_EPROTO,
-                            "a \"%s\" frame's %s must be an integer from %lld to %lld", type, key,
-                            (long long)lo, (long long)hi);
+                            "a \"%s\" frame's %s must be an integer from %lld to %lld", type,
+                            what != NULL ? what : key, (long long)lo, (long long)hi);
     return 0;
+}
+
+static int get_i(const td_pval *m, const char *type, const char *key, int64_t lo, int64_t hi,
+                 int64_t *out, td_error_t *err)
+{
+    return get_field(m, type, key, NULL, lo, hi, out, err);
 }
 
 /* A text field of m escaped into out, or TD_EPROTO naming it. */
@@ -577,11 +584,12 @@ static int done_failed(const td_pval *list, td_launch_failed **out, size_t *n, t
         const td_pval *f = td_pv_at(list, i);
         td_launch_failed *d = &(*out)[i];
         int64_t node, dev, code;
-        if ((rc = get_i(f, "done", "failed[].node", 0, TD_JOB_MAX_NODES - 1, &node, err)) == 0 &&
-            (rc = get_i(f, "done", "failed[].device", 0, TD_JOB_MAX_DEVICES - 1, &dev, err)) == 0 &&
-            (rc = get_i(f, "done", "failed[].code", INT32_MIN, 0, &code, err)) == 0 &&
-            (rc = get_text(f, "done", "failed[].message", d->message, sizeof(d->message), err)) ==
-                0 &&
+        if ((rc = get_field(f, "done", "node", "failed[].node", 0, TD_JOB_MAX_NODES - 1, &node,
+                            err)) == 0 &&
+            (rc = get_field(f, "done", "device", "failed[].device", 0, TD_JOB_MAX_DEVICES - 1, &dev,
+                            err)) == 0 &&
+            (rc = get_field(f, "done", "code", "failed[].code", INT32_MIN, 0, &code, err)) == 0 &&
+            (rc = get_text(f, "done", "message", d->message, sizeof(d->message), err)) == 0 &&
             (rc = node_name(td_pv_get(f, "node_name"), d->node_name, err)) == 0) {
             d->node = (int)node;
             d->device = (int)dev;
@@ -986,8 +994,17 @@ static void outcome(td_launch *l, td_launch_outcome *o)
         /* A cancel the ranks took for an interrupt: the SIGTERM that ends the launcher. */
         snprintf(o->state, sizeof(o->state), TD_JOB_CANCELLED);
         td_error_set(&o->err, TD_ECANCELLED, "cancelled at step %lld", (long long)o->step);
-    } else if (done_seen && strcmp(state, "interrupted") == 0) {
+    } else if (done_seen && strcmp(state, "interrupted") == 0 && l->stop == STOP_INTERRUPT) {
         snprintf(o->state, sizeof(o->state), TD_JOB_QUEUED);
+    } else if (done_seen && strcmp(state, "interrupted") == 0) {
+        /* Stopped by a signal the daemon did not send: the launcher ending the others after a
+         * rank's death, a scancel, a preemption. A failure a restart may mend. */
+        died(l, o);
+        if (!l->have_death)
+            td_error_set(&o->err, TD_EWORKERS,
+                         "the ranks stopped at step %lld for an interrupt traind did not ask for "
+                         "(a SIGTERM from outside: scancel, a preemption)",
+                         (long long)o->step);
     } else if (done_seen && strcmp(state, TD_JOB_SUCCEEDED) == 0 && store_err.code != 0) {
         snprintf(o->state, sizeof(o->state), TD_JOB_FAILED);
         td_error_set(&o->err, store_err.code, "metrics could not be stored: %s", store_err.msg);
