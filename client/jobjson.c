@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "client/client.h"
+#include "proto/jsonpack.h"
 #include "common/td_text.h"
 
 /* 15 significant digits print every decimal a person wrote (3e-4, 1700000000.123) as written,
@@ -198,71 +199,12 @@ int tc_job_resolve_paths(json_t *job)
     return rc;
 }
 
-/* The job's limits are the frame's: a deeper, longer or bigger job would be refused by
- * traind's reader with a message about frames; this one names the job instead. */
-static int check_size(const json_t *v, int depth)
-{
-    size_t n = json_is_object(v) ? json_object_size(v) : json_is_array(v) ? json_array_size(v) : 0;
-
-    if (depth > TD_PROTO_MAX_DEPTH)
-        return tc_err(TC_DATAERR, "the job nests objects and arrays deeper than traind accepts");
-    if (n > TD_PROTO_MAX_ITEMS)
-        return tc_err(TC_DATAERR, "the job has an object or array of %zu items (the limit is %d)",
-                      n, TD_PROTO_MAX_ITEMS);
-    if (json_is_string(v) && json_string_length(v) > TD_PROTO_MAX_STR)
-        return tc_err(TC_DATAERR, "the job has a string of %zu bytes (the limit is %u)",
-                      json_string_length(v), TD_PROTO_MAX_STR);
-    return TC_OK;
-}
-
-static int object_to_pw(td_pw *w, json_t *v, int depth)
-{
-    const char *key;
-    json_t *val;
-    int rc;
-
-    td_pw_map(w, (uint32_t)json_object_size(v));
-    json_object_foreach(v, key, val)
-    {
-        td_pw_str(w, key);
-        if ((rc = tc_json_to_pw(w, val, depth + 1)) != TC_OK)
-            return rc;
-    }
-    return TC_OK;
-}
-
 int tc_json_to_pw(td_pw *w, const json_t *v, int depth)
 {
-    size_t i;
-    int rc = check_size(v, depth);
+    td_error_t err;
 
-    if (rc != TC_OK)
-        return rc;
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return object_to_pw(w, (json_t *)v, depth);
-    case JSON_ARRAY:
-        td_pw_array(w, (uint32_t)json_array_size(v));
-        for (i = 0; i < json_array_size(v) && rc == TC_OK; i++)
-            rc = tc_json_to_pw(w, json_array_get(v, i), depth + 1);
-        return rc;
-    case JSON_STRING:
-        td_pw_strn(w, json_string_value(v), json_string_length(v));
-        return TC_OK;
-    case JSON_INTEGER:
-        td_pw_int(w, json_integer_value(v));
-        return TC_OK;
-    case JSON_REAL:
-        td_pw_double(w, json_real_value(v));
-        return TC_OK;
-    case JSON_TRUE:
-    case JSON_FALSE:
-        td_pw_bool(w, json_is_true(v));
-        return TC_OK;
-    case JSON_NULL:
-        td_pw_nil(w);
-        return TC_OK;
-    }
+    if (td_json_to_pw(w, v, depth, &err) != 0)
+        return tc_err(TC_DATAERR, "%s", err.msg);
     return TC_OK;
 }
 

@@ -30,7 +30,8 @@
     X(ECLOSED, -4218, "closed")                                            \
     X(EWORKERS, -4219, "training workers failed")                          \
     X(EABORTED, -4220, "stopped because another device of the job failed") \
-    X(EBUSY, -4221, "busy; try again")
+    X(EBUSY, -4221, "busy; try again")                                     \
+    X(EMPI, -4222, "MPI error")
 
 typedef enum {
 #define TD_ERRNO_ENUM(name, val, text) TD_##name = (val),

@@ -40,6 +40,7 @@
 #include "daemon/daemon.h"
 #include "daemon/notify.h"
 #include "daemon/prom.h"
+#include "daemon/rank.h"
 #include "daemon/server/server.h"
 #include "common/td_clock.h"
 #include "common/td_log.h"
@@ -673,6 +674,9 @@ int main(int argc, char **argv)
     created made = {.lock_fd = -1};
     int rc;
 
+    /* One process of a job over nodes, started by a launcher: no daemon at all (rank.h). */
+    if (argc > 1 && strcmp(argv[1], "rank") == 0)
+        return td_rank_main(argc - 1, argv + 1);
     /* getopt_long may permute argv: a re-exec needs it as it came. */
     if (argc >= (int)(sizeof(args) / sizeof(args[0]))) {
         fprintf(stderr, "traind: too many arguments\n");

@@ -26,6 +26,14 @@ _Static_assert(TD_MAX_DEVICES <= 64, "a job's debug.fail mask must cover every d
 
 enum { GO = 0, STOP_CANCEL = 1, STOP_INTERRUPT = 2 };
 
+/* A step's vote, a set of bits so that the processes of a spanning run combine theirs by OR:
+ * cancel wins over interrupt, as within one process. */
+enum { VOTE_CANCEL = 1, VOTE_INTERRUPT = 2 };
+
+/* seconds process 0 waits for the others' outcomes at the end of a spanning run; a process
+ * that never comes (killed) is then reported by its failure notice, or as missing */
+#define TD_RUN_OUTCOME_WAIT_S 10.0
+
 /* ms a cancelled job's data load may go on before it is abandoned (see load_stop) */
 #define TD_RUN_CANCEL_LOAD_MS 10000
 
@@ -38,8 +46,6 @@ struct td_run {
     atomic_llong live_step;      /* set by rank 0's worker after each step */
     atomic_int progress_pending; /* a PROGRESS event is posted and not yet taken */
     pthread_mutex_t mu;          /* guards the outcomes below */
-    int decision;                /* what the last step barrier agreed: GO or STOP_*; under the
-                                  * group's lock */
     /* outcomes, by rank */
     td_error_t errs[TD_MAX_DEVICES];
     int failed[TD_MAX_DEVICES];
@@ -56,6 +62,9 @@ struct td_run {
     td_event *ev_started;      /* rank 0's worker, once its data is loaded */
     td_event *ev_done;         /* the last replica to finish (run_outcome) */
     td_event *ev_store_failed; /* the store thread (td_run_on_store_failed) */
+    /* a spanning run's failures over every process, gathered on process 0 (run_gather) */
+    td_run_failed *all_failed;
+    int n_all_failed;
 };
 
 /* ---- workers (loop thread) ---- */
@@ -187,6 +196,9 @@ int td_run_new(td_run **out, const td_run_args *a, td_error_t *err)
     pthread_mutex_init(&r->mu, NULL);
     if (reserve_events(r, a->job) != 0)
         rc = td_error_set(err, TD_ENOMEM, "out of memory starting job %lld", (long long)a->job);
+    else if (a->spanning)
+        rc =
+            td_group_new_spanning(&r->group, a->workers[0]->kind, a->world, a->nccl_timeout_s, err);
     else
         rc = td_group_new(&r->group, a->workers[0]->kind, a->world, a->nccl_timeout_s, err);
     if (rc != 0)
@@ -240,6 +252,12 @@ int td_run_world(const td_run *r)
     return r->a.world;
 }
 
+const td_run_failed *td_run_failures(const td_run *r, int *n)
+{
+    *n = r->n_all_failed;
+    return r->all_failed;
+}
+
 void td_run_free(td_run *r)
 {
     if (r == NULL)
@@ -249,6 +267,7 @@ void td_run_free(td_run *r)
     td_event_free(r->ev_store_failed);
     td_group_free(r->group);
     pthread_mutex_destroy(&r->mu);
+    free(r->all_failed);
     free(r);
 }
 
@@ -269,33 +288,36 @@ void td_run_on_store_failed(void *ud, void *run, int64_t job, const td_error_t *
 
 /* ---- replicas (worker threads) ---- */
 
-/* Called by the last replica at a step boundary: one decision for all. */
-static void decide_stop(void *ud)
+/* Called by one replica of each process at a step boundary: the process's vote. */
+static int decide_stop(void *ud)
 {
     td_run *r = ud;
 
-    if (atomic_load(&r->cancel))
-        r->decision = STOP_CANCEL;
-    else if (atomic_load(&r->interrupt))
-        r->decision = STOP_INTERRUPT;
-    else
-        r->decision = GO;
+    return (atomic_load(&r->cancel) ? VOTE_CANCEL : 0) |
+           (atomic_load(&r->interrupt) ? VOTE_INTERRUPT : 0);
 }
 
-/* Records rank's failure and releases every replica waiting on the run. */
+/* The votes of every process, combined, as one decision for all. */
+static int decision_of(int votes)
+{
+    return votes & VOTE_CANCEL ? STOP_CANCEL : votes & VOTE_INTERRUPT ? STOP_INTERRUPT : GO;
+}
+
+/* Records rank's failure and releases every replica waiting on the run, of every process. */
 static void run_fail(td_run *r, int rank, const td_error_t *e)
 {
     pthread_mutex_lock(&r->mu);
     r->errs[rank] = *e;
     r->failed[rank] = 1;
     pthread_mutex_unlock(&r->mu);
-    td_group_abort(r->group);
+    td_group_fail(r->group, rank, e);
 }
 
 typedef struct replica {
     td_run *r;
     td_worker *w;
-    int rank;
+    int rank;                /* in this process */
+    int global;              /* in the run: td_group_base + rank */
     td_mq_sink *sink;        /* rank 0 only */
     int joined;              /* a member of the run's group */
     long long load_start_ms; /* CLOCK_MONOTONIC ms when it began to load the job's data */
@@ -319,6 +341,10 @@ static void hook_metric(void *ud, const char *key, int64_t step, double value)
     if (p->sink != NULL && td_mq_push(p->sink, key, step, value, &e) != 0 &&
         p->r->store_err.code == 0)
         p->r->store_err = e;
+    else if (p->sink == NULL && p->global == 0 && p->r->a.metric != NULL &&
+             p->r->a.metric(p->r->a.metric_ud, key, step, value, &e) != 0 &&
+             p->r->store_err.code == 0)
+        p->r->store_err = e;
 }
 
 /* Publishes the job's step; posts an event only when the loop has taken the last one. */
@@ -334,11 +360,14 @@ static void post_progress(td_run *r, int64_t step)
     }
 }
 
-/* Whether debug.fail names device. */
+/* Whether debug.fail names device of this process's node (the process's rank in its world:
+ * 0 for the daemon's own runs). */
 static int fails_here(const td_jobspec *spec, int device)
 {
+    int node = td_world_rank();
+
     return spec->fail_kind != TD_FAIL_NONE && device >= 0 && device < TD_MAX_DEVICES &&
-           (spec->fail_devices >> device) & 1;
+           (spec->fail_devices >> device) & 1 && node < 64 && (spec->fail_nodes >> node) & 1;
 }
 
 /* The configuration of this replica: its slice, its threads, its injected fault. */
@@ -347,8 +376,8 @@ static void replica_config(const replica *p, td_train_config *cfg)
     const td_jobspec *spec = p->r->a.spec;
 
     *cfg = spec->train;
-    cfg->rank = p->rank;
-    cfg->world = p->r->a.world;
+    cfg->rank = p->global;
+    cfg->world = td_group_world(p->r->group);
     cfg->threads = p->w->threads;
     cfg->kernels = td_device_kernels(p->w->kind);
     if (fails_here(spec, p->w->device)) {
@@ -373,7 +402,7 @@ static int replica_prepare(replica *p, td_train_config *cfg, td_train_hooks *hoo
 
     if (rc != 0)
         return rc;
-    if (p->r->a.world == 1)
+    if (td_group_world(p->r->group) == 1)
         return 0;
     /* A rank waiting on its peers is alive: NCCL's polls keep the heartbeat fresh (the
      * worker's atomic long long, stored to with the same atomic builtins). */
@@ -408,7 +437,7 @@ static void stop_checkpoint(replica *p, td_trainer *t)
 {
     td_error_t e = {0};
 
-    if (p->rank != 0 || p->r->a.spec->train.checkpoint_dir[0] == '\0')
+    if (p->global != 0 || p->r->a.spec->train.checkpoint_dir[0] == '\0')
         return;
     if (td_trainer_checkpoint(t, &e) != 0)
         td_error_set(&p->r->note, e.code, "the checkpoint could not be written: %s", e.msg);
@@ -419,7 +448,7 @@ static void record_step(replica *p, td_trainer *t, double *blocked)
 {
     int64_t step = td_trainer_steps_done(t);
 
-    if (td_mq_sink_blocked_ms(p->sink) != *blocked) {
+    if (p->sink != NULL && td_mq_sink_blocked_ms(p->sink) != *blocked) {
         *blocked = td_mq_sink_blocked_ms(p->sink);
         hook_metric(p, "metrics_blocked_ms", step, *blocked);
     }
@@ -494,7 +523,7 @@ static void replica_train(replica *p)
     td_trainer *t = NULL;
     td_error_t e = {0};
     double blocked = 0;
-    int finished = 0;
+    int finished = 0, votes = 0, rc;
 
     /* Loading a dataset is work too: the watchdog must not take it for a hang. */
     atomic_store(&w->heartbeat_ms, (long long)td_mono_ms());
@@ -515,12 +544,15 @@ static void replica_train(replica *p)
         td_mailbox_post(r->a.mailbox, ev);
     }
     while (!finished) {
-        if (td_group_barrier(r->group, decide_stop, r) != 0)
+        rc = td_group_barrier(r->group, p->rank, decide_stop, r, &votes, &e);
+        if (rc == -2)
+            run_fail(r, p->rank, &e);
+        if (rc != 0)
             break;
-        if (r->decision != GO) {
+        if (decision_of(votes) != GO) {
             stop_checkpoint(p, t);
             if (p->rank == 0)
-                r->stopped = r->decision;
+                r->stopped = decision_of(votes);
             break;
         }
         atomic_store(&w->heartbeat_ms, (long long)td_mono_ms());
@@ -531,8 +563,10 @@ static void replica_train(replica *p)
                 run_fail(r, p->rank, &e);
             break;
         }
-        if (p->rank == 0)
+        if (p->global == 0)
             record_step(p, t, &blocked);
+        else if (p->rank == 0)
+            post_progress(r, td_trainer_steps_done(t));
     }
     if (p->rank == 0) {
         r->steps = td_trainer_steps_done(t);
@@ -552,6 +586,37 @@ static void failure_line(char *out, size_t size, const td_worker *w, int world, 
         snprintf(out, size, "dataset error during training step: %s", e->msg);
     else
         snprintf(out, size, "training worker on device %d failed: %s", w->device, e->msg);
+}
+
+/* A spanning run's line for a failed device: its node named too. */
+static void failure_line_node(char *out, size_t size, const td_run_failed *f)
+{
+    if (f->err.code == TD_EDATA)
+        snprintf(out, size, "dataset error on device %d of node %s during training step: %s",
+                 f->device, td_world_node_name(f->node), f->err.msg);
+    else
+        snprintf(out, size, "training worker on device %d of node %s failed: %s", f->device,
+                 td_world_node_name(f->node), f->err.msg);
+}
+
+/* The job's error from every failed device of a spanning run, in (node, device) order. */
+static void failure_message_nodes(const td_run *r, td_error_t *out)
+{
+    char line[1200];
+    size_t len;
+
+    if (r->n_all_failed == 1) {
+        failure_line_node(line, sizeof(line), &r->all_failed[0]);
+        td_error_set(out, r->all_failed[0].err.code, "%s", line);
+        return;
+    }
+    len = (size_t)snprintf(out->msg, sizeof(out->msg),
+                           "%d training workers failed:", r->n_all_failed);
+    out->code = TD_EWORKERS;
+    for (int i = 0; i < r->n_all_failed && len < sizeof(out->msg); i++) {
+        failure_line_node(line, sizeof(line), &r->all_failed[i]);
+        len += (size_t)snprintf(out->msg + len, sizeof(out->msg) - len, "\n  %s", line);
+    }
 }
 
 /* The job's error from every failed replica, in device order. */
@@ -593,6 +658,102 @@ static int failed_sticky(const td_run *r, int rank)
     return td_device_poisoned();
 }
 
+/* What each process of a spanning run tells process 0 when its replicas have finished: its
+ * head, then one proc_dev per local device. */
+typedef struct proc_head {
+    int32_t local; /* its devices; 0: it never reported (a part left zeroed) */
+    int32_t stopped, stopped_loading, succeeded;
+    int64_t steps;
+} proc_head;
+
+typedef struct proc_dev {
+    int32_t failed, device;
+    td_error_t err;
+} proc_dev;
+
+/* Adds a failure to the run's list over processes. */
+static void add_failed(td_run *r, int node, int device, const td_error_t *e)
+{
+    td_run_failed *f = realloc(r->all_failed, (size_t)(r->n_all_failed + 1) * sizeof(*f));
+
+    if (f == NULL)
+        return;
+    r->all_failed = f;
+    f[r->n_all_failed++] = (td_run_failed){.node = node, .device = device, .err = *e};
+}
+
+/* Process 0's merge of the gathered outcomes into r: the failures in (node, device) order, a
+ * process that never reported named by the notice it sent or as gone, and the stop decision
+ * any process took (cancel before interrupt). */
+static void merge_outcomes(td_run *r, const unsigned char *all, size_t len, int procs)
+{
+    int local = r->a.world, any_stop = 0;
+
+    r->succeeded = 1;
+    for (int q = 0; q < procs; q++) {
+        const proc_head *h = (const proc_head *)(all + (size_t)q * len);
+        const proc_dev *d = (const proc_dev *)(h + 1);
+        if (h->local == 0) {
+            td_error_t why;
+            int who = -1;
+            if (td_group_notice(r->group, &who, &why) && who / local == q)
+                add_failed(r, q, who % local, &why);
+            else {
+                td_error_set(&why, TD_EMPI, "its process did not report (it is gone)");
+                add_failed(r, q, 0, &why);
+            }
+            r->succeeded = 0;
+            continue;
+        }
+        for (int l = 0; l < h->local; l++)
+            if (d[l].failed)
+                add_failed(r, q, d[l].device, &d[l].err);
+        if (h->stopped == STOP_CANCEL || (h->stopped == STOP_INTERRUPT && any_stop == 0))
+            any_stop = h->stopped;
+        r->stopped_loading |= h->stopped_loading;
+        r->succeeded &= h->succeeded != 0;
+    }
+    if (r->stopped == GO || any_stop == STOP_CANCEL)
+        r->stopped = any_stop;
+}
+
+/* A spanning run's end, on one thread of each process (the last replica to finish): every
+ * process's outcome to process 0. */
+static void run_gather(td_run *r)
+{
+    int local = r->a.world, procs = td_group_world(r->group) / local, missing = 0;
+    size_t len = sizeof(proc_head) + (size_t)local * sizeof(proc_dev);
+    unsigned char *mine = calloc(1, len);
+    unsigned char *all = td_group_base(r->group) == 0 ? calloc((size_t)procs, len) : NULL;
+    proc_head *h = (proc_head *)mine;
+    td_error_t e;
+
+    if (mine == NULL || (td_group_base(r->group) == 0 && all == NULL)) {
+        free(mine);
+        free(all);
+        return;
+    }
+    *h = (proc_head){.local = local,
+                     .stopped = r->stopped,
+                     .stopped_loading = r->stopped_loading,
+                     .succeeded = r->succeeded,
+                     .steps = r->steps};
+    for (int l = 0; l < local; l++) {
+        proc_dev *d = (proc_dev *)(h + 1) + l;
+        d->failed = r->failed[l];
+        d->device = r->workers[l]->device;
+        if (r->failed[l])
+            d->err = r->errs[l];
+    }
+    if (td_group_outcomes(r->group, mine, len, all, TD_RUN_OUTCOME_WAIT_S, &missing, &e) != 0)
+        td_log_err("job %lld: the outcomes of its processes could not be gathered: %s",
+                   (long long)r->a.job, e.msg);
+    if (all != NULL)
+        merge_outcomes(r, all, len, procs);
+    free(mine);
+    free(all);
+}
+
 /* The run's single DONE event, filled in by the last replica to finish. */
 static td_event *run_outcome(td_run *r)
 {
@@ -604,6 +765,14 @@ static td_event *run_outcome(td_run *r)
     for (int i = 0; i < r->a.world; i++) {
         any_failed |= r->failed[i];
         done->sticky |= r->failed[i] && failed_sticky(r, i);
+    }
+    if (td_group_spanning(r->group) && td_group_base(r->group) == 0) {
+        any_failed = r->n_all_failed > 0;
+        if (any_failed) {
+            snprintf(done->state, sizeof(done->state), TD_JOB_FAILED);
+            failure_message_nodes(r, &done->err);
+            return done;
+        }
     }
     if (any_failed) {
         snprintf(done->state, sizeof(done->state), TD_JOB_FAILED);
@@ -632,11 +801,11 @@ static td_event *run_outcome(td_run *r)
 /* Runs this worker's replica of r, then counts it finished; the last one posts DONE. */
 static void replica_run(td_worker *w, td_run *r, int rank)
 {
-    replica p = {.r = r, .w = w, .rank = rank};
+    replica p = {.r = r, .w = w, .rank = rank, .global = td_group_base(r->group) + rank};
     td_error_t e;
     int last;
 
-    if (rank == 0 && td_mq_sink_open(r->a.mq, r->a.job, r, &p.sink) != 0) {
+    if (p.global == 0 && r->a.mq != NULL && td_mq_sink_open(r->a.mq, r->a.job, r, &p.sink) != 0) {
         td_error_set(&e, TD_ENOMEM, "out of memory opening the metric sink");
         run_fail(r, rank, &e);
     } else {
@@ -653,6 +822,8 @@ static void replica_run(td_worker *w, td_run *r, int rank)
     pthread_mutex_lock(&r->mu);
     last = ++r->finished == r->a.world;
     pthread_mutex_unlock(&r->mu);
+    if (last && td_group_spanning(r->group))
+        run_gather(r);
     if (last)
         td_mailbox_post(r->a.mailbox, run_outcome(r));
 }

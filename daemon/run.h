@@ -63,6 +63,12 @@ void td_workers_stop(td_worker *ws, int n);
  * stale_ms; otherwise 0 and why says which device and job did not. */
 int td_workers_fresh(const td_worker *ws, int n, int64_t stale_ms, char *why, size_t size);
 
+/* Where rank 0's metric samples go when a run has no metric queue (`traind rank` writing them
+ * on its stream). Called on rank 0's worker thread; an error fails the job as a store error
+ * does. */
+typedef int (*td_run_metric_fn)(void *ud, const char *key, int64_t step, double value,
+                                td_error_t *err);
+
 /* What a run is made of. Borrowed until td_run_free: spec and mq; workers is copied. */
 typedef struct td_run_args {
     int64_t job;               /* for the events and the logs */
@@ -70,8 +76,14 @@ typedef struct td_run_args {
     td_worker *const *workers; /* in device order: rank i trains on workers[i] */
     int world;                 /* how many */
     td_mailbox *mailbox;       /* where STARTED, PROGRESS, DONE and STORE_FAILED go */
-    td_mq *mq;                 /* the metric queue rank 0 records into */
-    double nccl_timeout_s;     /* the job's collectives' timeout, resolved */
+    td_mq *mq;                 /* the metric queue rank 0 records into, or NULL: metric */
+    td_run_metric_fn metric;   /* when mq is NULL */
+    void *metric_ud;
+    double nccl_timeout_s; /* the job's collectives' timeout, resolved */
+    /* A run over the processes of an MPI world (`traind rank`): every process makes its run
+     * with its own workers (the same number everywhere), the group spans them, and global rank
+     * 0 (process 0's rank 0) records, checkpoints and reports. td_run_new is then collective. */
+    int spanning;
 } td_run_args;
 
 /* A run of a job on its workers, not yet started, with its STARTED, DONE and STORE_FAILED
@@ -92,6 +104,15 @@ void td_run_interrupt(td_run *r);
  * loop has taken the last one (a fast job costs the loop one wake-up per turn, not one per
  * step). */
 int64_t td_run_progress(td_run *r);
+
+/* After DONE of a spanning run, on process 0: every failed device of the job, in (node,
+ * device) order, each with its node's process rank and device number; how many into *n. */
+typedef struct td_run_failed {
+    int node;   /* the process rank */
+    int device; /* the device's number on its node */
+    td_error_t err;
+} td_run_failed;
+const td_run_failed *td_run_failures(const td_run *r, int *n);
 
 /* After DONE: whether rank failed, and with what (NULL when it did not), and its worker. */
 const td_error_t *td_run_failure(const td_run *r, int rank);

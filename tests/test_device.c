@@ -116,11 +116,9 @@ typedef struct rank_arg {
     td_error_t err;
 } rank_arg;
 
-static int decision; /* written by the last rank to arrive, under the group's lock */
-
-static void decide(void *ud)
+static int decide(void *ud)
 {
-    decision = *(int *)ud;
+    return *(int *)ud;
 }
 
 /* A rank's all-reduce under a panic boundary of its own, as the trainer calls it. */
@@ -145,7 +143,10 @@ static void *rank_main(void *arg)
 
     for (int i = 0; i < FLOATS; i++)
         a->buf[i] = (float)(a->rank * 1000 + i);
-    if (td_group_barrier(a->g, decide, &seven) == 0)
+    td_error_t e;
+    int decision = 0;
+
+    if (td_group_barrier(a->g, a->rank, decide, &seven, &decision, &e) == 0)
         a->decisions++;
     a->decided = decision;
     a->failed = allreduce_caught(a->g, a->rank, a->buf, FLOATS, &a->err) != 0;
@@ -200,7 +201,10 @@ static void *wait_main(void *arg)
     waiter *w = arg;
     float buf[4] = {1, 2, 3, 4};
 
-    w->barrier_rc = td_group_barrier(w->g, NULL, NULL);
+    int decision;
+    td_error_t e;
+
+    w->barrier_rc = td_group_barrier(w->g, 1, NULL, NULL, &decision, &e);
     w->reduce_rc = allreduce_caught(w->g, 1, buf, 4, &w->err);
     return NULL;
 }
@@ -224,7 +228,8 @@ static void test_group_abort_releases(void **state)
     assert_int_equal(w.barrier_rc, -1);
     assert_int_equal(w.reduce_rc, TD_EABORTED);
     assert_string_equal(w.err.msg, "stopped: another device of the job failed");
-    assert_int_equal(td_group_barrier(g, NULL, NULL), -1);
+    int decision;
+    assert_int_equal(td_group_barrier(g, 0, NULL, NULL, &decision, &err), -1);
     td_group_free(g);
     td_group_free(NULL);
 }

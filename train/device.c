@@ -11,12 +11,16 @@
 #include "train/device.h"
 #include "kernels/hostreduce.h"
 #include "kernels/kernels.h"
+#ifdef TD_HAVE_MPI
+#include "kernels/mpireduce.h"
+#endif
 #include "common/td_panic.h"
 #ifdef TD_HAVE_CUDA
 #include "kernels/cuda/td_cuda.h"
 #endif
 
 #define NO_CUDA "this traind was built without CUDA"
+#define NO_MPI  "this traind was built without MPI"
 
 #ifdef TD_HAVE_CUDA
 _Static_assert(TD_DEVICE_CUDA_CONTEXT_BYTES ==
@@ -34,10 +38,16 @@ struct td_device {
 
 struct td_group {
     td_device_kind kind;
-    int world;
+    int world;    /* every rank, over all processes */
+    int local;    /* this process's ranks */
+    int base;     /* the global rank of local rank 0 */
+    int decision; /* the last barrier's, under hr's lock (a group of one process) */
     double timeout_s;
-    td_hostreduce hr; /* the barriers, and on cpu devices the average */
-    int stop;         /* set atomically by td_group_abort: the NCCL watchdogs poll it */
+    td_hostreduce hr; /* one process: the barriers, and on cpu devices the average */
+#ifdef TD_HAVE_MPI
+    td_mpireduce *mr; /* over processes: the barriers, and on cpu devices the average */
+#endif
+    int stop; /* set atomically by td_group_abort: the NCCL watchdogs poll it */
 #ifdef TD_HAVE_CUDA
     td_nccl_id id;                 /* cuda, world > 1: the communicator's */
     td_error_t id_err;             /* why no id could be made; rank 0's join fails with it */
@@ -256,6 +266,86 @@ int td_device_poisoned(void)
 #endif
 }
 
+/* ---- the world ---- */
+
+int td_world_built(void)
+{
+#ifdef TD_HAVE_MPI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int td_world_init(int *argc, char ***argv, td_error_t *err)
+{
+#ifdef TD_HAVE_MPI
+    return td_mpi_init(argc, argv, err);
+#else
+    (void)argc;
+    (void)argv;
+    return td_error_set(err, TD_EINVAL, NO_MPI);
+#endif
+}
+
+int td_world_rank(void)
+{
+#ifdef TD_HAVE_MPI
+    return td_mpi_rank();
+#else
+    return 0;
+#endif
+}
+
+int td_world_size(void)
+{
+#ifdef TD_HAVE_MPI
+    return td_mpi_size();
+#else
+    return 1;
+#endif
+}
+
+const char *td_world_node_name(int proc)
+{
+#ifdef TD_HAVE_MPI
+    return td_mpi_node_name(proc);
+#else
+    (void)proc;
+    return "";
+#endif
+}
+
+int td_world_bcast(void *p, size_t len, td_error_t *err)
+{
+#ifdef TD_HAVE_MPI
+    if (td_mpi_size() > 1)
+        return td_mpi_bcast(p, len, err);
+#endif
+    (void)p;
+    (void)len;
+    (void)err;
+    return 0;
+}
+
+int td_world_allgather(const void *mine, size_t len, void *all, td_error_t *err)
+{
+#ifdef TD_HAVE_MPI
+    if (td_mpi_size() > 1)
+        return td_mpi_allgather(mine, len, all, err);
+#endif
+    (void)err;
+    memcpy(all, mine, len);
+    return 0;
+}
+
+void td_world_finalize(void)
+{
+#ifdef TD_HAVE_MPI
+    td_mpi_finalize();
+#endif
+}
+
 /* ---- the all-reduce group ---- */
 
 int td_group_new(td_group **out, td_device_kind kind, int world, double timeout_s, td_error_t *err)
@@ -269,7 +359,7 @@ int td_group_new(td_group **out, td_device_kind kind, int world, double timeout_
     if (g == NULL)
         return td_error_set(err, TD_ENOMEM, "out of memory making an all-reduce group");
     g->kind = kind;
-    g->world = world;
+    g->world = g->local = world;
     g->timeout_s = timeout_s;
     td_hostreduce_init(&g->hr, world);
 #ifdef TD_HAVE_CUDA
@@ -281,12 +371,83 @@ int td_group_new(td_group **out, td_device_kind kind, int world, double timeout_
     return 0;
 }
 
+int td_group_new_spanning(td_group **out, td_device_kind kind, int local, double timeout_s,
+                          td_error_t *err)
+{
+#ifdef TD_HAVE_MPI
+    td_group *g;
+    int rc = td_group_new(&g, kind, local, timeout_s, err);
+
+    if (rc != 0)
+        return rc;
+    rc = td_mpireduce_new(&g->mr, local, timeout_s, err);
+    if (rc != 0) {
+        td_group_free(g);
+        return rc;
+    }
+    g->world = td_mpireduce_world(g->mr);
+    g->base = td_mpireduce_base(g->mr);
+#ifdef TD_HAVE_CUDA
+    /* td_group_new made an id in every process (or failed to, without a GPU): global rank 0's
+     * goes to all, and with it whether it could be made. */
+    if (kind == TD_DEVICE_CUDA && g->world > 1) {
+        struct {
+            td_nccl_id id;
+            td_error_t err;
+        } share = {g->id, g->id_err};
+        if (local == 1) {
+            /* td_group_new made none for a world of one local rank */
+            td_nccl_unique_id(&share.id, &share.err);
+        }
+        rc = td_mpireduce_bcast(g->mr, &share, sizeof(share), err);
+        if (rc != 0) {
+            td_group_free(g);
+            return err->code != 0 ? err->code : TD_EMPI;
+        }
+        g->id = share.id;
+        g->id_err = share.err;
+    }
+#endif
+    *out = g;
+    return 0;
+#else
+    (void)kind;
+    (void)local;
+    (void)timeout_s;
+    *out = NULL;
+    return td_error_set(err, TD_EINVAL, NO_MPI);
+#endif
+}
+
 void td_group_free(td_group *g)
 {
     if (g == NULL)
         return;
     td_hostreduce_destroy(&g->hr);
+#ifdef TD_HAVE_MPI
+    td_mpireduce_free(g->mr);
+#endif
     free(g);
+}
+
+int td_group_world(const td_group *g)
+{
+    return g->world;
+}
+
+int td_group_base(const td_group *g)
+{
+    return g->base;
+}
+
+int td_group_spanning(const td_group *g)
+{
+#ifdef TD_HAVE_MPI
+    return g->mr != NULL;
+#else
+    (void)g;
+    return 0;
+#endif
 }
 
 int td_group_join(td_group *g, int rank, td_device *d, long long *heartbeat, td_error_t *err)
@@ -295,13 +456,13 @@ int td_group_join(td_group *g, int rank, td_device *d, long long *heartbeat, td_
     if (g->kind != TD_DEVICE_CUDA || g->world == 1)
         return 0;
     if (g->id_err.code != 0) {
-        if (rank != 0)
+        if (g->base + rank != 0)
             return td_error_set(err, TD_EABORTED, "stopped: another device of the job failed");
         *err = g->id_err;
         return err->code;
     }
-    return td_nccl_init_stoppable(&g->nccl[rank], &g->id, g->world, rank, d->ctx, g->timeout_s,
-                                  &g->stop, heartbeat, err);
+    return td_nccl_init_stoppable(&g->nccl[rank], &g->id, g->world, g->base + rank, d->ctx,
+                                  g->timeout_s, &g->stop, heartbeat, err);
 #else
     (void)g;
     (void)rank;
@@ -312,15 +473,91 @@ int td_group_join(td_group *g, int rank, td_device *d, long long *heartbeat, td_
 #endif
 }
 
-int td_group_barrier(td_group *g, void (*decide)(void *ud), void *ud)
+/* A group of one process: the hostreduce's decide, which keeps the vote for every rank. */
+typedef struct local_vote {
+    td_group *g;
+    int (*decide)(void *ud);
+    void *ud;
+} local_vote;
+
+static void decide_local(void *arg)
 {
-    return td_hostreduce_barrier(&g->hr, decide, ud);
+    local_vote *v = arg;
+
+    v->g->decision = v->decide(v->ud);
+}
+
+int td_group_barrier(td_group *g, int rank, int (*decide)(void *ud), void *ud, int *decision,
+                     td_error_t *err)
+{
+    local_vote v = {g, decide, ud};
+    int rc;
+
+    (void)rank;
+#ifdef TD_HAVE_MPI
+    if (g->mr != NULL)
+        return td_mpireduce_barrier(g->mr, decide, ud, decision, err);
+#else
+    (void)err;
+#endif
+    rc = td_hostreduce_barrier(&g->hr, decide != NULL ? decide_local : NULL, &v);
+    *decision = decide != NULL ? g->decision : 0;
+    return rc;
 }
 
 void td_group_abort(td_group *g)
 {
     __atomic_store_n(&g->stop, 1, __ATOMIC_RELEASE);
     td_hostreduce_abort(&g->hr);
+#ifdef TD_HAVE_MPI
+    if (g->mr != NULL) {
+        td_error_t why;
+        td_error_set(&why, TD_EABORTED, "stopped: another process of the job stopped");
+        td_mpireduce_abort(g->mr, g->base, &why);
+    }
+#endif
+}
+
+void td_group_fail(td_group *g, int rank, const td_error_t *err)
+{
+#ifdef TD_HAVE_MPI
+    /* the notice first: td_group_abort's generic one is sent only if this is not */
+    if (g->mr != NULL)
+        td_mpireduce_abort(g->mr, g->base + rank, err);
+#else
+    (void)rank;
+    (void)err;
+#endif
+    td_group_abort(g);
+}
+
+int td_group_notice(td_group *g, int *global_rank, td_error_t *why)
+{
+#ifdef TD_HAVE_MPI
+    if (g->mr != NULL)
+        return td_mpireduce_notice(g->mr, global_rank, why);
+#else
+    (void)g;
+    (void)global_rank;
+    (void)why;
+#endif
+    return 0;
+}
+
+int td_group_outcomes(td_group *g, const void *mine, size_t len, void *all, double timeout_s,
+                      int *missing, td_error_t *err)
+{
+    *missing = 0;
+#ifdef TD_HAVE_MPI
+    if (g->mr != NULL)
+        return td_mpireduce_outcomes(g->mr, mine, len, all, timeout_s, missing, err);
+#else
+    (void)timeout_s;
+    (void)err;
+#endif
+    if (all != NULL)
+        memcpy(all, mine, len);
+    return 0;
 }
 
 void td_group_allreduce(td_group *g, int rank, float *buf, size_t n)
@@ -330,6 +567,17 @@ void td_group_allreduce(td_group *g, int rank, float *buf, size_t n)
      * TD_EABORTED (the watchdog saw stop). */
     if (g->kind == TD_DEVICE_CUDA) {
         td_nccl_allreduce_avg(g->nccl[rank], buf, n);
+        return;
+    }
+#endif
+#ifdef TD_HAVE_MPI
+    if (g->mr != NULL) {
+        td_error_t e = {0};
+        int rc = td_mpireduce_average(g->mr, rank, buf, n, &e);
+        if (rc == -2)
+            td_panic(e.code, "%s", e.msg);
+        if (rc != 0)
+            td_panic(TD_EABORTED, "stopped: another device of the job failed");
         return;
     }
 #endif
@@ -343,7 +591,9 @@ void td_group_leave(td_group *g, int rank)
     /* ncclCommFinalize completes only once every rank finalizes: meet first (after a failure
      * the barrier is aborted and returns at once). */
     if (g->nccl[rank] != NULL) {
-        (void)td_hostreduce_barrier(&g->hr, NULL, NULL);
+        int decision;
+        td_error_t e;
+        (void)td_group_barrier(g, rank, NULL, NULL, &decision, &e);
         td_nccl_free(g->nccl[rank]);
         g->nccl[rank] = NULL;
     }

@@ -100,20 +100,59 @@ size_t td_device_gpu_usable(size_t free_bytes, int world);
  * CUDA. */
 int td_device_poisoned(void);
 
+/* ---- the world of a job that spans processes ------------------------------------------- */
+
+/* A job over several nodes runs one process per node (`traind rank`), joined by MPI in builds
+ * with it (kernels/mpireduce.h); the daemon itself never joins a world. td_world_built says
+ * whether this build can (0 without MPI: td_world_init answers TD_EINVAL, "this traind was
+ * built without MPI"). td_world_init joins the launcher's world on the main thread, once, and
+ * learns each process's node name; td_world_finalize leaves it. Without a world, rank 0 of
+ * size 1. */
+int td_world_built(void);
+int td_world_init(int *argc, char ***argv, td_error_t *err);
+int td_world_rank(void);
+int td_world_size(void);
+const char *td_world_node_name(int proc); /* "" out of range or without a world */
+/* Blocking collectives over the world, for what its processes settle before a run: len bytes
+ * of process 0's to every process; len bytes of each into all (size * len bytes). Without a
+ * world they copy mine. TD_EMPI. */
+int td_world_bcast(void *p, size_t len, td_error_t *err);
+int td_world_allgather(const void *mine, size_t len, void *all, td_error_t *err);
+void td_world_finalize(void);
+
 /* ---- the all-reduce group of one run ------------------------------------------------------ */
 
 /* A data-parallel run's replicas, one rank per device: the step barriers through which they
  * agree, a failed rank's release of the others, and the average of their gradients. On cpu
  * devices the host reduce (kernels/hostreduce.h) averages; on cuda devices NCCL does, one
  * non-blocking communicator per run whose watchdog gives up after the run's timeout or as
- * soon as any rank calls td_group_abort. */
+ * soon as any rank calls td_group_abort.
+ *
+ * A group may span the processes of a world (td_group_new_spanning): each process has the same
+ * number of local ranks, a rank's global rank is process * local + its local rank, and the
+ * world is processes * local. On cpu devices the average is MPI's ordered reduce
+ * (mpireduce.h), which sums in global rank order as the host reduce does, so a run of P
+ * processes of D devices computes bit for bit what one of P*D computes; on cuda devices one
+ * NCCL communicator spans every process's GPUs, rank 0's unique id broadcast through MPI.
+ * Ranks are local ranks in every call below but td_group_fail's. */
 typedef struct td_group td_group;
 
-/* A group of world ranks on devices of kind. For a cuda group of more than one rank it makes
- * the communicator's unique id here; a failure to do so is kept and given to rank 0's
- * td_group_join. TD_ENOMEM. Caller frees with td_group_free() once every rank has left. */
+/* A group of world ranks on devices of kind, in this process. For a cuda group of more than
+ * one rank it makes the communicator's unique id here; a failure to do so is kept and given
+ * to rank 0's td_group_join. TD_ENOMEM. Caller frees with td_group_free() once every rank has
+ * left. */
 int td_group_new(td_group **out, td_device_kind kind, int world, double timeout_s, td_error_t *err);
+
+/* A group of local ranks in each process of the world (td_world_init first). Collective: every
+ * process calls it at about the same time, from one thread. For cuda, global rank 0's process
+ * makes the unique id and broadcasts it. TD_EINVAL without a world or MPI, TD_EMPI, TD_ENOMEM. */
+int td_group_new_spanning(td_group **out, td_device_kind kind, int local, double timeout_s,
+                          td_error_t *err);
 void td_group_free(td_group *g); /* accepts NULL */
+
+int td_group_world(const td_group *g);    /* every rank of the group, over all processes */
+int td_group_base(const td_group *g);     /* the global rank of this process's local rank 0 */
+int td_group_spanning(const td_group *g); /* 1 for a group over processes */
 
 /* Joins rank on its own thread, with its open device d: for a cuda group of more than one
  * rank, its rank of the communicator (collective: every rank joins at about the same time).
@@ -123,20 +162,40 @@ void td_group_free(td_group *g); /* accepts NULL */
  * TD_EABORTED when a peer failed first; TD_ECUDA with NCCL's message or the timeout's. */
 int td_group_join(td_group *g, int rank, td_device *d, long long *heartbeat, td_error_t *err);
 
-/* Waits until every rank has arrived. The last to arrive calls decide(ud) (when not NULL)
- * under the group's lock, so that every rank sees one decision. Returns 0, or -1 once the
- * group is aborted. */
-int td_group_barrier(td_group *g, void (*decide)(void *ud), void *ud);
+/* Waits until every rank (of every process) has arrived. One rank of each process calls
+ * decide(ud) (when not NULL) for its vote, a set of bits; the votes of the processes are
+ * combined by OR, and every rank gets the one result in *decision. Returns 0; -1 once the
+ * group is aborted (a peer failed or stopped); -2 when this rank's wait failed on its own (a
+ * spanning group's collective timeout, MPI's error), with err filled: the rank's failure. */
+int td_group_barrier(td_group *g, int rank, int (*decide)(void *ud), void *ud, int *decision,
+                     td_error_t *err);
 
 /* Releases every rank waiting at a barrier or in a collective (their NCCL watchdogs see it
- * and abort): later barriers return -1 and collectives fail with TD_EABORTED. Any rank, any
- * time. */
+ * and abort): later barriers return -1 and collectives fail with TD_EABORTED. In a spanning
+ * group the other processes are told too. Any rank, any time. */
 void td_group_abort(td_group *g);
+
+/* td_group_abort for rank's failure err: in a spanning group the other processes learn which
+ * global rank failed and why (td_group_notice), so that the job's report names it even when
+ * this process cannot report any more. */
+void td_group_fail(td_group *g, int rank, const td_error_t *err);
+
+/* The first failure another process reported, if any: its global rank into *global_rank, its
+ * error into *why. 1 when there is one; 0 in a group of one process. */
+int td_group_notice(td_group *g, int *global_rank, td_error_t *why);
+
+/* Gathers len bytes of every process at global rank 0's (all: processes * len bytes there,
+ * NULL elsewhere), waiting at most timeout_s for the others; a process that never comes
+ * leaves its part zeroed and sets *missing. Collective, one thread of each process, after
+ * every local rank has left. A group of one process copies mine. TD_EMPI. */
+int td_group_outcomes(td_group *g, const void *mine, size_t len, void *all, double timeout_s,
+                      int *missing, td_error_t *err);
 
 /* buf (n floats, in the memory of rank's device) := the mean of every rank's buf, in place.
  * Every rank calls it at the same point with the same n. Must run under a panic boundary:
  * panics TD_EABORTED ("stopped: another device of the job failed") once the group is
- * aborted, TD_ECUDA with NCCL's message or the watchdog's. */
+ * aborted, TD_ECUDA with NCCL's message or the watchdog's, TD_EMPI with MPI's or the
+ * timeout's. */
 void td_group_allreduce(td_group *g, int rank, float *buf, size_t n);
 
 /* Leaves the group: for a cuda rank, first meets its peers (a rank done early does not wait
