@@ -171,19 +171,9 @@ int td__launch_job_dir(const td_daemon *d, const td_djob *job, char *out, size_t
 
 /* ---- submit ---- */
 
-/* Whether this traind was built with MPI (meson -Dmpi): its ranks join their world with it. */
-static int mpi_built(void)
-{
-#ifdef TD_HAVE_MPI
-    return TD_HAVE_MPI;
-#else
-    return 1; /* a build that does not say (before -Dmpi existed) leaves it to the ranks */
-#endif
-}
-
 int td__launch_validate(td_daemon *d, td_jobspec *spec, td_error_t *err)
 {
-    if (!mpi_built())
+    if (!td_world_built())
         return td_error_set(err, TD_EJOB,
                             "nodes: this traind was built without MPI (meson -Dmpi=enabled), so it "
                             "runs jobs of one node only; this job asks for %d",
@@ -355,6 +345,12 @@ static void on_started(void *ud, td_launch *l, int64_t step, int64_t total)
     job->total_steps = total;
     job->step = step;
     td__daemon_write_progress(d, job);
+    if (step > 0) {
+        char line[128];
+        snprintf(line, sizeof(line), "resumed from its checkpoint at step %lld", (long long)step);
+        td__daemon_job_log(d, job->id, TD_LOG_NOTICE, line);
+        td_log_notice("job %lld (%s): %s", (long long)job->id, job->spec.name, line);
+    }
     td__daemon_job_changed(d, job->id, job->state);
 }
 
