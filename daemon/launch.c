@@ -1306,8 +1306,20 @@ static void stderr_line(td_launch *l, const char *raw, size_t len)
         return;
     td_text_escape(line, sizeof(line), raw, len, 0);
     if (!l->have_death && td_launch_parse_death(line, &d)) {
+        int done_seen;
         l->death = d;
         l->have_death = 1;
+        pthread_mutex_lock(&l->mu);
+        done_seen = l->sh.done_seen;
+        pthread_mutex_unlock(&l->mu);
+        /* A rank killed by a signal leaves the others waiting in a collective, and srun would
+         * let them wait for --wait: end the step now. A rank that exited after rank 0 told the
+         * outcome is the normal end. */
+        if (!done_seen && strncmp(d.why, "Exited", 6) != 0 && !l->exited) {
+            char why[256];
+            snprintf(why, sizeof(why), "the rank on node %.63s died (%.128s)", d.node, d.why);
+            escalate(l, why);
+        }
     }
     if (l->usage[0] == '\0' && strncmp(line, "traind rank: ", 13) == 0)
         snprintf(l->usage, sizeof(l->usage), "%s", line);
