@@ -958,6 +958,11 @@ int td_daemon_new(td_daemon **out, uv_loop_t *loop, const td_config *cfg, td_err
         td_error_set(err, rc, "uv_idle_init: %s", uv_strerror(rc));
         goto fail_purge;
     }
+    if (cfg->cluster.launcher != TD_LAUNCHER_NONE) {
+        char prefix[600];
+        if (td_launch_dir_prefix(&cfg->cluster, prefix, sizeof(prefix), NULL) == 0)
+            td_purge_set_shared(&d->purge, prefix);
+    }
     resume_purge(d);
     /* Jobs loaded from the store run as soon as the loop turns. */
     td_mailbox_wake(&d->mailbox);

@@ -278,6 +278,16 @@ static void short_host(char *out, size_t size)
     out[strcspn(out, ".")] = '\0';
 }
 
+int td_launch_dir_prefix(const td_cluster_config *c, char *out, size_t size, td_error_t *err)
+{
+    char host[64];
+
+    short_host(host, sizeof(host));
+    if (snprintf(out, size, "%s/%s-job-", c->shared_dir, host) >= (int)size)
+        return td_error_set(err, TD_E2BIG, "[cluster] shared_dir: too long a path");
+    return 0;
+}
+
 int td_launch_job_dir(const td_cluster_config *c, int64_t job, char *out, size_t size,
                       td_error_t *err)
 {

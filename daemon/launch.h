@@ -136,6 +136,9 @@ int td_launch_argv(const td_launch_plan *p, td_launch_cmd *cmd, td_error_t *err)
 int td_launch_job_dir(const td_cluster_config *c, int64_t job, char *out, size_t size,
                       td_error_t *err);
 
+/* The part of every job's directory before its id: <shared_dir>/<host>-job-. TD_E2BIG. */
+int td_launch_dir_prefix(const td_cluster_config *c, char *out, size_t size, td_error_t *err);
+
 /* The launcher's report of a rank that died, from one line of its stderr. srun's
  *   "srun: error: n2: task 1: Killed"
  * gives node "n2", task 1, why "Killed"; mpirun's

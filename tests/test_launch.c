@@ -515,6 +515,28 @@ static void kill_rank1(const cluster_daemon *c, int64_t id)
     assert_int_equal(kill(pid, SIGKILL), 0);
 }
 
+/* Deletes job id (rm) and waits for the deletion's reply. */
+static void rm_job(ts_client *c, int64_t id)
+{
+    td_proto_frame *f;
+
+    ts_begin(c, "rm", 1);
+    td_pw_str(&c->w, "job_ids");
+    td_pw_array(&c->w, 1);
+    td_pw_int(&c->w, id);
+    ts_client_send(c);
+    while ((f = ts_client_recv(c)) != NULL) {
+        const td_pval *root = td_proto_frame_root(f);
+        int progress = ts_str_is(td_pv_get(root, "type"), "progress");
+        if (!progress && !ts_str_is(td_pv_get(root, "type"), "deleted"))
+            fail_msg("rm of job %lld was refused", (long long)id);
+        td_proto_frame_free(f);
+        if (!progress)
+            return;
+    }
+    fail_msg("connection closed before rm's reply");
+}
+
 static void cancel(ts_client *c, int64_t id)
 {
     ts_send_job_request(c, "cancel", id);
@@ -628,7 +650,7 @@ static void test_two_nodes_to_the_end(void **state)
     ts_client c;
     ts_watched w;
     xjob x = {.name = "two", .nodes = 2, .max_steps = 200, .fail_node = -1};
-    char names[8][64], host[64];
+    char names[8][64], host[64], dir[512];
     int restarts;
     int64_t id, rn;
 
@@ -655,8 +677,13 @@ static void test_two_nodes_to_the_end(void **state)
     } else {
         assert_non_null(strstr(names[0], host));
     }
-    ts_client_close(&c);
     assert_int_equal(ts_log_count(&cd.d, "running on 2 node(s), 1 cpu device(s) each"), 1);
+    /* rm takes its directory on the shared file system with it */
+    job_dir(&cd, id, dir, sizeof(dir));
+    assert_true(access(dir, F_OK) == 0);
+    rm_job(&c, id);
+    assert_true(access(dir, F_OK) != 0);
+    ts_client_close(&c);
     stop(&cd);
 }
 
