@@ -271,8 +271,8 @@ static int teardown(void **state)
     return 0;
 }
 
-/* Starts a daemon whose ranks run rank (NULL: traind itself). */
-static void start(cluster_daemon *c, const char *rank)
+/* Starts a daemon whose ranks run rank (NULL: traind itself), extra more lines of [cluster]. */
+static void start_ex(cluster_daemon *c, const char *rank, const char *extra)
 {
     char conf[2048], hosts[320];
     FILE *f;
@@ -289,10 +289,15 @@ static void start(cluster_daemon *c, const char *rank)
     assert_int_equal(fclose(f), 0);
     snprintf(conf, sizeof(conf),
              "[cluster]\nlauncher = %s\nhostfile = %s\nshared_dir = %s\n%s%s%s"
-             "stop_timeout_s = 30\nkill_timeout_s = 10\n",
+             "stop_timeout_s = 30\nkill_timeout_s = 10\n%s",
              launcher, hosts, c->shared, rank != NULL ? "traind_path = " : "",
-             rank != NULL ? rank : "", rank != NULL ? "\n" : "");
+             rank != NULL ? rank : "", rank != NULL ? "\n" : "", extra);
     ts_daemon_start_conf(&c->d, "cpu:1", conf);
+}
+
+static void start(cluster_daemon *c, const char *rank)
+{
+    start_ex(c, rank, "");
 }
 
 static void stop(cluster_daemon *c)
@@ -642,6 +647,78 @@ static void test_bad_streams_fail_the_job(void **state)
     stop(&cd);
 }
 
+/* [cluster] max_running 1: a second job that spans nodes waits in traind's queue until the
+ * first has ended (fake_rank.c's fake-wait steps until cancelled). */
+static void test_max_running(void **state)
+{
+    cluster_daemon cd;
+    ts_client c;
+    ts_watched w;
+    xjob x = {.name = "fake-wait", .nodes = 2, .max_steps = 10, .fail_node = -1};
+    char st[32], names[8][64];
+    int64_t a, b;
+
+    (void)state;
+    start_ex(&cd, ts_env_or("FAKE_RANK_BIN", "build/tests/fake_rank"), "max_running = 1\n");
+    ts_connect_hello(&c, cd.d.sock);
+    a = submit(&c, &x, NULL, 0);
+    b = submit(&c, &x, NULL, 0);
+    wait_nodes(&c, a, 2, 0, names);
+    ts_wait_step(&c, a, 3, JOB_TIMEOUT);
+    ts_job_status(&c, b, st, sizeof(st));
+    assert_string_equal(st, "queued");
+    cancel(&c, a);
+    ts_watch_to_end(&c, a, &w);
+    assert_string_equal(w.final_state, "cancelled");
+    wait_nodes(&c, b, 2, 0, names);
+    cancel(&c, b);
+    ts_watch_to_end(&c, b, &w);
+    assert_string_equal(w.final_state, "cancelled");
+    ts_client_close(&c);
+    stop(&cd);
+}
+
+/* A daemon that stops interrupts its launched job (the ranks checkpoint and stop) and puts it
+ * back in the queue; started again, it resumes the job from that checkpoint. */
+static void test_shutdown_requeues(void **state)
+{
+    cluster_daemon cd;
+    ts_client c;
+    ts_watched w;
+    xjob x = {.name = "survives", .nodes = 2, .max_steps = LONG_STEPS, .fail_node = -1};
+    char names[8][64], st[32];
+    int64_t id, at;
+    int status;
+
+    (void)state;
+    start(&cd, NULL);
+    ts_connect_hello(&c, cd.d.sock);
+    id = submit(&c, &x, NULL, 0);
+    wait_nodes(&c, id, 2, 0, names);
+    ts_wait_step(&c, id, 20, JOB_TIMEOUT);
+    ts_client_close(&c);
+    kill(cd.d.pid, SIGTERM);
+    assert_int_equal(waitpid(cd.d.pid, &status, 0), cd.d.pid);
+    ts_live_pid = -1;
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_int_equal(ts_log_count(&cd.d, "interrupted at step "), 1);
+
+    ts_daemon_start_in(&cd.d, "cpu:1");
+    ts_connect_hello(&c, cd.d.sock);
+    wait_nodes(&c, id, 2, 0, names);
+    ts_wait_log(&cd.d, "resumed from its checkpoint at step ", 1, JOB_TIMEOUT);
+    at = ts_job_status(&c, id, st, sizeof(st));
+    assert_string_equal(st, "running");
+    ts_wait_step(&c, id, at + 10, JOB_TIMEOUT);
+    cancel(&c, id);
+    ts_watch_to_end(&c, id, &w);
+    assert_string_equal(w.final_state, "cancelled");
+    assert_int_equal(w.dup_or_disorder, 0);
+    assert_int_equal(tj_stored_rows(&cd.d, id, "train_loss"), w.train_loss_rows);
+    ts_client_close(&c);
+    stop(&cd);
+}
+
 /* A job of two nodes through mpirun and the real traind rank: watched to its end, every row
  * once in SQLite and in the watch, status naming both nodes. */
 static void test_two_nodes_to_the_end(void **state)
@@ -953,6 +1030,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest integration[] = {
         cmocka_unit_test_teardown(test_no_launcher_refuses, teardown),
         cmocka_unit_test_teardown(test_bad_streams_fail_the_job, teardown),
+        cmocka_unit_test_teardown(test_max_running, teardown),
+        cmocka_unit_test_teardown(test_shutdown_requeues, teardown),
         cmocka_unit_test_teardown(test_two_nodes_to_the_end, teardown),
         cmocka_unit_test_teardown(test_failure_names_the_node, teardown),
         cmocka_unit_test_teardown(test_killed_rank_named_by_node, teardown),
@@ -965,6 +1044,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_killed_rank_named_by_node, teardown),
         cmocka_unit_test_teardown(test_cancel_writes_a_checkpoint, teardown),
         cmocka_unit_test_teardown(test_restart_on_fewer_nodes, teardown),
+        cmocka_unit_test_teardown(test_shutdown_requeues, teardown),
     };
     int rc;
 
