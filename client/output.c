@@ -225,6 +225,36 @@ static void print_metrics(const td_pval *job)
     free(pairs);
 }
 
+/* A job that spans nodes: its nodes, and each restart with its cause and new size. Nothing
+ * for any other job (or from a daemon that sends neither field). */
+static void print_nodes(const td_pval *job)
+{
+    const td_pval *nodes = td_pv_get(job, "nodes"), *restarts = td_pv_get(job, "restarts");
+    char name[4 * 64 + 1], cause[4 * 512 + 1];
+
+    if (td_pv_len(nodes) > 0) {
+        printf("%-9s%zu:", "nodes", td_pv_len(nodes));
+        for (size_t i = 0; i < td_pv_len(nodes); i++) {
+            size_t len;
+            const char *s = td_pv_str(td_pv_at(nodes, i), &len);
+            td_text_escape(name, sizeof(name), s != NULL ? s : "?", s != NULL ? len : 1, 0);
+            printf("%s %s", i ? "," : "", name);
+        }
+        printf("\n");
+    }
+    for (size_t i = 0; i < td_pv_len(restarts); i++) {
+        const td_pval *r = td_pv_at(restarts, i);
+        int64_t n = tc_job_int(r, "nodes", 0);
+        size_t len;
+        const char *s = td_pv_str(td_pv_get(r, "cause"), &len);
+        td_text_escape(cause, sizeof(cause), s != NULL ? s : "", s != NULL ? len : 0, 0);
+        if (n > 0)
+            printf("%-9s%s; resumed on %lld node(s)\n", "restart", cause, (long long)n);
+        else
+            printf("%-9s%s; relaunched, waiting for its ranks\n", "restart", cause);
+    }
+}
+
 void tc_print_status(const td_pval *job)
 {
     char name[256], state[32], step[64], devs[256];
@@ -240,6 +270,7 @@ void tc_print_status(const td_pval *job)
     printf("%-9s%s\n", "step", step);
     printf("%-9s%lld%s%s%s\n", "devices", (long long)tc_job_int(job, "devices", 0),
            devs[0] ? " (" : "", devs, devs[0] ? ")" : "");
+    print_nodes(job);
     print_time("created", created, now - created, "", " ago");
     print_time("started", started, ended > 0 ? -1 : now - started, "running for ", "");
     print_time("ended", ended, started > 0 ? ended - started : -1, "took ", "");

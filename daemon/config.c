@@ -42,12 +42,15 @@ typedef enum {
     K_SECONDS,
     K_SECONDS_OR_0,
     K_PROM_PATH,
-    K_MODE
+    K_MODE,
+    K_LAUNCHER,
+    K_PATH, /* an absolute path into a char[hi] of td_config at off */
+    K_WORDS /* text without control characters into a char[hi] at off */
 } key_kind;
 
 /* Every key the file may hold. K_INT keys are an int of td_config at off, from lo to hi;
  * K_SECONDS keys a double of td_config at off, above 0 and at most hi (K_SECONDS_OR_0: 0 is
- * allowed too, and means "never"). */
+ * allowed too, and means "never"); K_PATH and K_WORDS keys a char[hi] at off. */
 static const struct key_def {
     const char *section, *name;
     key_kind kind;
@@ -86,6 +89,34 @@ static const struct key_def {
     {"metrics", "prometheus_textfile_mode", K_MODE, offsetof(td_config, prom_mode), 0, 0666, NULL},
     {"metrics", "disk_full_wait_s", K_SECONDS, offsetof(td_config, disk_full_wait_s), 0,
      (int)DISK_FULL_WAIT_MAX, "seconds a full disk is waited out"},
+#define CL(field)   (offsetof(td_config, cluster) + offsetof(td_cluster_config, field))
+#define CLSZ(field) (int)sizeof(((td_cluster_config *)0)->field)
+    {"cluster", "launcher", K_LAUNCHER, 0, 0, 0, NULL},
+    {"cluster", "launcher_path", K_PATH, CL(launcher_path), 0, CLSZ(launcher_path),
+     "the srun or mpirun executable"},
+    {"cluster", "scancel_path", K_PATH, CL(scancel_path), 0, CLSZ(scancel_path),
+     "the scancel executable"},
+    {"cluster", "hostfile", K_PATH, CL(hostfile), 0, CLSZ(hostfile), "mpirun's host file"},
+    {"cluster", "shared_dir", K_PATH, CL(shared_dir), 0, CLSZ(shared_dir),
+     "a directory every node mounts"},
+    {"cluster", "traind_path", K_PATH, CL(traind_path), 0, CLSZ(traind_path),
+     "the traind executable the ranks run"},
+    {"cluster", "launcher_args", K_WORDS, CL(launcher_args), 0, CLSZ(launcher_args),
+     "more arguments for the launcher"},
+    {"cluster", "nccl_socket_ifname", K_WORDS, CL(nccl_ifname), 0, CLSZ(nccl_ifname),
+     "NCCL_SOCKET_IFNAME"},
+    {"cluster", "mpi_tcp_if_include", K_WORDS, CL(mpi_ifname), 0, CLSZ(mpi_ifname),
+     "Open MPI's btl_tcp_if_include"},
+    {"cluster", "max_running", K_INT, CL(max_running), 0, 65536,
+     "jobs that span nodes running at once, 0 for no limit"},
+    {"cluster", "stop_timeout_s", K_SECONDS, CL(stop_timeout_s), 0, 86400,
+     "seconds the ranks have to checkpoint and stop"},
+    {"cluster", "kill_timeout_s", K_SECONDS, CL(kill_timeout_s), 0, 3600,
+     "seconds from ending the launcher to SIGKILL"},
+    {"cluster", "rank_exit_wait_s", K_INT, CL(exit_wait_s), 1, 65535,
+     "seconds srun lets the other ranks run once one has ended"},
+#undef CL
+#undef CLSZ
 };
 
 typedef struct load_ctx {
@@ -120,6 +151,85 @@ void td_config_defaults(td_config *cfg)
     cfg->prom_interval_s = TD_PROM_INTERVAL_S;
     cfg->prom_mode = TD_PROM_MODE;
     cfg->disk_full_wait_s = TD_MQ_FULL_WAIT_MS / 1e3;
+    cfg->cluster.max_running = TD_CLUSTER_MAX_RUNNING;
+    cfg->cluster.stop_timeout_s = TD_CLUSTER_STOP_S;
+    cfg->cluster.kill_timeout_s = TD_CLUSTER_KILL_S;
+    cfg->cluster.exit_wait_s = TD_CLUSTER_EXIT_WAIT_S;
+}
+
+/* [cluster] launcher: srun, mpirun, or empty for none. */
+static int set_launcher(td_config *cfg, const char *value, char *why, size_t size)
+{
+    if (strcmp(value, "srun") == 0)
+        cfg->cluster.launcher = TD_LAUNCHER_SRUN;
+    else if (strcmp(value, "mpirun") == 0)
+        cfg->cluster.launcher = TD_LAUNCHER_MPIRUN;
+    else if (value[0] == '\0')
+        cfg->cluster.launcher = TD_LAUNCHER_NONE;
+    else {
+        snprintf(why, size, "expected srun, mpirun, or nothing for no launcher");
+        return -1;
+    }
+    return 0;
+}
+
+/* An absolute path (or nothing: the key's default) that fits k's buffer. */
+static int set_path(td_config *cfg, const struct key_def *k, const char *value, char *why,
+                    size_t size)
+{
+    size_t n = strlen(value);
+
+    if (n > 0 && value[0] != '/') {
+        snprintf(why, size, "expected an absolute path (%s)", k->meaning);
+        return -1;
+    }
+    if (n >= (size_t)k->hi) {
+        snprintf(why, size, "the path is %zu bytes; the limit is %d", n, k->hi - 1);
+        return -1;
+    }
+    memcpy((char *)cfg + k->off, value, n + 1);
+    return 0;
+}
+
+/* Printable ASCII that fits k's buffer: the value goes into a command line or an environment
+ * variable of the launcher. */
+static int set_words(td_config *cfg, const struct key_def *k, const char *value, char *why,
+                     size_t size)
+{
+    size_t n = strlen(value);
+
+    for (size_t i = 0; i < n; i++)
+        if (value[i] < 0x20 || value[i] > 0x7e) {
+            snprintf(why, size, "expected printable ASCII (%s); byte %zu is 0x%02x", k->meaning, i,
+                     (unsigned char)value[i]);
+            return -1;
+        }
+    if (n >= (size_t)k->hi) {
+        snprintf(why, size, "the value is %zu bytes; the limit is %d", n, k->hi - 1);
+        return -1;
+    }
+    memcpy((char *)cfg + k->off, value, n + 1);
+    return 0;
+}
+
+/* The keys of [cluster] that only make sense together. */
+static int check_cluster(const td_config *cfg, const char *path, td_error_t *err)
+{
+    const td_cluster_config *c = &cfg->cluster;
+    const char *name = c->launcher == TD_LAUNCHER_SRUN ? "srun" : "mpirun";
+
+    if (c->launcher == TD_LAUNCHER_NONE)
+        return 0;
+    if (c->shared_dir[0] == '\0')
+        return td_error_set(err, TD_EINVAL,
+                            "%s: [cluster] launcher = %s needs shared_dir (a directory every node "
+                            "mounts, for the jobs' specs and checkpoints)",
+                            path, name);
+    if (c->launcher == TD_LAUNCHER_MPIRUN && c->hostfile[0] == '\0')
+        return td_error_set(err, TD_EINVAL,
+                            "%s: [cluster] launcher = mpirun needs hostfile (mpirun's --hostfile)",
+                            path);
+    return 0;
 }
 
 /* The Prometheus file: an absolute path named *.prom (the node exporter's textfile collector
@@ -403,6 +513,12 @@ static int set_key(td_config *cfg, const struct key_def *k, const char *value, c
         return td_config_set_prom_path(cfg, value, why, size);
     case K_MODE:
         return set_mode(cfg, k, value, why, size);
+    case K_LAUNCHER:
+        return set_launcher(cfg, value, why, size);
+    case K_PATH:
+        return set_path(cfg, k, value, why, size);
+    case K_WORDS:
+        return set_words(cfg, k, value, why, size);
     }
     return -1;
 }
@@ -449,12 +565,12 @@ static int on_key(void *user, const char *section, const char *name, const char 
     if (section[0] == '\0')
         snprintf(c->err_msg, sizeof(c->err_msg),
                  "key \"%s\" is outside any section; put it under [daemon], [server], [limits], "
-                 "[metrics] or [cuda]",
+                 "[metrics], [cuda] or [cluster]",
                  name);
     else if (!section_known)
         snprintf(c->err_msg, sizeof(c->err_msg),
                  "unknown section [%s] (key \"%s\"); the sections are [daemon], [server], "
-                 "[limits], [metrics] and [cuda]",
+                 "[limits], [metrics], [cuda] and [cluster]",
                  section, name);
     else
         snprintf(c->err_msg, sizeof(c->err_msg), "unknown key \"%s\" in [%s]", name, section);
@@ -544,6 +660,8 @@ int td_config_load(td_config *cfg, const char *path, int must_exist, int *loaded
                           "comment starting with ; or #",
                           path, line);
     fclose(c.f);
+    if (rc == 0)
+        rc = check_cluster(cfg, path, err);
     *loaded = rc == 0;
     return rc;
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "daemon/daemon.h"
+#include "daemon/daemon_int.h"
 #include "daemon/mailbox.h"
 #include "daemon/metricq.h"
 #include "daemon/run.h"
@@ -22,42 +23,6 @@
 #define TD_VACUUM_AT_START_MAX                                                               \
     ((int64_t)256 << 20) /* bytes of an old database converted at start (a VACUUM: about 3 s \
                           * per 100 MiB here); a larger one is left to the operator */
-
-/* A job the daemon holds in memory: queued or running. Ended jobs live only in the store. */
-typedef struct td_djob {
-    int64_t id;
-    td_jobspec spec;
-    int64_t uid;
-    char state[TD_STORE_MAX_STATE];
-    int64_t step, total_steps;
-    int64_t durable_step;    /* highest step the store thread has written */
-    double progress_written; /* monotonic ms when step was last written to the store */
-    td_run *run;             /* while running */
-    char device_list[64];    /* "cpu:0,cpu:1" while running; td_job_row.device_list's size */
-    td_error_t metrics_err;  /* some of its metric rows could not be stored: it fails */
-    td_error_t final_err;    /* ended, unrecorded: the error its kept state write carries */
-    struct td_djob *next;
-} td_djob;
-
-struct td_daemon {
-    td_config cfg;
-    uv_loop_t *loop;
-    td_daemon_hooks hooks;
-    td_store *store;
-    td_mq *mq;
-    td_mailbox mailbox;
-    td_worker workers[TD_MAX_DEVICES];
-    int nworkers;
-    td_djob *jobs;        /* queued and running, submission order */
-    td_djob *unrecorded;  /* ended, their final state kept in writes until the store takes it */
-    td_writes writes;     /* the loop's store writes, kept while the store cannot take them */
-    td_purge purge;       /* deleting ended jobs (rm, prune), a slice per loop turn */
-    int stopping;         /* 1: jobs are being interrupted; 2: everything is closed */
-    atomic_int work_stop; /* set when stopping: a sample running on the threadpool stops early */
-    int reexec;           /* a sticky CUDA error: stop, then re-execute (main.c) */
-    int discarded;        /* td_daemon_discard: a start abandoned, closed without a word */
-    char reexec_why[512]; /* which job, which device, what error */
-};
 
 static void schedule(td_daemon *d);
 static void begin_reexec(td_daemon *d, const char *why);
@@ -92,7 +57,7 @@ static void job_append(td_daemon *d, td_djob *job)
     *p = job;
 }
 
-static void job_unlink(td_daemon *d, td_djob *job)
+void td__daemon_job_unlink(td_daemon *d, td_djob *job)
 {
     for (td_djob **p = &d->jobs; *p != NULL; p = &(*p)->next)
         if (*p == job) {
@@ -101,29 +66,43 @@ static void job_unlink(td_daemon *d, td_djob *job)
         }
 }
 
+void td__daemon_job_free(td_djob *job)
+{
+    if (job == NULL)
+        return;
+    td__launch_free(job);
+    free(job);
+}
+
 static void free_jobs(td_daemon *d)
 {
     while (d->jobs != NULL) {
         td_djob *next = d->jobs->next;
-        free(d->jobs);
+        td__daemon_job_free(d->jobs);
         d->jobs = next;
     }
     while (d->unrecorded != NULL) {
         td_djob *next = d->unrecorded->next;
-        free(d->unrecorded);
+        td__daemon_job_free(d->unrecorded);
         d->unrecorded = next;
     }
 }
 
-static int running_jobs(const td_daemon *d)
+/* Whether job runs: on this box's devices, or launched on nodes. */
+static int active(const td_djob *job)
+{
+    return job->run != NULL || job->launch != NULL;
+}
+
+int td__daemon_running_jobs(const td_daemon *d)
 {
     int n = 0;
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
-        n += j->run != NULL;
+        n += active(j);
     return n;
 }
 
-static void job_changed(td_daemon *d, int64_t job, const char *state)
+void td__daemon_job_changed(td_daemon *d, int64_t job, const char *state)
 {
     if (d->hooks.job_changed != NULL)
         d->hooks.job_changed(d->hooks.ud, job, state);
@@ -131,7 +110,7 @@ static void job_changed(td_daemon *d, int64_t job, const char *state)
 
 /* Appends a line to a job's log in the store (lifecycle events, warnings); kept for later
  * while the store cannot take it (writes.h). */
-static void job_log(td_daemon *d, int64_t job, int level, const char *line)
+void td__daemon_job_log(td_daemon *d, int64_t job, int level, const char *line)
 {
     td_error_t err;
 
@@ -142,8 +121,8 @@ static void job_log(td_daemon *d, int64_t job, int level, const char *line)
 /* Records a job's new state, and a line in its log saying so. Returns 1 when the state is
  * kept in memory until the store can take it (writes.h), else 0 (written, or refused for
  * good, which is logged). */
-static int store_state(td_daemon *d, td_djob *job, const char *state, const char *devs,
-                       const td_error_t *e)
+int td__daemon_store_state(td_daemon *d, td_djob *job, const char *state, const char *devs,
+                           const td_error_t *e)
 {
     td_error_t err;
     char line[1200];
@@ -162,11 +141,12 @@ static int store_state(td_daemon *d, td_djob *job, const char *state, const char
         snprintf(line, sizeof(line), "%s on %s", state, devs);
     else
         snprintf(line, sizeof(line), "%s at step %lld", state, (long long)job->step);
-    job_log(d, job->id, code != 0 && code != TD_ECANCELLED ? TD_LOG_ERR : TD_LOG_NOTICE, line);
+    td__daemon_job_log(d, job->id, code != 0 && code != TD_ECANCELLED ? TD_LOG_ERR : TD_LOG_NOTICE,
+                       line);
     return rc == 1;
 }
 
-static void write_progress(td_daemon *d, td_djob *job)
+void td__daemon_write_progress(td_daemon *d, td_djob *job)
 {
     td_error_t err;
 
@@ -177,11 +157,11 @@ static void write_progress(td_daemon *d, td_djob *job)
 
 /* Forgets an ended job, already unlinked from the table; kept (later 1), it waits in
  * d->unrecorded, showing its final state, until the store has taken that state. */
-static void job_forget(td_daemon *d, td_djob *job, const char *state, const td_error_t *e,
-                       int later)
+void td__daemon_job_forget(td_daemon *d, td_djob *job, const char *state, const td_error_t *e,
+                           int later)
 {
     if (!later) {
-        free(job);
+        td__daemon_job_free(job);
         return;
     }
     snprintf(job->state, sizeof(job->state), "%s", state);
@@ -202,9 +182,9 @@ static void on_state_written(void *ud, int64_t id, const char *state)
         if ((*p)->id == id && strcmp((*p)->state, state) == 0) {
             td_djob *job = *p;
             *p = job->next;
-            free(job);
+            td__daemon_job_free(job);
             if (d->stopping < 2)
-                job_changed(d, id, state);
+                td__daemon_job_changed(d, id, state);
             return;
         }
 }
@@ -214,14 +194,15 @@ static void on_state_written(void *ud, int64_t id, const char *state)
 static void job_end(td_daemon *d, td_djob *job, const char *state, const td_error_t *e)
 {
     int64_t id = job->id;
-    int later = store_state(d, job, state, NULL, e);
+    int later = td__daemon_store_state(d, job, state, NULL, e);
 
-    job_unlink(d, job);
-    job_forget(d, job, state, e, later);
-    job_changed(d, id, state);
+    td__daemon_job_unlink(d, job);
+    td__daemon_job_forget(d, job, state, e, later);
+    td__daemon_job_changed(d, id, state);
 }
 
-/* Where job's checkpoints live: STATE_DIR/checkpoints/JOB. TD_E2BIG when it does not fit. */
+/* Where job's checkpoints live: STATE_DIR/checkpoints/JOB (a job that spans nodes keeps its
+ * own in [cluster] shared_dir, td__launch_job_dir). TD_E2BIG when it does not fit. */
 static int checkpoint_dir(const td_daemon *d, int64_t job, char *out, size_t size)
 {
     if (snprintf(out, size, "%s/checkpoints/%lld", d->cfg.state_dir, (long long)job) >= (int)size)
@@ -331,19 +312,20 @@ static int devices_held(const td_daemon *d, int64_t uid)
     int n = 0;
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
         if (j->uid == uid && j->run != NULL)
-            n += j->spec.devices;
+            n += j->spec.devices; /* a launched job holds none of this box's */
     return n;
 }
 
-/* The next queued job to run: highest priority first, then oldest, skipping jobs whose user
- * already holds max_devices_per_user devices. */
+/* The next queued job to run on this box's devices: highest priority first, then oldest,
+ * skipping jobs whose user already holds max_devices_per_user devices, and jobs that span
+ * nodes (td__launch_schedule). */
 static td_djob *next_queued(const td_daemon *d)
 {
     int limit = d->cfg.max_devices_per_user;
     td_djob *best = NULL;
 
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
-        if (j->run == NULL && strcmp(j->state, TD_JOB_QUEUED) == 0 &&
+        if (!active(j) && j->spec.nodes == 1 && strcmp(j->state, TD_JOB_QUEUED) == 0 &&
             (limit == 0 || devices_held(d, j->uid) + j->spec.devices <= limit) &&
             (best == NULL || j->spec.priority > best->spec.priority))
             best = j;
@@ -394,7 +376,7 @@ static void store_batch(td_daemon *d, td_djob *job, const td_memguard *g)
              "batch_size auto: %d (needs %.0f MiB per device, %.0f MiB free on %s)",
              job->spec.train.batch_size, (double)g->est.total / MIB, (double)g->free_bytes / MIB,
              g->device);
-    job_log(d, job->id, TD_LOG_NOTICE, line);
+    td__daemon_job_log(d, job->id, TD_LOG_NOTICE, line);
     td_log_notice("job %lld (%s): %s", (long long)job->id, job->spec.name, line);
 }
 
@@ -477,11 +459,11 @@ static int dispatch(td_daemon *d, td_djob *job, td_worker **free_w, int n)
             len = sizeof(job->device_list) - 1;
     }
     snprintf(job->state, sizeof(job->state), TD_JOB_RUNNING);
-    store_state(d, job, TD_JOB_RUNNING, job->device_list, NULL);
+    td__daemon_store_state(d, job, TD_JOB_RUNNING, job->device_list, NULL);
     td_log_notice("job %lld (%s, uid %lld): running on %s", (long long)job->id, job->spec.name,
                   (long long)job->uid, job->device_list);
     td_run_start(job->run);
-    job_changed(d, job->id, TD_JOB_RUNNING);
+    td__daemon_job_changed(d, job->id, TD_JOB_RUNNING);
     return 0;
 }
 
@@ -492,6 +474,7 @@ static void schedule(td_daemon *d)
 {
     td_djob *job;
 
+    td__launch_schedule(d);
     /* A refusal can start a stop (a re-exec): then nothing more is dispatched. */
     while (!d->stopping && (job = next_queued(d)) != NULL) {
         td_worker *free_w[TD_MAX_DEVICES];
@@ -516,9 +499,12 @@ static void stop_jobs(td_daemon *d)
 {
     d->stopping = 1;
     atomic_store(&d->work_stop, 1);
-    for (td_djob *j = d->jobs; j != NULL; j = j->next)
+    for (td_djob *j = d->jobs; j != NULL; j = j->next) {
         if (j->run != NULL)
             td_run_interrupt(j->run);
+        if (j->launch != NULL)
+            td_launch_interrupt(j->launch);
+    }
     td_mailbox_wake(&d->mailbox);
 }
 
@@ -552,7 +538,7 @@ void td_daemon_shutdown(td_daemon *d)
         }
         return;
     }
-    td_log_notice("stopping: %d running job(s) will be requeued", running_jobs(d));
+    td_log_notice("stopping: %d running job(s) will be requeued", td__daemon_running_jobs(d));
     stop_jobs(d);
 }
 
@@ -585,7 +571,7 @@ static void begin_reexec(td_daemon *d, const char *why)
     td_log_err("sticky CUDA error in %s", d->reexec_why);
     td_log_err("the process's CUDA state is lost: no more jobs start here; %d running job(s) "
                "will checkpoint and be requeued, then traind re-executes itself",
-               running_jobs(d));
+               td__daemon_running_jobs(d));
     stop_jobs(d);
 }
 
@@ -639,7 +625,7 @@ static void handle_done(td_daemon *d, td_event *ev)
         return;
     memcpy(devs, job->device_list, sizeof(devs));
     job->step = ev->step > job->step ? ev->step : job->step;
-    write_progress(d, job);
+    td__daemon_write_progress(d, job);
     for (int i = 0; i < d->nworkers; i++)
         if (d->workers[i].running == job->id)
             d->workers[i].running = 0;
@@ -660,7 +646,7 @@ static void handle_done(td_daemon *d, td_event *ev)
     }
     requeue = strcmp(ev->state, TD_JOB_QUEUED) == 0;
     if (!requeue)
-        later = store_state(d, job, ev->state, NULL, &ev->err);
+        later = td__daemon_store_state(d, job, ev->state, NULL, &ev->err);
     if (!requeue && strcmp(ev->state, TD_JOB_FAILED) == 0)
         store_failed_devices(d, job->id, job->run);
     td_run_free(job->run);
@@ -669,7 +655,7 @@ static void handle_done(td_daemon *d, td_event *ev)
     if (requeue) {
         /* Interrupted by shutdown: back to the queue, resumed at the next start. */
         snprintf(job->state, sizeof(job->state), TD_JOB_QUEUED);
-        store_state(d, job, TD_JOB_QUEUED, "", NULL);
+        td__daemon_store_state(d, job, TD_JOB_QUEUED, "", NULL);
         td_log_notice("job %lld (%s): interrupted at step %lld, requeued", (long long)job->id,
                       job->spec.name, (long long)job->step);
         return;
@@ -687,22 +673,28 @@ static void handle_done(td_daemon *d, td_event *ev)
                  job->spec.name, devs, ev->err.msg);
         begin_reexec(d, why);
     }
-    job_unlink(d, job);
-    job_forget(d, job, ev->state, &ev->err, later);
-    job_changed(d, ev->job, ev->state);
+    td__daemon_job_unlink(d, job);
+    td__daemon_job_forget(d, job, ev->state, &ev->err, later);
+    td__daemon_job_changed(d, ev->job, ev->state);
 }
 
 /* The store thread could not store some of job's metric rows (a full disk that stayed full,
  * an I/O error; metricq.h): the job cannot end with rows missing, so it stops at its next step
  * and fails (handle_done), rather than train on without them. */
-static void handle_store_failed(td_daemon *d, td_djob *job, const td_error_t *e)
+void td__daemon_store_failed(td_daemon *d, td_djob *job, const td_error_t *e)
 {
-    if (job == NULL || job->run == NULL || job->metrics_err.code != 0)
+    if (job == NULL || !active(job) || job->metrics_err.code != 0)
         return;
     job->metrics_err = *e;
     td_log_err("job %lld (%s, uid %lld): its metrics cannot be stored: %s; it stops and fails",
                (long long)job->id, job->spec.name, (long long)job->uid, e->msg);
-    td_run_cancel(job->run);
+    if (job->run != NULL) {
+        td_run_cancel(job->run);
+    } else {
+        td_error_t why;
+        td_error_set(&why, e->code, "metrics could not be stored: %s", e->msg);
+        td_launch_fail(job->launch, &why);
+    }
 }
 
 static void handle_event(td_daemon *d, td_event *ev)
@@ -714,27 +706,27 @@ static void handle_event(td_daemon *d, td_event *ev)
         if (job != NULL) {
             job->total_steps = ev->total_steps;
             job->step = ev->step;
-            write_progress(d, job);
-            job_changed(d, job->id, job->state);
+            td__daemon_write_progress(d, job);
+            td__daemon_job_changed(d, job->id, job->state);
         }
         break;
     case TD_EV_PROGRESS:
         if (job != NULL && job->run != NULL) {
             job->step = td_run_progress(job->run);
             if (td_mono_ms() - job->progress_written >= TD_PROGRESS_WRITE_MS)
-                write_progress(d, job);
+                td__daemon_write_progress(d, job);
         }
         break;
     case TD_EV_DURABLE:
         if (job != NULL && ev->step > job->durable_step)
             job->durable_step = ev->step;
-        job_changed(d, ev->job, NULL);
+        td__daemon_job_changed(d, ev->job, NULL);
         break;
     case TD_EV_DONE:
         handle_done(d, ev);
         break;
     case TD_EV_STORE_FAILED:
-        handle_store_failed(d, job, &ev->err);
+        td__daemon_store_failed(d, job, &ev->err);
         break;
     }
 }
@@ -757,7 +749,7 @@ static void on_mail(void *ud)
         ev = next;
     }
     if (d->stopping) {
-        if (d->stopping == 1 && running_jobs(d) == 0)
+        if (d->stopping == 1 && td__daemon_running_jobs(d) == 0)
             finish_shutdown(d);
         return;
     }
@@ -810,13 +802,17 @@ static int load_job(td_daemon *d, const td_job_row *row)
         /* The spec was valid when submitted; a dataset may have gone since. */
         td_log_warn("job %lld: cannot be resumed: %s", (long long)row->id, err.msg);
         td_store_job_set_state(d->store, row->id, TD_JOB_FAILED, NULL, rc, err.msg, NULL);
-        free(job);
+        td__daemon_job_free(job);
         return 0;
     }
     job->id = row->id;
     job->uid = row->uid;
     job->spec.uid = row->uid; /* its files are opened as its user, here too */
     job->step = row->step;
+    if (td__launch_load(job, row) != 0) {
+        td__daemon_job_free(job);
+        return TD_ENOMEM;
+    }
     snprintf(job->state, sizeof(job->state), TD_JOB_QUEUED);
     job_append(d, job);
     return 0;
@@ -962,6 +958,11 @@ int td_daemon_new(td_daemon **out, uv_loop_t *loop, const td_config *cfg, td_err
         td_error_set(err, rc, "uv_idle_init: %s", uv_strerror(rc));
         goto fail_purge;
     }
+    if (cfg->cluster.launcher != TD_LAUNCHER_NONE) {
+        char prefix[600];
+        if (td_launch_dir_prefix(&cfg->cluster, prefix, sizeof(prefix), NULL) == 0)
+            td_purge_set_shared(&d->purge, prefix);
+    }
     resume_purge(d);
     /* Jobs loaded from the store run as soon as the loop turns. */
     td_mailbox_wake(&d->mailbox);
@@ -1011,7 +1012,7 @@ static int queued_by(const td_daemon *d, int64_t uid)
 {
     int n = 0;
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
-        n += (uid == -2 || j->uid == uid) && j->run == NULL;
+        n += (uid == -2 || j->uid == uid) && !active(j);
     return n;
 }
 
@@ -1030,10 +1031,7 @@ static int validate(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t gi
     spec->uid = uid; /* every later open of its files is made as this user */
     spec->gid = gid;
     if (spec->nodes > 1)
-        return td_error_set(err, TD_EJOB,
-                            "nodes: this daemon cannot launch a job of %d nodes (no launcher "
-                            "is configured)",
-                            spec->nodes);
+        return td__launch_validate(d, spec, err);
     if (spec->devices > d->nworkers)
         return td_error_set(err, TD_EJOB,
                             "devices: the job asks for %d devices but this daemon has %d",
@@ -1097,8 +1095,11 @@ int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t g
         rc = td_error_set(err, TD_ENOMEM, "out of memory");
         goto out;
     }
-    rc = td_store_job_insert(d->store, job->spec.name, job->spec.devices, job->spec.priority, uid,
-                             body, len, json, &job->id, err);
+    /* A job that spans nodes asks for all of its nodes' devices. */
+    rc = td_store_job_insert(d->store, job->spec.name,
+                             job->spec.nodes > 1 ? job->spec.nodes * job->spec.devices_per_node
+                                                 : job->spec.devices,
+                             job->spec.priority, uid, body, len, json, &job->id, err);
     if (rc != 0) {
         rc = submit_refused(d, rc, err);
         goto out;
@@ -1107,15 +1108,20 @@ int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t g
     snprintf(job->state, sizeof(job->state), TD_JOB_QUEUED);
     job_append(d, job);
     *id = job->id;
-    td_log_notice("job %lld (%s, uid %lld): queued, %d device(s)", (long long)job->id,
-                  job->spec.name, (long long)uid, job->spec.devices);
-    job_log(d, job->id, TD_LOG_NOTICE, "queued");
+    if (job->spec.nodes > 1)
+        td_log_notice("job %lld (%s, uid %lld): queued, %d node(s) x %d device(s)",
+                      (long long)job->id, job->spec.name, (long long)uid, job->spec.nodes,
+                      job->spec.devices_per_node);
+    else
+        td_log_notice("job %lld (%s, uid %lld): queued, %d device(s)", (long long)job->id,
+                      job->spec.name, (long long)uid, job->spec.devices);
+    td__daemon_job_log(d, job->id, TD_LOG_NOTICE, "queued");
     job = NULL;
     schedule(d);
 out:
     free(json);
     td_pw_free(&w);
-    free(job);
+    td__daemon_job_free(job);
     return rc;
 }
 
@@ -1130,6 +1136,11 @@ int td_daemon_dry_run(td_daemon *d, const td_pval *job, int64_t uid, int64_t gid
     rc = validate(d, job, uid, gid, spec, err);
     if (rc != 0)
         return rc;
+    if (spec->nodes > 1)
+        return td_error_set(err, TD_EINVAL,
+                            "dry_run: a job of %d nodes has its memory checked by its ranks, on "
+                            "their nodes' devices, when it starts",
+                            spec->nodes);
     /* The devices it would get on an idle daemon: the first spec->devices. */
     for (int i = 0; i < spec->devices; i++)
         ws[i] = &d->workers[i];
@@ -1177,12 +1188,15 @@ int td_daemon_cancel(td_daemon *d, int64_t id, int64_t uid, char *state_out, td_
         td_job_row_clear(&row);
         return rc;
     }
-    if (job->run != NULL) {
-        td_run_cancel(job->run);
+    if (active(job)) {
+        if (job->run != NULL)
+            td_run_cancel(job->run);
+        else
+            td_launch_cancel(job->launch);
         snprintf(state_out, TD_STORE_MAX_STATE, "%s", TD_JOB_RUNNING);
         td_log_notice("job %lld (%s): cancel requested by uid %lld", (long long)id, job->spec.name,
                       (long long)uid);
-        job_log(d, id, TD_LOG_NOTICE, "cancel requested");
+        td__daemon_job_log(d, id, TD_LOG_NOTICE, "cancel requested");
         return 0;
     }
     td_error_set(&why, TD_ECANCELLED, "cancelled while queued");
@@ -1206,9 +1220,10 @@ int td_daemon_job_live(const td_daemon *d, int64_t id, td_job_live *out)
     out->step = job->step;
     out->total_steps = job->total_steps;
     out->durable_step = job->durable_step;
-    out->running = job->run != NULL;
+    out->running = active(job);
     snprintf(out->device_list, sizeof(out->device_list), "%s", job->device_list);
     out->err = job->final_err;
+    out->nodes = td__launch_nodes_blob(job, &out->nodes_len);
     return 1;
 }
 
@@ -1238,12 +1253,12 @@ size_t td_daemon_queued(const td_daemon *d, int64_t *ids, size_t max)
     if (q == NULL) {
         /* Submission order, unsorted, rather than nothing. */
         for (td_djob *j = d->jobs; j != NULL && k < max; j = j->next)
-            if (j->run == NULL)
+            if (!active(j))
                 ids[k++] = j->id;
         return n;
     }
     for (td_djob *j = d->jobs; j != NULL; j = j->next)
-        if (j->run == NULL)
+        if (!active(j))
             q[k++] = (queued_job){j->id, j->spec.priority};
     qsort(q, n, sizeof(*q), by_schedule);
     for (k = 0; k < n && k < max; k++)
@@ -1264,6 +1279,11 @@ int td_daemon_job_config(td_daemon *d, int64_t job, int64_t uid, td_train_config
         rc = td_daemon_check_owner(job, live->uid, uid, err);
         if (rc == 0)
             *cfg = live->spec.train;
+        if (rc == 0 && live->spec.nodes > 1) {
+            if (td__launch_job_dir(d, live, cfg->checkpoint_dir, sizeof(cfg->checkpoint_dir)) != 0)
+                rc = td_error_set(err, TD_EINVAL, "[cluster] shared_dir's path is too long");
+            return rc;
+        }
         goto dir;
     }
     rc = td_store_job_get(d->store, job, &row, err);
@@ -1282,6 +1302,14 @@ int td_daemon_job_config(td_daemon *d, int64_t job, int64_t uid, td_train_config
     }
     if (rc == 0)
         *cfg = spec->train;
+    if (rc == 0 && spec->nodes > 1) {
+        td_djob tmp = {.id = job, .spec = *spec};
+        if (td__launch_job_dir(d, &tmp, cfg->checkpoint_dir, sizeof(cfg->checkpoint_dir)) != 0)
+            rc = td_error_set(err, TD_EINVAL, "[cluster] shared_dir's path is too long");
+        free(spec);
+        td_job_row_clear(&row);
+        return rc;
+    }
     free(spec);
     td_job_row_clear(&row);
 dir:
@@ -1447,7 +1475,7 @@ size_t td_daemon_running(const td_daemon *d, td_running_view *out, size_t max)
     size_t n = 0;
 
     for (const td_djob *j = d->jobs; j != NULL; j = j->next) {
-        if (j->run == NULL)
+        if (!active(j))
             continue;
         if (n < max)
             out[n] = (td_running_view){.id = j->id,
@@ -1469,7 +1497,7 @@ int td_daemon_job_counts(td_daemon *d, int64_t counts[TD_STORE_NSTATES], td_erro
     /* Index 0 and 1 (queued, running) are the daemon's; the rest the store's. */
     counts[0] = counts[1] = 0;
     for (const td_djob *j = d->jobs; j != NULL; j = j->next)
-        counts[j->run != NULL ? 1 : 0]++;
+        counts[active(j) ? 1 : 0]++;
     if (rc == 0)
         for (int i = 2; i < TD_STORE_NSTATES; i++)
             counts[i] = stored[i];

@@ -103,6 +103,10 @@ typedef struct td_job_live {
     char device_list[64]; /* "cpu:0,cpu:1" while running */
     td_error_t err;       /* an ended job whose final state the store has not taken yet: the
                            * error that state carries (code 0: none); else zero */
+    const void *nodes;    /* a job that spans nodes: {names: [str], restarts: [{time, cause,
+                           * nodes}]} in msgpack, as status sends them; NULL for none. Borrowed
+                           * until the loop turns */
+    size_t nodes_len;
 } td_job_live;
 
 /* Fills *out for job id and returns 1 when the daemon holds it (queued or running); 0 for an

@@ -54,6 +54,27 @@ static int64_t remove_ckpt_dir(const td_purge *p, int64_t job)
     return removed_files;
 }
 
+/* Removes a job that spans nodes' directory on the shared file system, PREFIX<job>, as
+ * remove_ckpt_dir does. */
+static void remove_shared_dir(const td_purge *p, int64_t job)
+{
+    char path[700];
+    struct stat st;
+
+    if (p->shared_prefix[0] == '\0')
+        return;
+    snprintf(path, sizeof(path), "%s%lld", p->shared_prefix, (long long)job);
+    if (lstat(path, &st) != 0)
+        return;
+    if (nftw(path, remove_entry, 8, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0)
+        td_log_warn("cannot remove %s: %s", path, strerror(errno));
+}
+
+void td_purge_set_shared(td_purge *p, const char *prefix)
+{
+    snprintf(p->shared_prefix, sizeof(p->shared_prefix), "%s", prefix);
+}
+
 /* A checkpoint directory's name: a job id in decimal, nothing else. */
 static int64_t dir_job(const char *name)
 {
@@ -176,6 +197,7 @@ static void job_gone(void *ud, int64_t job)
     td_purge *p = ud;
 
     remove_ckpt_dir(p, job);
+    remove_shared_dir(p, job);
     td_log_debug("job %lld deleted", (long long)job);
 }
 

@@ -62,6 +62,7 @@ typedef struct td_purge {
     uv_timer_t retry; /* waits out a lock or a full disk */
     td_store *store;  /* the loop's; borrowed */
     char ckpt_root[600];
+    char shared_prefix[600];      /* jobs that span nodes: <shared_dir>/<host>-job-; "" for none */
     int phase;                    /* what the next step does (daemon_purge.c) */
     int64_t job;                  /* the lowest marked job, as last read */
     int64_t left;                 /* marked jobs still to delete; -1: to be read */
@@ -91,6 +92,10 @@ typedef struct td_purge {
  * A libuv code on failure (nothing to close then). Does no work until td_purge_kick. */
 int td_purge_init(td_purge *p, uv_loop_t *loop, td_store *s, const char *state_dir,
                   void (*checkpoint)(void *ud), void *ud);
+
+/* Jobs that span nodes keep their checkpoints and spec in PREFIX<job> (launch.h, on the shared
+ * file system): a deleted job's is removed there too. Copies prefix. */
+void td_purge_set_shared(td_purge *p, const char *prefix);
 
 /* Starts the work, or goes on with it: the marked jobs, the vacuum, and (sweep set) a sweep of
  * the checkpoint directories. */

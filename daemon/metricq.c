@@ -30,6 +30,8 @@ struct td_mq_sink {
     td_error_t refused; /* code != 0 once the store gave up on this sink; guarded by q->mu */
     int told;           /* the failure callback has named this sink's job; guarded by q->mu */
     void *ud;           /* for the failure callback */
+    td_mq_failed_cb cb; /* the sink's own failure callback (td_mq_sink_open_cb), or NULL */
+    void *cb_ud;
     double blocked_ms;
 };
 
@@ -146,7 +148,9 @@ static void account(td_mq *q, size_t from, size_t to, int rc, const td_error_t *
             s->refused = *e;
         if (rc != 0 && !s->told) {
             s->told = 1;
-            if (q->failed_cb != NULL)
+            if (s->cb != NULL)
+                s->cb(s->cb_ud, s->ud, s->job, e);
+            else if (q->failed_cb != NULL)
                 q->failed_cb(q->failed_ud, s->ud, s->job, e);
         }
         q->written += rc == 0;
@@ -574,6 +578,18 @@ int td_mq_sink_open(td_mq *q, int64_t job, void *ud, td_mq_sink **out)
     s->ud = ud;
     *out = s;
     return 0;
+}
+
+int td_mq_sink_open_cb(td_mq *q, int64_t job, td_mq_failed_cb cb, void *cb_ud, void *ud,
+                       td_mq_sink **out)
+{
+    int rc = td_mq_sink_open(q, job, ud, out);
+
+    if (rc == 0) {
+        (*out)->cb = cb;
+        (*out)->cb_ud = cb_ud;
+    }
+    return rc;
 }
 
 void td_mq_sink_close(td_mq_sink *s)

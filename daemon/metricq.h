@@ -88,6 +88,12 @@ int td_mq_stalled(td_mq *q, char *why, size_t size);
 /* A producer's handle for one job; ud goes to the failure callback for this sink (borrowed
  * until td_mq_sink_close). Caller closes it with td_mq_sink_close(). */
 int td_mq_sink_open(td_mq *q, int64_t job, void *ud, td_mq_sink **out);
+/* td_mq_sink_open with a failure callback of the sink's own, called (cb(cb_ud, ud, job, err),
+ * as the queue's would be, on the store thread with the queue's lock held) instead of the
+ * queue's: a producer that is not a run (a launched job's stream, launch.h) hears of its own
+ * failures. */
+int td_mq_sink_open_cb(td_mq *q, int64_t job, td_mq_failed_cb cb, void *cb_ud, void *ud,
+                       td_mq_sink **out);
 void td_mq_sink_close(td_mq_sink *s);
 
 /* Queues one sample (copies key), blocking while the queue is full. Returns 0, or an error

@@ -10,7 +10,7 @@
 #include "common/td_log.h"
 #include "daemon/writes.h"
 
-enum { W_STATE, W_PROGRESS, W_LOG, W_SPEC, W_ERR_DEVICES };
+enum { W_STATE, W_PROGRESS, W_LOG, W_SPEC, W_ERR_DEVICES, W_NODES };
 
 /* One write: its kind, its job and its arguments. On the stack the pointers borrow the
  * caller's; once kept, text and blob are malloc'd copies. */
@@ -18,18 +18,19 @@ struct td_write {
     int kind;
     int64_t job;
     char state[TD_STORE_MAX_STATE];
-    char devs[64]; /* td_job_row.device_list's size */
-    int code;      /* the state's error code; the log line's level */
-    int64_t step, total;
-    const char *text; /* the state's error message, the log line, the spec's JSON; or NULL */
-    const void *blob; /* the spec, the device errors; or NULL */
+    char devs[64];       /* td_job_row.device_list's size */
+    int code;            /* the state's error code; the log line's level */
+    int64_t step, total; /* progress; total is a node list's restarts */
+    const char *text;    /* the state's error message, the log line, the spec's JSON; or NULL */
+    const void *blob;    /* the spec, the device errors; or NULL */
     size_t len;
     struct td_write *next;
 };
 
 static const char *kind_name(int kind)
 {
-    static const char *const names[] = {"state", "progress", "log line", "spec", "device errors"};
+    static const char *const names[] = {"state", "progress",      "log line",
+                                        "spec",  "device errors", "nodes"};
     return names[kind];
 }
 
@@ -75,6 +76,8 @@ static int do_write(td_writes *w, const struct td_write *it, td_error_t *err)
         return td_store_log(w->store, it->job, it->code, it->text, err);
     case W_SPEC:
         return td_store_job_set_spec_json(w->store, it->job, it->blob, it->len, it->text, err);
+    case W_NODES:
+        return td_store_job_set_nodes(w->store, it->job, it->blob, it->len, (int)it->total, err);
     default:
         return td_store_job_set_error_devices(w->store, it->job, it->blob, it->len, err);
     }
@@ -286,6 +289,14 @@ int td_writes_spec(td_writes *w, int64_t job, const void *blob, size_t len, cons
 int td_writes_err_devices(td_writes *w, int64_t job, const void *blob, size_t len, td_error_t *err)
 {
     struct td_write it = {.kind = W_ERR_DEVICES, .job = job, .blob = blob, .len = len};
+
+    return submit(w, &it, err);
+}
+
+int td_writes_nodes(td_writes *w, int64_t job, const void *blob, size_t len, int restarts,
+                    td_error_t *err)
+{
+    struct td_write it = {.kind = W_NODES, .job = job, .blob = blob, .len = len, .total = restarts};
 
     return submit(w, &it, err);
 }

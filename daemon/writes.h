@@ -1,7 +1,7 @@
-/* The loop thread's writes to the store: a job's state, progress, log lines, its rewritten spec
- * and its per-device errors. The loop never waits on a lock another process holds on the
- * database (the store is in TD_STORE_NOWAIT mode), so a write can fail for a while: the
- * database is locked (an sqlite3 shell inside BEGIN IMMEDIATE), the disk is full, or an I/O
+/* The loop thread's writes to the store: a job's state, progress, log lines, its rewritten spec,
+ * its per-device errors and the nodes it runs on. The loop never waits on a lock another process
+ * holds on the database (the store is in TD_STORE_NOWAIT mode), so a write can fail for a while:
+ * the database is locked (an sqlite3 shell inside BEGIN IMMEDIATE), the disk is full, or an I/O
  * error that may pass. Such a write is kept here, in memory and in order, and tried again
  * from a timer with a backoff (TD_WRITES_RETRY_MIN_MS doubling to TD_WRITES_RETRY_MAX_MS)
  * until it goes through; while anything is kept, later writes queue behind it, so the store
@@ -65,6 +65,8 @@ int td_writes_log(td_writes *w, int64_t job, int level, const char *line, td_err
 int td_writes_spec(td_writes *w, int64_t job, const void *blob, size_t len, const char *json,
                    td_error_t *err);
 int td_writes_err_devices(td_writes *w, int64_t job, const void *blob, size_t len, td_error_t *err);
+int td_writes_nodes(td_writes *w, int64_t job, const void *blob, size_t len, int restarts,
+                    td_error_t *err);
 
 /* How many writes are kept, and (when any are) why the last try failed, into why. */
 size_t td_writes_pending(const td_writes *w, td_error_t *why);

@@ -14,7 +14,7 @@
 /* The columns of td_job_row, in the order row_read expects them. */
 #define JOB_COLUMNS                                                                       \
     "id, name, state, step, total_steps, devices, device_list, priority, uid, err_code, " \
-    "err_msg, created, started, ended, err_devices"
+    "err_msg, created, started, ended, err_devices, nodes, restarts"
 
 void td_job_row_clear(td_job_row *row)
 {
@@ -24,6 +24,9 @@ void td_job_row_clear(td_job_row *row)
     free(row->spec);
     free(row->spec_json);
     free(row->err_devices);
+    free(row->nodes);
+    row->nodes = NULL;
+    row->nodes_len = 0;
     row->err_devices = NULL;
     row->err_devices_len = 0;
     row->err_msg = NULL;
@@ -90,9 +93,12 @@ static int row_read(sqlite3_stmt *st, td_job_row *row, td_error_t *err)
     if (ret == 0)
         ret = bytes_dup(st, 14, 0, &row->err_devices, &row->err_devices_len);
     if (ret == 0)
-        ret = bytes_dup(st, 15, 0, &row->spec, &row->spec_len);
+        ret = bytes_dup(st, 15, 0, &row->nodes, &row->nodes_len);
+    row->restarts = sqlite3_column_int(st, 16);
     if (ret == 0)
-        ret = bytes_dup(st, 16, 1, (void **)&row->spec_json, &len);
+        ret = bytes_dup(st, 17, 0, &row->spec, &row->spec_len);
+    if (ret == 0)
+        ret = bytes_dup(st, 18, 1, (void **)&row->spec_json, &len);
     if (ret < 0) {
         td_job_row_clear(row);
         td_error_set(err, ret, "store: out of memory reading job %lld", (long long)row->id);
@@ -412,6 +418,24 @@ int td_store_job_set_error_devices(td_store *s, int64_t id, const void *blob, si
     sqlite3_bind_int64(st, 1, id);
     bind_blob_or_null(st, 2, blob, len);
     ret = write_job(s, st, id, "recording a job's device errors", err);
+out:
+    return ret;
+}
+
+int td_store_job_set_nodes(td_store *s, int64_t id, const void *blob, size_t len, int restarts,
+                           td_error_t *err)
+{
+    sqlite3_stmt *st = NULL;
+    int ret;
+
+    ret = td__store_stmt(s, TD__ST_JOB_NODES,
+                         "UPDATE jobs SET nodes = ?2, restarts = ?3 WHERE id = ?1", &st, err);
+    if (ret < 0)
+        goto out;
+    sqlite3_bind_int64(st, 1, id);
+    bind_blob_or_null(st, 2, blob, len);
+    sqlite3_bind_int(st, 3, restarts);
+    ret = write_job(s, st, id, "recording a job's nodes", err);
 out:
     return ret;
 }

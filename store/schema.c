@@ -92,6 +92,12 @@ static const char *const migrations[] = {
     "  key TEXT PRIMARY KEY,"
     "  value INTEGER NOT NULL"
     ") WITHOUT ROWID;",
+    /* 4: a job that spans nodes (daemon/launch.h): the names of the nodes its last launch ran
+     * on, a msgpack array of strings as the protocol's status sends it (NULL: none yet, or a
+     * job of one box), and the restarts after a rank's death it has had, which count against
+     * its max_restarts across a restart of the daemon too. */
+    "ALTER TABLE jobs ADD COLUMN nodes BLOB;"
+    "ALTER TABLE jobs ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0;",
 };
 
 _Static_assert(sizeof(migrations) / sizeof(migrations[0]) == TD_STORE_SCHEMA_VERSION,

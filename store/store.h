@@ -32,7 +32,7 @@
 
 #include "common/td_errno.h"
 
-#define TD_STORE_SCHEMA_VERSION 3
+#define TD_STORE_SCHEMA_VERSION 4
 #define TD_STORE_MAX_KEY        64         /* bytes of a metric name, NUL included */
 #define TD_STORE_MAX_NAME       128        /* bytes of a job name, NUL included */
 #define TD_STORE_MAX_STATE      16         /* bytes of a state word, NUL included */
@@ -109,6 +109,10 @@ typedef struct td_job_row {
     char *spec_json;   /* malloc'd JSON rendering of spec */
     void *err_devices; /* malloc'd msgpack array of {device, code, message}; NULL if none */
     size_t err_devices_len;
+    void *nodes; /* malloc'd msgpack array of the node names a job that spans nodes last ran
+                  * on; NULL if none */
+    size_t nodes_len;
+    int restarts; /* relaunches after a rank's death so far */
 } td_job_row;
 
 /* Frees the malloc'd members of row (not row itself) and zeroes them. Accepts NULL. */
@@ -172,6 +176,11 @@ int td_store_job_set_spec_json(td_store *s, int64_t id, const void *blob, size_t
  * TD_ENOTFOUND for no such job. */
 int td_store_job_set_error_devices(td_store *s, int64_t id, const void *blob, size_t len,
                                    td_error_t *err);
+
+/* Records the nodes a job that spans nodes runs on (msgpack bytes, copied; NULL clears) and
+ * the restarts it has had. TD_ENOTFOUND for no such job. */
+int td_store_job_set_nodes(td_store *s, int64_t id, const void *blob, size_t len, int restarts,
+                           td_error_t *err);
 
 /* Records progress. TD_ENOTFOUND for no such job. */
 int td_store_job_set_progress(td_store *s, int64_t id, int64_t step, int64_t total_steps,

@@ -25,6 +25,7 @@ enum td__store_stmt_id {
     TD__ST_JOB_QUEUED,
     TD__ST_JOB_PROGRESS,
     TD__ST_JOB_ERR_DEVICES,
+    TD__ST_JOB_NODES,
     TD__ST_JOB_SPEC,
     TD__ST_JOB_REQUEUE,
     TD__ST_LOG_INSERT,

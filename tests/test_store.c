@@ -1063,6 +1063,13 @@ static void write_old_file(const char *path, int version)
         assert_int_equal(
             sqlite3_exec(db, "ALTER TABLE jobs ADD COLUMN err_devices BLOB", NULL, NULL, NULL),
             SQLITE_OK);
+    if (version >= 3)
+        assert_int_equal(sqlite3_exec(db,
+                                      "CREATE TABLE jobs_deleting (id INTEGER PRIMARY KEY);"
+                                      "CREATE TABLE store_meta (key TEXT PRIMARY KEY,"
+                                      "  value INTEGER NOT NULL) WITHOUT ROWID;",
+                                      NULL, NULL, NULL),
+                         SQLITE_OK);
     assert_int_equal(
         sqlite3_exec(db,
                      "BEGIN;"
@@ -1152,7 +1159,8 @@ static void check_old_data(td_store *s, int version)
     free(c);
 }
 
-/* A database from each earlier schema version (1: the first; 2: before rm and prune) is
+/* A database from each earlier schema version (1: the first; 2: before rm and prune; 3: before
+ * the nodes of jobs that span nodes) is
  * migrated on open with every job, metric row, summary and log line kept; the new tables
  * work (a job is deleted, its id not given again), err_devices round-trips, and the
  * conversion to incremental auto-vacuum keeps everything too. */
@@ -1188,6 +1196,14 @@ static void test_migrates_old_versions_keeps_everything(void **state)
         assert_int_equal(td_store_job_set_error_devices(s, 1, "\x90", 1, &err), 0);
         assert_int_equal(td_store_job_get(s, 1, &row, &err), 0);
         assert_int_equal(row.err_devices_len, 1);
+        assert_null(row.nodes);
+        assert_int_equal(row.restarts, 0);
+        td_job_row_clear(&row);
+        assert_int_equal(td_store_job_set_nodes(s, 2, "\x81\xa1n\x90", 4, 3, &err), 0);
+        assert_int_equal(td_store_job_get(s, 2, &row, &err), 0);
+        assert_int_equal(row.nodes_len, 4);
+        assert_memory_equal(row.nodes, "\x81\xa1n\x90", 4);
+        assert_int_equal(row.restarts, 3);
         td_job_row_clear(&row);
         assert_int_equal(td_store_jobs_mark(s, &one, 1, NULL, NULL, &tot, &err), 0);
         assert_int_equal(tot.metric_rows, 2 * OLD_STEPS);

@@ -320,6 +320,11 @@ function jobView(main, ids, compare) {
         total ? el('div', { class: 'progress' }, el('div', { style: `width:${Math.min(100, 100 * step / total).toFixed(1)}%` })) : null,
         fact('ETA', isFinite(left) ? fmtDuration(left) : '-'),
         fact('devices', info.device_list || String(info.devices)),
+        Array.isArray(info.nodes) && info.nodes.length
+          ? el('div', { id: 'nodes' }, el('span', {}, 'nodes'), `${info.nodes.length}: ${info.nodes.join(', ')}`) : null,
+        Array.isArray(info.restarts) && info.restarts.length
+          ? el('div', { id: 'restarts' }, el('span', {}, 'restarts'),
+            info.restarts.map(r => `${fmtTime(r.time)}: ${r.cause}` + (r.nodes ? `, resumed on ${r.nodes} node(s)` : '')).join('; ')) : null,
         fact('owner', info.owner || '-'),
         fact('created', fmtTime(info.created)),
         fact('started', fmtTime(info.started)),
@@ -331,12 +336,13 @@ function jobView(main, ids, compare) {
     const e = info.error;
     if (!e) { failure.replaceChildren(); return; }
     const devs = Array.isArray(e.devices) ? e.devices : [];
+    const byNode = devs.some(d => d.node_name !== undefined); // a job that spans nodes
     failure.replaceChildren(el('div', { class: 'failure', id: 'failure' },
       el('h2', {}, `Failed: ${e.name || 'error'}`),
       el('pre', {}, e.message || ''),
       devs.length ? el('table', {},
-        el('tr', {}, el('th', {}, 'device'), el('th', {}, 'code'), el('th', {}, 'message')),
-        devs.map(d => el('tr', {}, el('td', {}, String(d.device)), el('td', {}, String(d.code)), el('td', {}, d.message || '')))) : null));
+        el('tr', {}, byNode ? el('th', {}, 'node') : null, el('th', {}, 'device'), el('th', {}, 'code'), el('th', {}, 'message')),
+        devs.map(d => el('tr', {}, byNode ? el('td', {}, d.node_name || String(d.node)) : null, el('td', {}, String(d.device)), el('td', {}, String(d.code)), el('td', {}, d.message || '')))) : null));
   }
 
   async function loadInfo() {

@@ -136,6 +136,29 @@ static void write_stored(td_pw *w, const void *blob, size_t len)
     td_pw_free(&tmp);
 }
 
+/* Writes a job's nodes and restarts (a job that spans nodes; PROTOCOL.md, "status") from the
+ * stored map {names, restarts}: both empty arrays for any other job. */
+static void write_nodes(td_pw *w, const void *blob, size_t len)
+{
+    td_proto_frame *f = NULL;
+    td_error_t err;
+    const td_pval *root = NULL;
+
+    if (blob != NULL && td_proto_decode(blob, len, &f, &err) == 0)
+        root = td_proto_frame_root(f);
+    td_pw_str(w, "nodes");
+    if (td_pv_type_of(td_pv_get(root, "names")) == TD_PV_ARRAY)
+        write_escaped(w, td_pv_get(root, "names"));
+    else
+        td_pw_array(w, 0);
+    td_pw_str(w, "restarts");
+    if (td_pv_type_of(td_pv_get(root, "restarts")) == TD_PV_ARRAY)
+        write_escaped(w, td_pv_get(root, "restarts"));
+    else
+        td_pw_array(w, 0);
+    td_proto_frame_free(f);
+}
+
 /* Writes the JOB map of PROTOCOL.md for row, with live figures for a job in memory. */
 void td__write_job(td_server *s, td_pw *w, td_job_row *row, int with_spec)
 {
@@ -167,6 +190,10 @@ void td__write_job(td_server *s, td_pw *w, td_job_row *row, int with_spec)
     td_pw_int(w, row->devices);
     td_pw_str(w, "device_list");
     td_pw_str(w, live != NULL && live->running ? live->device_list : row->device_list);
+    if (live != NULL && live->nodes != NULL)
+        write_nodes(w, live->nodes, live->nodes_len);
+    else
+        write_nodes(w, row->nodes, row->nodes_len);
     td_pw_str(w, "created");
     td_pw_double(w, row->created);
     td_pw_str(w, "started");
