@@ -226,12 +226,14 @@ int main(int argc, char **argv)
             done(&w, got == SIGUSR1 ? "cancelled" : "interrupted", s - 1,
                  got == SIGUSR1 ? -4212 : 0, got == SIGUSR1 ? "cancelled at step" : "");
             touch(ckpt, ".fake-done", 1);
+            td_pw_free(&w);
             return got == SIGUSR1 ? 2 : 3;
         }
         if (strcmp(name, "fake-fail") == 0 && s == 2) {
             done(&w, "failed", 1, -4213,
                  "training worker on device 0 of node fake1 failed: injected panic at step 2");
             touch(ckpt, ".fake-done", 1);
+            td_pw_free(&w);
             return 1;
         }
         if (!forever && s > steps)

@@ -9,10 +9,6 @@ set -euo pipefail
 
 build=$(cd "$1" && pwd)
 traind="$build/daemon/traind"
-# Open MPI's own allocations outlive MPI_Finalize: an ASan build's leak check is not for them.
-if [ -n "${ASAN_OPTIONS:-}" ]; then
-    export ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0"
-fi
 command -v mpirun >/dev/null 2>&1 || { echo "skip: no mpirun (openmpi-bin)"; exit 77; }
 probe=$("$traind" rank --spec /nonexistent 2>&1 || true)
 if [[ "$probe" == *"built without MPI"* ]]; then
