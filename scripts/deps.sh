@@ -29,7 +29,16 @@ packages=(
   zsh fish           # tests: trainctl's zsh and fish completion scripts, loaded and asked
   dataset-fashion-mnist  # the demo's data
   fortunes           # English text for language-model jobs
+  openmpi-bin        # multi-node jobs: mpirun, and the MPI runtime under srun --mpi=pmix
+  libopenmpi-dev     # multi-node jobs: MPI to build traind rank against; mpicc for tests/cluster
+  munge              # the test cluster (tests/cluster/): its own munged, on its own key
+  slurmctld          # the test cluster: its controller
+  slurmd             # the test cluster: its two nodes, with mpi/pmix (slurm-wlm-basic-plugins)
+  slurm-client       # the test cluster, and multi-node jobs: srun, sinfo, scancel
 )
+# Installing munge starts the system's munged (/run/munge, /etc/munge/munge.key); slurmctld and
+# slurmd stay down while /etc/slurm/slurm.conf is missing. Neither is stopped or used here: the
+# test cluster runs its own daemons on their own key, sockets and free ports, beside them.
 
 missing=()
 for p in "${packages[@]}"; do
