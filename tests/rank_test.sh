@@ -19,10 +19,17 @@ fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/traind-rank.XXXXXX")
 launched=()
 cleanup() {
-    for pid in "${launched[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+    for pid in "${launched[@]}"; do
+        if [ "$pid" = cluster ]; then
+            "$(dirname "$0")/cluster/cluster.sh" stop "$work/cluster" >/dev/null 2>&1 || true
+        else
+            kill -9 "$pid" 2>/dev/null || true
+        fi
+    done
     rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 143' TERM # so that cleanup runs when meson times the test out
 
 # Two fake nodes on one host: TCP between them (shared memory between the processes of two
 # "nodes" is what a real cluster would not have), and root allowed (tests run as root here).
@@ -156,7 +163,45 @@ cmp -s "$work/shared/ckpt-40.bin" "$work/u/checkpoints/job-1/ckpt-40.bin" ||
     fail "resume: the final weights differ from an uninterrupted run's"
 echo "ok: resumed on 1 process from step $stopped, it ends with an uninterrupted run's rows and weights"
 
-# 5. The NCCL bootstrap over MPI, in a CUDA build: global rank 0's ncclGetUniqueId reaches
+# 5. Through srun on tests/cluster's two-node Slurm cluster (when it can start here: root, with
+#    Slurm and munge): 2 tasks (nodes n1, n2) of cpu:2 store cpu:4's rows and weights, bit for
+#    bit, and name their nodes by Slurm's names.
+src=$(cd "$(dirname "$0")/.." && pwd)
+cl="$work/cluster"
+mkdir -p "$cl"
+set +e
+"$src/tests/cluster/cluster.sh" start "$cl" "$$" >"$work/cluster.out" 2>&1
+rc=$?
+set -e
+if [ "$rc" -eq 0 ]; then
+    launched+=(cluster)
+    (
+        # shellcheck disable=SC1091
+        . "$cl/env"
+        srun --mpi=pmix -N 2 --ntasks-per-node=1 "$traind" rank --spec "$work/job.json" \
+            --state "$work/s2" --devices cpu:2 2>"$work/s2.err" ||
+            fail "srun 2 x cpu:2: $(tail -5 "$work/s2.err")"
+        srun --mpi=pmix -N 2 --ntasks-per-node=1 "$traind" rank --spec "$work/fail.json" \
+            --state "$work/sf" --devices cpu:2 2>"$work/sf.err" && fail "srun: the panic job succeeded"
+        true
+    )
+    "$src/tests/cluster/cluster.sh" stop "$cl" >/dev/null 2>&1 || true
+    rows "$work/s2" >"$work/s2.rows"
+    cmp -s "$work/p1.rows" "$work/s2.rows" ||
+        fail "srun: metric rows differ from cpu:4's: $(diff "$work/p1.rows" "$work/s2.rows" | head -4)"
+    cmp -s "$work/p1/checkpoints/job-1/ckpt-24.bin" "$work/s2/checkpoints/job-1/ckpt-24.bin" ||
+        fail "srun: the weights differ from cpu:4's"
+    msg=$(sqlite3 "$work/sf/traind.db" "select err_msg from jobs")
+    [ "$msg" = "training worker on device 0 of node n2 failed: injected panic at step 5" ] ||
+        fail "srun: a panic on node 1 was stored as: $msg"
+    echo "ok: through srun --mpi=pmix on n1 and n2, the same rows and weights; the panic named n2"
+elif [ "$rc" -eq 77 ]; then
+    echo "note: no Slurm cluster here ($(tail -1 "$work/cluster.out")): srun not tried"
+else
+    fail "the test cluster did not start: $(tail -5 "$work/cluster.out")"
+fi
+
+# 6. The NCCL bootstrap over MPI, in a CUDA build: global rank 0's ncclGetUniqueId reaches
 #    every process by MPI_Bcast (no GPU needed to make or send an id).
 if [ -x "$build/tests/rank_nccl" ]; then
     set +e
