@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# `traind rank` under mpirun and srun on this box (issue 20): a job over processes computes what one
-# process computes, bit for bit, whatever the layout and launcher; a panic on one node is reported naming
-# the node and device; a cancel stops every process at one step with a checkpoint; a resume
-# on fewer processes from that checkpoint ends with the rows and weights of a run never
-# stopped. Skips (77) when this build has no MPI or mpirun is missing.
+# `traind rank` under mpirun and srun on this box (issue 20): a job over processes computes
+# what one process computes, bit for bit, whatever the layout and the launcher; a panic on one
+# node is reported naming the node and device; a cancel stops every process at one step with a
+# checkpoint; a resume on fewer processes from that checkpoint ends with the rows and weights
+# of a run never stopped; the NCCL id reaches every process. Skips (77) when this build has no
+# MPI or mpirun is missing; srun's part is skipped when tests/cluster cannot start here.
 #   usage: tests/rank_test.sh BUILD_DIR
 set -euo pipefail
 
