@@ -19,14 +19,12 @@ fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/traind-rank.XXXXXX")
 launched=()
+cluster_up=0
 cleanup() {
-    for pid in "${launched[@]}"; do
-        if [ "$pid" = cluster ]; then
-            "$(dirname "$0")/cluster/cluster.sh" stop "$work/cluster" >/dev/null 2>&1 || true
-        else
-            kill -9 "$pid" 2>/dev/null || true
-        fi
-    done
+    for pid in "${launched[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+    if [ "$cluster_up" = 1 ]; then
+        "$(dirname "$0")/cluster/cluster.sh" stop "$work/cluster" >/dev/null 2>&1 || true
+    fi
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -175,7 +173,7 @@ set +e
 rc=$?
 set -e
 if [ "$rc" -eq 0 ]; then
-    launched+=(cluster)
+    cluster_up=1
     (
         # shellcheck disable=SC1091
         . "$cl/env"
@@ -186,6 +184,7 @@ if [ "$rc" -eq 0 ]; then
             --state "$work/sf" --devices cpu:2 2>"$work/sf.err" && fail "srun: the panic job succeeded"
         true
     )
+    cluster_up=0
     "$src/tests/cluster/cluster.sh" stop "$cl" >/dev/null 2>&1 || true
     rows "$work/s2" >"$work/s2.rows"
     cmp -s "$work/p1.rows" "$work/s2.rows" ||

@@ -208,19 +208,20 @@ kill_now()
 # sockets are under the run directory: a slurmstepd with a descriptor on either is ours.
 stepds()
 {
-    local d p f comm
+    local d p f l comm
     for d in /proc/[0-9]*; do
         comm=""
         read -r comm 2>/dev/null <"$d/comm" || continue
         [ "$comm" = slurmstepd ] || continue
         p=${d#/proc/}
         for f in "$d"/fd/*; do
-            case "$(readlink "$f" 2>/dev/null)" in
-            "$DIR/"* | "$RUN/"*)
+            l=$(readlink "$f" 2>/dev/null) || continue
+            # RUN is empty once a stop has removed it (a second stop, the watchdog's): then it
+            # must match nothing, not every path, or that stop kills other clusters' steps
+            if [[ "$l" == "$DIR/"* || (-n "$RUN" && "$l" == "$RUN/"*) ]]; then
                 echo "$p"
                 break
-                ;;
-            esac
+            fi
         done
     done
 }
