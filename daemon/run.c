@@ -596,73 +596,53 @@ static void replica_train(replica *p)
 }
 
 /* The one-line form of a failure: dataset errors are their own kind (DESIGN.md); in a job of
- * several devices each line names its device, as every other kind's does. */
-static void failure_line(char *out, size_t size, const td_worker *w, int world, const td_error_t *e)
+ * several devices each line names its device, as every other kind's does, and in a run over
+ * processes (nodes set) its node too. */
+static void failure_line(char *out, size_t size, const td_run_failed *f, int world, int nodes)
 {
-    if (e->code == TD_EDATA && world > 1)
-        snprintf(out, size, "dataset error on device %d during training step: %s", w->device,
-                 e->msg);
-    else if (e->code == TD_EDATA)
-        snprintf(out, size, "dataset error during training step: %s", e->msg);
+    char where[96] = ""; /* a node's name is at most 63 bytes */
+
+    if (nodes)
+        snprintf(where, sizeof(where), " of node %s", td_world_node_name(f->node));
+    if (f->err.code == TD_EDATA && (world > 1 || nodes))
+        snprintf(out, size, "dataset error on device %d%s during training step: %s", f->device,
+                 where, f->err.msg);
+    else if (f->err.code == TD_EDATA)
+        snprintf(out, size, "dataset error during training step: %s", f->err.msg);
     else
-        snprintf(out, size, "training worker on device %d failed: %s", w->device, e->msg);
+        snprintf(out, size, "training worker on device %d%s failed: %s", f->device, where,
+                 f->err.msg);
 }
 
-/* A spanning run's line for a failed device: its node named too. */
-static void failure_line_node(char *out, size_t size, const td_run_failed *f)
-{
-    if (f->err.code == TD_EDATA)
-        snprintf(out, size, "dataset error on device %d of node %s during training step: %s",
-                 f->device, td_world_node_name(f->node), f->err.msg);
-    else
-        snprintf(out, size, "training worker on device %d of node %s failed: %s", f->device,
-                 td_world_node_name(f->node), f->err.msg);
-}
-
-/* The job's error from every failed device of a spanning run, in (node, device) order. */
-static void failure_message_nodes(const td_run *r, td_error_t *out)
+/* The job's error from its n failed devices f, in (node, device) order. */
+static void failure_message(const td_run_failed *f, int n, int world, int nodes, td_error_t *out)
 {
     char line[1200];
     size_t len;
 
-    if (r->n_all_failed == 1) {
-        failure_line_node(line, sizeof(line), &r->all_failed[0]);
-        td_error_set(out, r->all_failed[0].err.code, "%s", line);
+    if (n == 1) {
+        failure_line(line, sizeof(line), &f[0], world, nodes);
+        td_error_set(out, f[0].err.code, "%s", line);
         return;
     }
-    len = (size_t)snprintf(out->msg, sizeof(out->msg),
-                           "%d training workers failed:", r->n_all_failed);
+    len = (size_t)snprintf(out->msg, sizeof(out->msg), "%d training workers failed:", n);
     out->code = TD_EWORKERS;
-    for (int i = 0; i < r->n_all_failed && len < sizeof(out->msg); i++) {
-        failure_line_node(line, sizeof(line), &r->all_failed[i]);
+    for (int i = 0; i < n && len < sizeof(out->msg); i++) {
+        failure_line(line, sizeof(line), &f[i], world, nodes);
         len += (size_t)snprintf(out->msg + len, sizeof(out->msg) - len, "\n  %s", line);
     }
 }
 
-/* The job's error from every failed replica, in device order. */
-static void failure_message(const td_run *r, td_error_t *out)
+/* The job's error from every failed replica of this process, in device order. */
+static void local_failure_message(const td_run *r, td_error_t *out)
 {
-    int nfail = 0, first = -1;
-    size_t len;
-    char line[1200];
+    td_run_failed f[TD_MAX_DEVICES];
+    int n = 0;
 
     for (int i = 0; i < r->a.world; i++)
-        if (r->failed[i]) {
-            nfail++;
-            first = first < 0 ? i : first;
-        }
-    if (nfail == 1) {
-        failure_line(line, sizeof(line), r->workers[first], r->a.world, &r->errs[first]);
-        td_error_set(out, r->errs[first].code, "%s", line);
-        return;
-    }
-    len = (size_t)snprintf(out->msg, sizeof(out->msg), "%d training workers failed:", nfail);
-    out->code = TD_EWORKERS;
-    for (int i = 0; i < r->a.world && len < sizeof(out->msg); i++)
-        if (r->failed[i]) {
-            failure_line(line, sizeof(line), r->workers[i], r->a.world, &r->errs[i]);
-            len += (size_t)snprintf(out->msg + len, sizeof(out->msg) - len, "\n  %s", line);
-        }
+        if (r->failed[i])
+            f[n++] = (td_run_failed){.device = r->workers[i]->device, .err = r->errs[i]};
+    failure_message(f, n, r->a.world, 0, out);
 }
 
 /* Whether rank's failure leaves the process's CUDA state lost (DESIGN.md, "Failures"): a
@@ -780,7 +760,7 @@ static void run_gather(td_run *r)
 static td_event *run_outcome(td_run *r)
 {
     td_event *done = r->ev_done;
-    int any_failed = 0;
+    int any_failed = 0, merged = td_group_spanning(r->group) && td_group_base(r->group) == 0;
 
     r->ev_done = NULL;
     done->step = r->steps;
@@ -788,17 +768,16 @@ static td_event *run_outcome(td_run *r)
         any_failed |= r->failed[i];
         done->sticky |= r->failed[i] && failed_sticky(r, i);
     }
-    if (td_group_spanning(r->group) && td_group_base(r->group) == 0) {
+    /* process 0 of a spanning run reports the outcome merged over every process */
+    if (merged)
         any_failed = r->n_all_failed > 0;
-        if (any_failed) {
-            snprintf(done->state, sizeof(done->state), TD_JOB_FAILED);
-            failure_message_nodes(r, &done->err);
-            return done;
-        }
-    }
     if (any_failed) {
         snprintf(done->state, sizeof(done->state), TD_JOB_FAILED);
-        failure_message(r, &done->err);
+        if (merged)
+            failure_message(r->all_failed, r->n_all_failed, td_group_world(r->group), 1,
+                            &done->err);
+        else
+            local_failure_message(r, &done->err);
     } else if (r->stopped == STOP_CANCEL) {
         snprintf(done->state, sizeof(done->state), TD_JOB_CANCELLED);
         if (r->stopped_loading)
