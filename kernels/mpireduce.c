@@ -319,6 +319,21 @@ int td_mpireduce_notice(td_mpireduce *g, int *global_rank, td_error_t *why)
     return 1;
 }
 
+/* This process's own failure of a collective (err already says why): every other process is
+ * told, this one's ranks released; the leader returns -2 with err. */
+static int own_failure(td_mpireduce *g, td_error_t *err)
+{
+    td_mpireduce_abort(g, g->proc * g->local, err);
+    return -2;
+}
+
+/* MPI's error rc in what, as this process's failure. */
+static int mpi_failure(td_mpireduce *g, int rc, const char *what, td_error_t *err)
+{
+    mpi_error(err, rc, what);
+    return own_failure(g, err);
+}
+
 /* Polls reqs until all complete, the group aborts, a notice comes, or the timeout: 0, -1
  * (aborted) or -2 (err: the timeout or MPI's error; the group is aborted for everyone). */
 static int wait_all(td_mpireduce *g, int n, MPI_Request *reqs, const char *what, td_error_t *err)
@@ -328,11 +343,9 @@ static int wait_all(td_mpireduce *g, int n, MPI_Request *reqs, const char *what,
 
     for (;;) {
         int done = 0, rc = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
-        if (rc != MPI_SUCCESS) {
-            mpi_error(err, rc, what);
-            td_mpireduce_abort(g, g->proc * g->local, err);
-            return -2;
-        }
+        if (rc != MPI_SUCCESS)
+            return mpi_failure(g, rc, what, err);
+
         if (done)
             return 0;
         if (atomic_load(&g->aborted) || poll_notice(g))
@@ -342,8 +355,7 @@ static int wait_all(td_mpireduce *g, int n, MPI_Request *reqs, const char *what,
                          "%s did not complete within %g s (nccl_timeout_s): a peer process is "
                          "gone or hung",
                          what, g->timeout_s);
-            td_mpireduce_abort(g, g->proc * g->local, err);
-            return -2;
+            return own_failure(g, err);
         }
         /* MPI makes progress inside the test: spin briefly, then back off to 50 us so that a
          * process waiting for a slower one leaves the cores to its compute. */
@@ -401,11 +413,9 @@ static int vote_op(td_mpireduce *g, void *arg, td_error_t *err)
     MPI_Request req;
 
     rc = MPI_Iallreduce(&mine, &all, 1, MPI_INT, MPI_BOR, g->coll, &req);
-    if (rc != MPI_SUCCESS) {
-        mpi_error(err, rc, "the step's vote");
-        td_mpireduce_abort(g, g->proc * g->local, err);
-        return -2;
-    }
+    if (rc != MPI_SUCCESS)
+        return mpi_failure(g, rc, "the step's vote", err);
+
     rc = wait_all(g, 1, &req, "the step's vote", err);
     if (rc == 0)
         g->decision = all;
@@ -428,14 +438,11 @@ static size_t range_lo(const td_mpireduce *g, size_t n, int p)
     return n * (size_t)p * (size_t)g->local / (size_t)g->world;
 }
 
-typedef struct avg_arg {
-    size_t n;
-} avg_arg;
-
-/* Phase 1: each local device's share of every process's range, to that process. */
+/* Phase 1: each local device's share of every process's range, to that process (arg: n).
+ * Sets the ranges (counts, displs) that phase 3 gathers by. */
 static int exchange_op(td_mpireduce *g, void *arg, td_error_t *err)
 {
-    size_t n = ((avg_arg *)arg)->n;
+    size_t n = *(const size_t *)arg;
     size_t len = range_lo(g, n, g->proc + 1) - range_lo(g, n, g->proc);
     MPI_Request reqs[TD_HOSTREDUCE_MAX];
     double t0 = td_mono_ms();
@@ -449,8 +456,7 @@ static int exchange_op(td_mpireduce *g, void *arg, td_error_t *err)
         float *s = realloc(g->stage, need * sizeof(float));
         if (s == NULL) {
             td_error_set(err, TD_ENOMEM, "out of memory staging an all-reduce of %zu floats", n);
-            td_mpireduce_abort(g, g->proc * g->local, err);
-            return -2;
+            return own_failure(g, err);
         }
         g->stage = s;
         g->stage_cap = need;
@@ -465,36 +471,28 @@ static int exchange_op(td_mpireduce *g, void *arg, td_error_t *err)
         rc = MPI_Ialltoallv(g->bufs[l], g->counts, g->displs, MPI_FLOAT,
                             g->stage + (size_t)l * (size_t)g->procs * len, g->rcounts, g->rdispls,
                             MPI_FLOAT, g->coll, &reqs[l]);
-        if (rc != MPI_SUCCESS) {
-            mpi_error(err, rc, "the all-reduce's exchange");
-            td_mpireduce_abort(g, g->proc * g->local, err);
-            return -2;
-        }
+        if (rc != MPI_SUCCESS)
+            return mpi_failure(g, rc, "the all-reduce's exchange", err);
     }
     rc = wait_all(g, g->local, reqs, "the all-reduce's exchange", err);
     g->average_ms += td_mono_ms() - t0;
     return rc;
 }
 
-/* Phase 3: every process's range of the mean, from local rank 0's buffer to everyone's. */
+/* Phase 3: every process's range of the mean, from local rank 0's buffer to everyone's, by
+ * the ranges phase 1 set. */
 static int gather_op(td_mpireduce *g, void *arg, td_error_t *err)
 {
-    size_t n = ((avg_arg *)arg)->n;
     MPI_Request req;
     double t0 = td_mono_ms();
     int rc;
 
-    for (int p = 0; p < g->procs; p++) {
-        g->counts[p] = (int)(range_lo(g, n, p + 1) - range_lo(g, n, p));
-        g->displs[p] = (int)range_lo(g, n, p);
-    }
+    (void)arg;
     rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, g->bufs[0], g->counts, g->displs,
                          MPI_FLOAT, g->coll, &req);
-    if (rc != MPI_SUCCESS) {
-        mpi_error(err, rc, "the all-reduce's gather");
-        td_mpireduce_abort(g, g->proc * g->local, err);
-        return -2;
-    }
+    if (rc != MPI_SUCCESS)
+        return mpi_failure(g, rc, "the all-reduce's gather", err);
+
     rc = wait_all(g, 1, &req, "the all-reduce's gather", err);
     g->average_ms += td_mono_ms() - t0;
     return rc;
@@ -502,7 +500,6 @@ static int gather_op(td_mpireduce *g, void *arg, td_error_t *err)
 
 int td_mpireduce_average(td_mpireduce *g, int local_rank, float *buf, size_t n, td_error_t *err)
 {
-    avg_arg a = {n};
     int gr = g->proc * g->local + local_rank, rc;
     size_t base = range_lo(g, n, g->proc);
     size_t len = range_lo(g, n, g->proc + 1) - base;
@@ -517,7 +514,7 @@ int td_mpireduce_average(td_mpireduce *g, int local_rank, float *buf, size_t n, 
     pthread_mutex_lock(&g->mu);
     g->bufs[local_rank] = buf;
     pthread_mutex_unlock(&g->mu);
-    if ((rc = local_step(g, exchange_op, &a, err)) != 0)
+    if ((rc = local_step(g, exchange_op, &n, err)) != 0)
         return rc;
     /* Phase 2: this rank's slice, summed over the global ranks in order (process q's local
      * rank l is global rank q*local + l), as the host reduce sums. */
@@ -528,7 +525,7 @@ int td_mpireduce_average(td_mpireduce *g, int local_rank, float *buf, size_t n, 
                 s += g->stage[((size_t)l * (size_t)g->procs + (size_t)q) * len + (i - base)];
         g->bufs[0][i] = s * inv;
     }
-    if ((rc = local_step(g, gather_op, &a, err)) != 0)
+    if ((rc = local_step(g, gather_op, NULL, err)) != 0)
         return rc;
     if (local_rank != 0)
         memcpy(buf, g->bufs[0], n * sizeof(float));
@@ -536,30 +533,14 @@ int td_mpireduce_average(td_mpireduce *g, int local_rank, float *buf, size_t n, 
     return local_step(g, NULL, NULL, err);
 }
 
-typedef struct bcast_arg {
-    void *p;
-    size_t len;
-} bcast_arg;
-
-static int bcast_op(td_mpireduce *g, void *arg, td_error_t *err)
-{
-    bcast_arg *b = arg;
-    MPI_Request req;
-    int rc = MPI_Ibcast(b->p, (int)b->len, MPI_BYTE, 0, g->coll, &req);
-
-    if (rc != MPI_SUCCESS) {
-        mpi_error(err, rc, "a broadcast");
-        td_mpireduce_abort(g, g->proc * g->local, err);
-        return -2;
-    }
-    return wait_all(g, 1, &req, "a broadcast", err);
-}
-
 int td_mpireduce_bcast(td_mpireduce *g, void *p, size_t len, td_error_t *err)
 {
-    bcast_arg b = {p, len};
+    MPI_Request req;
+    int rc = MPI_Ibcast(p, (int)len, MPI_BYTE, 0, g->coll, &req);
 
-    return bcast_op(g, &b, err);
+    if (rc != MPI_SUCCESS)
+        return mpi_failure(g, rc, "a broadcast", err);
+    return wait_all(g, 1, &req, "a broadcast", err);
 }
 
 int td_mpireduce_outcomes(td_mpireduce *g, const void *mine, size_t len, void *all,
