@@ -577,14 +577,25 @@ static void begin_reexec(td_daemon *d, const char *why)
 
 /* ---- events ---- */
 
+void td__daemon_store_err_devices(td_daemon *d, int64_t job, td_pw *w)
+{
+    const void *body;
+    size_t len = 0;
+    td_error_t err;
+
+    body = td_pw_body(w, &len);
+    if (body == NULL)
+        td_log_warn("job %lld: no memory to record its device errors", (long long)job);
+    else if (td_writes_err_devices(&d->writes, job, body, len, &err) < 0)
+        td_log_warn("job %lld: cannot record its device errors: %s", (long long)job, err.msg);
+    td_pw_free(w);
+}
+
 /* The failed devices of run as the msgpack list {device, code, message} the store keeps for
  * `status --json`, into the store. */
 static void store_failed_devices(td_daemon *d, int64_t job, const td_run *r)
 {
     uint32_t nfail = 0;
-    const void *body;
-    size_t len = 0;
-    td_error_t err;
     td_pw w;
 
     for (int i = 0; i < td_run_world(r); i++)
@@ -606,12 +617,7 @@ static void store_failed_devices(td_daemon *d, int64_t job, const td_run *r)
         td_pw_str(&w, e->msg);
         td_pw_map_close(&w);
     }
-    body = td_pw_body(&w, &len);
-    if (body == NULL)
-        td_log_warn("job %lld: no memory to record its device errors", (long long)job);
-    else if (td_writes_err_devices(&d->writes, job, body, len, &err) < 0)
-        td_log_warn("job %lld: cannot record its device errors: %s", (long long)job, err.msg);
-    td_pw_free(&w);
+    td__daemon_store_err_devices(d, job, &w);
 }
 
 /* A run is over: its workers are free again, and the job ends, or goes back to the queue. */

@@ -63,6 +63,9 @@ void td__daemon_job_forget(td_daemon *d, td_djob *job, const char *state, const 
 void td__daemon_job_free(td_djob *job);
 /* Some of job's metric rows could not be stored (metricq.h): it stops and fails. */
 void td__daemon_store_failed(td_daemon *d, td_djob *job, const td_error_t *e);
+/* Stores w's list of failed devices (msgpack, status's error.devices) as job's, and frees w;
+ * a failure to is logged, never the job's. */
+void td__daemon_store_err_devices(td_daemon *d, int64_t job, td_pw *w);
 
 /* daemon_launch.c: jobs that span nodes */
 int td__launch_validate(td_daemon *d, td_jobspec *spec, td_error_t *err);

@@ -388,9 +388,6 @@ static void on_store_failed(void *ud, td_launch *l, const td_error_t *err)
  * message, node, node_name}, in the order rank 0 gave ((node, device) order). */
 static void store_failed_devices(td_daemon *d, int64_t job, const td_launch_outcome *o)
 {
-    const void *body;
-    size_t len = 0;
-    td_error_t err;
     td_pw w;
 
     if (o->nfailed == 0)
@@ -412,12 +409,7 @@ static void store_failed_devices(td_daemon *d, int64_t job, const td_launch_outc
         td_pw_str(&w, f->node_name);
         td_pw_map_close(&w);
     }
-    body = td_pw_body(&w, &len);
-    if (body == NULL)
-        td_log_warn("job %lld: no memory to record its device errors", (long long)job);
-    else if (td_writes_err_devices(&d->writes, job, body, len, &err) < 0)
-        td_log_warn("job %lld: cannot record its device errors: %s", (long long)job, err.msg);
-    td_pw_free(&w);
+    td__daemon_store_err_devices(d, job, &w);
 }
 
 /* Adds node to the nodes srun leaves out of the job's later launches. */

@@ -722,7 +722,7 @@ static int checkpoint_place(rank_proc *p, td_error_t *err)
 
 /* Every process's answer to a step of the set-up: if any failed, each stops with the first
  * failure's message (its own, or a peer's, named by node). */
-static int agree(rank_proc *p, int rc, td_error_t *err)
+static int agree(int rc, td_error_t *err)
 {
     struct {
         int32_t code;
@@ -731,7 +731,6 @@ static int agree(rank_proc *p, int rc, td_error_t *err)
     td_error_t e;
     int out = 0;
 
-    (void)p;
     if (td_world_size() == 1)
         return rc;
     snprintf(mine.msg, sizeof(mine.msg), "%s", rc ? err->msg : "");
@@ -755,22 +754,22 @@ static int setup(rank_proc *p, td_error_t *err)
 {
     int rc = load_spec(p, err);
 
-    if ((rc = agree(p, rc, err)) != 0)
+    if ((rc = agree(rc, err)) != 0)
         return rc;
     rc = plan_devices(p, err);
-    if ((rc = agree(p, rc, err)) != 0)
+    if ((rc = agree(rc, err)) != 0)
         return rc;
     p->lead = td_world_rank() == 0;
     rc = p->lead && p->f.state != NULL ? open_state(p, err) : 0;
-    if ((rc = agree(p, rc, err)) != 0)
+    if ((rc = agree(rc, err)) != 0)
         return rc;
     if ((rc = checkpoint_place(p, err)) != 0 || (rc = prove_shared(p, err)) != 0)
         return rc;
     rc = start_loop(p, err);
-    if ((rc = agree(p, rc, err)) != 0)
+    if ((rc = agree(rc, err)) != 0)
         return rc;
     rc = td_workers_start(p->workers, p->local, err);
-    return agree(p, rc, err);
+    return agree(rc, err);
 }
 
 static int run_job(rank_proc *p, td_error_t *err)
