@@ -439,7 +439,8 @@ static int dispatch(td_daemon *d, td_djob *job, td_worker **free_w, int n)
                      .mailbox = &d->mailbox,
                      .mq = d->mq,
                      .nccl_timeout_s =
-                         spec->nccl_timeout_s > 0 ? spec->nccl_timeout_s : d->cfg.nccl_timeout_s};
+                         spec->nccl_timeout_s > 0 ? spec->nccl_timeout_s : d->cfg.nccl_timeout_s,
+                     .disk_full_wait_s = d->cfg.disk_full_wait_s};
     td_error_t err;
     size_t len = 0;
 

@@ -789,6 +789,8 @@ static int run_job(rank_proc *p, td_error_t *err)
                       .metric = p->mq == NULL ? on_metric : NULL,
                       .metric_ud = p,
                       .nccl_timeout_s = p->spec.nccl_timeout_s > 0 ? p->spec.nccl_timeout_s : 600,
+                      /* the daemon's default [metrics] disk_full_wait_s */
+                      .disk_full_wait_s = 60,
                       /* one process alone runs as the daemon's own runs do (the host reduce) */
                       .spanning = td_world_size() > 1};
     rc = td_run_new(&p->run, &a, err);

@@ -457,6 +457,61 @@ static void stop_checkpoint(replica *p, td_trainer *t)
         td_error_set(&p->r->note, e.code, "the checkpoint could not be written: %s", e.msg);
 }
 
+/* ms between a full disk's checkpoint attempts, doubling; the wait is sliced into polls */
+#define CKPT_RETRY_MIN_MS 100.0
+#define CKPT_RETRY_MAX_MS 2000.0
+#define CKPT_POLL_MS      50
+
+/* A due checkpoint that met a full disk, on global rank 0 (the step itself completed): waits
+ * for room as the metric store does, for up to a.disk_full_wait_s, writing it again with
+ * backoff, the heartbeat kept (a wait for room is not a hang) and a cancel or a shutdown ending
+ * the wait. 0 once written; 1 when the run was asked to stop meanwhile (the step barrier takes
+ * the decision, and the stop's checkpoint tries once more); -1 when the disk stayed full, e
+ * then saying which checkpoint could not be written and that every step before it trained. */
+static int checkpoint_wait(replica *p, td_trainer *t, td_error_t *e)
+{
+    td_run *r = p->r;
+    int64_t step = td_trainer_checkpoint_failed(t), total = td_trainer_total_steps(t);
+    double wait_ms = r->a.disk_full_wait_s * 1e3, t0 = td_mono_ms(), backoff = CKPT_RETRY_MIN_MS;
+    double next = t0 + backoff;
+    td_error_t why = *e;
+    struct timespec ts = {0, CKPT_POLL_MS * 1000000L};
+
+    td_log_warn("job %lld: checkpoint at step %lld: the disk is full; waiting up to %g s for "
+                "room (%s)",
+                (long long)r->a.job, (long long)step, r->a.disk_full_wait_s, why.msg);
+    while (td_mono_ms() - t0 < wait_ms) {
+        atomic_store(&p->w->heartbeat_ms, (long long)td_mono_ms());
+        if (atomic_load(&r->cancel) || atomic_load(&r->interrupt))
+            return 1;
+        if (td_mono_ms() < next) {
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        if (td_trainer_checkpoint(t, &why) == 0) {
+            td_log_notice("job %lld: checkpoint at step %lld written after %.1f s (there is room)",
+                          (long long)r->a.job, (long long)step, (td_mono_ms() - t0) / 1e3);
+            return 0;
+        }
+        if (why.code != TD_EDISKFULL)
+            break;
+        backoff = backoff * 2 < CKPT_RETRY_MAX_MS ? backoff * 2 : CKPT_RETRY_MAX_MS;
+        next = td_mono_ms() + backoff;
+    }
+    if (step == total)
+        td_error_set(e, why.code,
+                     "all %lld steps trained, but the final checkpoint (step %lld) could not be "
+                     "written in %g s of waiting for room: %s",
+                     (long long)total, (long long)step, r->a.disk_full_wait_s, why.msg);
+    else
+        td_error_set(e, why.code,
+                     "%lld of %lld steps trained, but the checkpoint at step %lld could not be "
+                     "written in %g s of waiting for room: %s",
+                     (long long)step, (long long)total, (long long)step, r->a.disk_full_wait_s,
+                     why.msg);
+    return -1;
+}
+
 /* Rank 0's records after a step: the time the metric queue blocked it, GPU memory. */
 static void record_step(replica *p, td_trainer *t, double *blocked)
 {
@@ -578,6 +633,11 @@ static void replica_train(replica *p)
         atomic_store(&w->heartbeat_ms, (long long)td_mono_ms());
         finished = td_trainer_step_caught(t, &e);
         atomic_store(&w->heartbeat_ms, (long long)td_mono_ms());
+        if (finished < 0 && e.code == TD_EDISKFULL && td_trainer_checkpoint_failed(t) > 0) {
+            int waited = checkpoint_wait(p, t, &e);
+            if (waited >= 0)
+                finished = waited == 0 && td_trainer_steps_done(t) == td_trainer_total_steps(t);
+        }
         if (finished < 0) {
             if (e.code != TD_EABORTED)
                 run_fail(r, p->rank, &e);

@@ -80,6 +80,9 @@ typedef struct td_run_args {
     td_run_metric_fn metric;   /* when mq is NULL */
     void *metric_ud;
     double nccl_timeout_s; /* the job's collectives' timeout, resolved */
+    /* seconds a checkpoint that meets a full disk waits for room before the job fails
+     * ([metrics] disk_full_wait_s); 0: it fails at once */
+    double disk_full_wait_s;
     /* A run over the processes of an MPI world (`traind rank`): every process makes its run
      * with its own workers (the same number everywhere), the group spans them, and global rank
      * 0 (process 0's rank 0) records, checkpoints and reports. td_run_new is then collective. */

@@ -14,6 +14,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <pwd.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -894,6 +895,106 @@ static void test_disk_full_fails_job_and_keeps_outcome(void **state)
     full_dir_remove(top, st_dir);
 }
 
+/* A state directory of its own whose checkpoints/ is a small tmpfs, full from the start, and
+ * a traind.conf of disk_full_wait_s = wait_s beside it: the store has room, the checkpoints
+ * none. top, st_dir, ck_dir and conf are filled; skips the test where mount(2) is refused. */
+static void full_checkpoints(char *top, char *st_dir, char *ck_dir, char *conf, size_t size,
+                             int wait_s)
+{
+    FILE *f;
+
+    snprintf(top, size, "/tmp/traind-ckfull.XXXXXX");
+    assert_non_null(mkdtemp(top));
+    snprintf(st_dir, size, "%s/state", top);
+    snprintf(ck_dir, size, "%s/checkpoints", st_dir);
+    snprintf(conf, size, "%s/traind.conf", top);
+    assert_int_equal(mkdir(st_dir, 0750), 0);
+    assert_int_equal(mkdir(ck_dir, 0700), 0);
+    if (tmpfs_or_skip(ck_dir, "1m") != 0) {
+        rmdir(ck_dir);
+        rmdir(st_dir);
+        rmdir(top);
+        skip();
+    }
+    fill(ck_dir);
+    f = fopen(conf, "w");
+    assert_non_null(f);
+    fprintf(f, "[metrics]\ndisk_full_wait_s = %d\n", wait_s);
+    assert_int_equal(fclose(f), 0);
+}
+
+static void full_checkpoints_remove(const char *top, const char *st_dir, const char *ck_dir,
+                                    const char *conf)
+{
+    char cmd[400];
+
+    assert_int_equal(umount2(ck_dir, MNT_DETACH), 0);
+    unlink(conf);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", top);
+    assert_int_equal(system(cmd), 0);
+    (void)st_dir;
+}
+
+/* A job that trains all its steps while its checkpoints' disk is full: the final checkpoint
+ * waits disk_full_wait_s for room, then the job fails saying that every step trained and which
+ * checkpoint could not be written; every metric row of its 200 steps is kept, and status says
+ * it took them all (it used to fail at once as "checkpoint at step 200: ..."). */
+static void test_full_disk_final_checkpoint_says_all_trained(void **state)
+{
+    ts_daemon d;
+    ts_client c;
+    char top[128], st_dir[128], ck_dir[128], conf[128], s[32], msg[1024];
+    int64_t job, rows, max_step = 0;
+
+    full_checkpoints(top, st_dir, ck_dir, conf, sizeof(top), 2);
+    start_in_conf(&d, st_dir, "cpu:1", conf);
+    ts_connect_hello(&c, d.sock);
+    job = submit_mlp(&c, "ckpt-full", 200, 0);
+    ts_wait_state(&c, job, "failed", 120);
+    assert_int_equal(ts_job_status(&c, job, s, sizeof(s)), 200);
+    wait_stored_state(d.db, job, "failed", msg, sizeof(msg), 30);
+    if (strstr(msg, "all 200 steps trained, but the final checkpoint (step 200) could not be "
+                    "written in 2 s of waiting for room: ") == NULL ||
+        strstr(msg, "No space left on device") == NULL)
+        fail_msg("the job's error: \"%s\"", msg);
+    assert_int_equal(ts_log_count(&d, "checkpoint at step 200: the disk is full; waiting up to "
+                                      "2 s for room"),
+                     1);
+    rows = loss_rows(d.db, job, &max_step);
+    assert_int_equal(max_step, 200);
+    assert_int_equal(rows, 200);
+    ts_client_close(&c);
+    assert_int_equal(ts_daemon_stop(&d), 0);
+    full_checkpoints_remove(top, st_dir, ck_dir, conf);
+}
+
+/* The same job, with room back while its final checkpoint waits for it: the checkpoint is
+ * written and the job succeeds, as a metric write that waited would have. */
+static void test_full_disk_checkpoint_waits_for_room(void **state)
+{
+    ts_daemon d;
+    ts_client c;
+    char top[128], st_dir[128], ck_dir[128], conf[128], path[300];
+    int64_t job;
+    glob_t g;
+
+    full_checkpoints(top, st_dir, ck_dir, conf, sizeof(top), 120);
+    start_in_conf(&d, st_dir, "cpu:1", conf);
+    ts_connect_hello(&c, d.sock);
+    job = submit_mlp(&c, "ckpt-room", 200, 0);
+    ts_wait_log(&d, "checkpoint at step 200: the disk is full", 1, 120);
+    unfill(ck_dir);
+    ts_wait_state(&c, job, "succeeded", 60);
+    assert_true(ts_log_count(&d, "checkpoint at step 200 written after") == 1);
+    snprintf(path, sizeof(path), "%s/%lld/*", ck_dir, (long long)job);
+    assert_int_equal(glob(path, 0, NULL, &g), 0);
+    assert_true(g.gl_pathc >= 1);
+    globfree(&g);
+    ts_client_close(&c);
+    assert_int_equal(ts_daemon_stop(&d), 0);
+    full_checkpoints_remove(top, st_dir, ck_dir, conf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -904,6 +1005,9 @@ int main(void)
         cmocka_unit_test_teardown(test_outside_reader_holds_wal, ts_kill_leftover),
         cmocka_unit_test_teardown(test_disk_full_pauses_then_resumes, ts_kill_leftover),
         cmocka_unit_test_teardown(test_disk_full_fails_job_and_keeps_outcome, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_full_disk_final_checkpoint_says_all_trained,
+                                  ts_kill_leftover),
+        cmocka_unit_test_teardown(test_full_disk_checkpoint_waits_for_room, ts_kill_leftover),
     };
 
     signal(SIGPIPE, SIG_IGN);

@@ -246,6 +246,11 @@ int64_t td_trainer_steps_done(const td_trainer *t);
  * mlp's test_loss, test_accuracy when it evaluates (no tape). */
 int td_trainer_step(td_trainer *t);
 
+/* After td_trainer_step_caught() returned -1: the step whose due checkpoint could not be
+ * written (the step itself completed, steps_done counts it: td_trainer_checkpoint may write it
+ * again), or 0 when the panic was another's. */
+int64_t td_trainer_checkpoint_failed(const td_trainer *t);
+
 /* td_trainer_step() inside a panic boundary of its own, as a device worker runs it: returns
  * what the step returned, or -1 after a panic with its code and message in *err. A function
  * of its own so that no caller's local lives across the setjmp. */

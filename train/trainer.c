@@ -77,6 +77,7 @@ struct td_trainer {
 
     int64_t total_steps;
     int64_t steps_done;
+    int64_t ckpt_failed; /* the step whose due checkpoint the last step could not write; 0 */
     int64_t nan_skipped;
     int evaluated_zero; /* max_steps 0: the one evaluation is done */
 };
@@ -580,6 +581,11 @@ int64_t td_trainer_total_steps(const td_trainer *t)
     return t->total_steps;
 }
 
+int64_t td_trainer_checkpoint_failed(const td_trainer *t)
+{
+    return t->ckpt_failed;
+}
+
 int64_t td_trainer_steps_done(const td_trainer *t)
 {
     return t->steps_done;
@@ -830,8 +836,10 @@ static void checkpoint_if_due(td_trainer *t, int64_t step)
     if (step != t->total_steps && (cfg->checkpoint_every == 0 || step % cfg->checkpoint_every != 0))
         return;
     rc = td_trainer_checkpoint(t, &e);
-    if (rc != 0)
+    if (rc != 0) {
+        t->ckpt_failed = step;
         td_panic(rc, "checkpoint at step %lld: %s", (long long)step, e.msg);
+    }
 }
 
 /* ---- the step ---------------------------------------------------------------------------------
@@ -996,6 +1004,7 @@ int td_trainer_step_caught(td_trainer *t, td_error_t *err)
     td_boundary b;
     int done;
 
+    t->ckpt_failed = 0;
     td_boundary_enter(&b);
     if (TD_TRY(&b)) {
         done = td_trainer_step(t);
