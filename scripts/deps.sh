@@ -13,6 +13,9 @@ packages=(
   python3-prometheus-client  # tests/test_ops.c parses traind's Prometheus file with its parser
                              # (promtool, in the 96 MB prometheus package, also lints it when
                              # installed; not needed)
+  python3-msgpack    # the Python client (python/traind), and its test
+  python3-pandas     # the Python client's metrics as a DataFrame (optional for users; tested)
+  python3-pip python3-venv  # tests: `pip install ./python` offline into a fresh venv
   clang-format       # make test's formatting check (scripts/check-format.sh, .clang-format)
   clang libclang-rt-14-dev  # libFuzzer and its sanitizers: make test's fuzz stage, make fuzz
   llvm               # llvm-symbolizer: file and line in a fuzzer's crash report
