@@ -242,7 +242,8 @@ void tc_fmt_bytes(char *buf, size_t size, double bytes);
 double tc_now_real(void);
 /* The job's error message (or its code's text) into buf; empty when the job has none. */
 void tc_job_error(const td_pval *job, char *buf, size_t size);
-/* Nonzero for the keys of evaluation metrics: test_*, valid_*, val_*. */
+/* Nonzero for the keys of evaluation metrics: test_*, valid_*, val_*, and a sensorlm's
+ * recall_at_*, text_recall_at_*, zeroshot_*. */
 int tc_is_eval_key(const char *key, size_t len);
 /* "key value  key value" for the job's evaluation metrics and train_loss, into buf. */
 void tc_job_results(const td_pval *job, char *buf, size_t size);

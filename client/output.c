@@ -127,6 +127,12 @@ void tc_job_error(const td_pval *job, char *buf, size_t size)
 
 int tc_is_eval_key(const char *k, size_t len)
 {
+    /* a sensorlm's evaluation: recall_at_1, recall_at_5, text_recall_at_1, zeroshot_accuracy */
+    static const char *const slm[] = {"recall_at_", "text_recall_at_", "zeroshot_"};
+
+    for (size_t i = 0; i < sizeof(slm) / sizeof(slm[0]); i++)
+        if (len > strlen(slm[i]) && memcmp(k, slm[i], strlen(slm[i])) == 0)
+            return 1;
     return (len > 5 && memcmp(k, "test_", 5) == 0) || (len > 6 && memcmp(k, "valid_", 6) == 0) ||
            (len > 4 && memcmp(k, "val_", 4) == 0);
 }

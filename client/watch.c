@@ -2,8 +2,13 @@
  * spec gives the epoch count, batch size, step limit and evaluation schedule the bars use),
  * then sends `watch` and handles the rows, state and end frames that follow. Three ways to
  * show them: two live bars on a terminal (train and valid), redrawn at most TC_REDRAW_S apart,
- * with each evaluation also printed above them as a permanent line; one plain line per event
- * for a pipe; one JSON object per row with --json. */
+ * with each evaluation also printed above them as a permanent line; for a pipe, one line per
+ * step as llm.c prints it (`step 12/300 | loss 2.31 | 86.2 ms | 5,930 tok/s | ETA 25s`), one
+ * per evaluation and one per change of state; one JSON object per row with --json. The ETA and
+ * ms/step come from exponential moving averages of the rows' own times: the seconds a step
+ * takes, and apart from them the pause each evaluation makes, so that neither the last step
+ * alone nor its compute time (samples_per_s leaves out the data, the store and the
+ * evaluations) decides it. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -18,7 +23,10 @@
 #define TC_BAR_WIDTH    20         /* characters of a bar itself */
 #define TC_BAR_MIN_COLS 40         /* narrower terminals get the text without the bars */
 #define TC_REDRAW_S     0.1        /* seconds between two redraws of the bars, at least */
-#define TC_RATE_WINDOW  64         /* (step, time) samples the steps/s estimate spans */
+#define TC_STEP_ALPHA   0.1        /* the step time's moving average: about 20 steps */
+#define TC_EVAL_ALPHA   0.5        /* the evaluation pause's: the last few */
+#define TC_RATE_WARMUP  8          /* step samples before an outlier may be left out */
+#define TC_PAUSE_FACTOR 20.0       /* a step 20x the average is a pause (a requeue, a full disk) */
 #define TC_LINE_MAX     512        /* bytes of a bar's text or an evaluation line */
 #define TC_PENDING_MAX  4096       /* bytes of evaluation lines waiting for the next redraw */
 #define TC_DEFAULT_COLS 80         /* terminal width when it cannot be asked */
@@ -30,10 +38,19 @@
 
 enum { W_BAR, W_PLAIN, W_JSON };
 
-typedef struct sample {
-    int64_t step;
-    double time;
-} sample;
+/* What a plain line of one step gathers (W_PLAIN), each part once its row has come. */
+enum { P_LOSS = 1, P_MS = 2, P_RATE = 4, P_MFU = 8, P_SKIP = 16 };
+
+typedef struct plain_line {
+    int64_t step; /* -1: nothing gathered */
+    int have;     /* P_* */
+    double loss, ms, rate, mfu;
+    int tokens;             /* rate is tokens_per_s, not samples_per_s */
+    int expect;             /* the parts the previous step's line had */
+    char eval[TC_LINE_MAX]; /* the step's evaluation, "step 25/300 | valid_loss 2.1" */
+    size_t evallen;         /* 0: none gathered */
+    int64_t eval_step;
+} plain_line;
 
 typedef struct watch {
     const tc_opts *o;
@@ -47,12 +64,15 @@ typedef struct watch {
     int64_t steps_per_epoch; /* from the spec or the epoch rows; 0 until known */
     int has_test;            /* the job evaluates (and the watch asked for those rows) */
     double started, ended;   /* unix seconds; 0 when not yet */
-    double loss, sps, epoch; /* latest train_loss, samples_per_s, epoch; NAN until seen */
-    double train_time;       /* time of the latest train_loss row, at step train_step */
-    int64_t train_step;      /* ... which an evaluation at the same step follows */
-    double eval_s;           /* seconds the last evaluation took; 0 until measured */
-    sample win[TC_RATE_WINDOW];
-    size_t nwin, newest;          /* samples held, and the newest one's index */
+    double loss, epoch;      /* latest train_loss, epoch; NAN until seen */
+    int64_t rate_step;       /* the step of the last step sample; -1 before the first */
+    double rate_time;        /* its row's time */
+    double pause;            /* the evaluation pause after it (its evaluation rows' time) */
+    double step_s;           /* moving average of seconds per step; NAN until measured */
+    int nrate;               /* step samples in step_s */
+    double eval_s;           /* moving average of an evaluation's pause; 0 until measured */
+    int neval;
+    plain_line pl;
     double drawn_at;              /* monotonic seconds of the last draw */
     int dirty;                    /* the bars show less than is known */
     int nlines;                   /* bar lines now on the screen: 0, 1 or 2 */
@@ -94,21 +114,38 @@ static void add(char *buf, size_t size, size_t *n, const char *fmt, ...)
 
 /* ---- what the bars know ---- */
 
-/* Steps per second: from samples_per_s and the batch size when both are known, else from
- * the times of the rows over the last TC_RATE_WINDOW steps. NAN when neither is known. */
+/* Steps per second, from the moving average of the steps' times; NAN until measured. */
 static double steps_per_s(const watch *wt)
 {
-    const sample *new, *old;
+    return wt->nrate > 0 && wt->step_s > 0 ? 1.0 / wt->step_s : NAN;
+}
 
-    if (isfinite(wt->sps) && wt->sps > 0 && wt->batch > 0)
-        return wt->sps / (double)wt->batch;
-    if (wt->nwin < 2)
-        return NAN;
-    new = &wt->win[wt->newest];
-    old = &wt->win[(wt->newest + TC_RATE_WINDOW - (wt->nwin - 1)) % TC_RATE_WINDOW];
-    if (new->time <= old->time)
-        return NAN;
-    return (double)(new->step - old->step) / (new->time - old->time);
+/* A step's row came at time t (step, its first row): the seconds since the last one, less the
+ * evaluation pause that followed it, over the steps between, go into the step time's average
+ * (a jump of k steps weighs as k samples), and the pause into the evaluation's. A step that
+ * took TC_PAUSE_FACTOR times the average is a pause of the job's, not its pace: left out. */
+static void step_sample(watch *wt, int64_t step, double t)
+{
+    double dt, x, w;
+    int64_t k = step - wt->rate_step;
+
+    if (wt->rate_step >= 0 && k > 0) {
+        if (wt->pause > 0) {
+            wt->eval_s =
+                wt->neval == 0 ? wt->pause : wt->eval_s + TC_EVAL_ALPHA * (wt->pause - wt->eval_s);
+            wt->neval++;
+        }
+        dt = t - wt->rate_time - wt->pause;
+        x = dt / (double)k;
+        if (dt > 0 && !(wt->nrate >= TC_RATE_WARMUP && x > TC_PAUSE_FACTOR * wt->step_s)) {
+            w = 1.0 - pow(1.0 - TC_STEP_ALPHA, (double)k);
+            wt->step_s = wt->nrate == 0 ? x : wt->step_s + w * (x - wt->step_s);
+            wt->nrate++;
+        }
+    }
+    wt->rate_step = step;
+    wt->rate_time = t;
+    wt->pause = 0;
 }
 
 /* Steps between two evaluations: eval_every, else an epoch; 0 while that is not known. */
@@ -130,8 +167,8 @@ static int64_t evals_left(const watch *wt)
     return n + (wt->total % p != 0);
 }
 
-/* Seconds left: the steps at the measured rate, plus the evaluations the schedule still holds
- * at what the last one took. NAN while the rate is not known. */
+/* Seconds left: the steps at the averaged rate, plus the evaluations the schedule still holds
+ * at their averaged pause. NAN while the rate is not known. */
 static double eta_s(const watch *wt)
 {
     double rate = steps_per_s(wt);
@@ -344,13 +381,13 @@ static int row_is(const tc_row *r, const char *key)
     return r->keylen == strlen(key) && memcmp(r->key, key, r->keylen) == 0;
 }
 
-/* What an evaluation row tells: that the job evaluates, and (when it follows the step's
- * train_loss row) how long an evaluation takes. */
+/* What an evaluation row tells: that the job evaluates, and (after the step's own rows) how
+ * long its evaluation paused it. */
 static void track_eval(watch *wt, const tc_row *r)
 {
     wt->has_test = 1;
-    if (r->step == wt->train_step && r->step != wt->eval_step && r->time > wt->train_time)
-        wt->eval_s = r->time - wt->train_time;
+    if (r->step == wt->rate_step && r->time - wt->rate_time > wt->pause)
+        wt->pause = r->time - wt->rate_time;
 }
 
 /* The epoch row comes at each epoch's first step, so epoch e >= 2 at step s means epochs of
@@ -365,38 +402,144 @@ static void track_epoch(watch *wt, const tc_row *r)
 /* Keeps what the bars show up to date with one row. */
 static void track(watch *wt, const tc_row *r)
 {
-    if (row_is(r, "train_loss")) {
+    int eval = tc_is_eval_key(r->key, r->keylen);
+
+    if (row_is(r, "train_loss"))
         wt->loss = r->value;
-        wt->train_time = r->time;
-        wt->train_step = r->step;
-    } else if (row_is(r, "samples_per_s")) {
-        wt->sps = r->value;
-    } else if (row_is(r, "epoch")) {
+    else if (row_is(r, "epoch"))
         track_epoch(wt, r);
-    } else if (tc_is_eval_key(r->key, r->keylen)) {
+    else if (eval)
         track_eval(wt, r);
-    }
+    if (!eval && r->step > wt->rate_step)
+        step_sample(wt, r->step, r->time);
     if (r->step > wt->step)
         wt->step = r->step;
-    if (wt->nwin == 0 || r->step > wt->win[wt->newest].step) {
-        wt->newest = wt->nwin == 0 ? 0 : (wt->newest + 1) % TC_RATE_WINDOW;
-        wt->win[wt->newest] = (sample){r->step, r->time};
-        wt->nwin += wt->nwin < TC_RATE_WINDOW;
-    }
     wt->dirty = 1;
+}
+
+/* ---- a pipe's lines ---- */
+
+/* v rounded, with a comma every three digits: 5930.4 is "5,930". */
+static void fmt_thousands(char *buf, size_t size, double v)
+{
+    char digits[32];
+    size_t n = 0, len;
+    int k = snprintf(digits, sizeof(digits), "%.0f", fabs(v) < 1e18 ? fabs(v) : 1e18);
+
+    len = k > 0 ? (size_t)k : 0;
+    buf[0] = '\0';
+    if (v <= -0.5)
+        add(buf, size, &n, "-");
+    for (size_t i = 0; i < len; i++) {
+        add(buf, size, &n, "%c", digits[i]);
+        if ((len - 1 - i) % 3 == 0 && i + 1 < len)
+            add(buf, size, &n, ",");
+    }
+}
+
+/* "step 12/300", or "step 12" while the total is not known. */
+static void step_text(const watch *wt, int64_t step, char *buf, size_t size, size_t *n)
+{
+    if (wt->total > 0)
+        add(buf, size, n, "step %lld/%lld", (long long)step, (long long)wt->total);
+    else
+        add(buf, size, n, "step %lld", (long long)step);
+}
+
+/* Prints the line of the step gathered in wt->pl, if it holds any of a line's parts. */
+static void plain_flush_train(watch *wt)
+{
+    plain_line *pl = &wt->pl;
+    char line[TC_LINE_MAX], num[40];
+    double eta = eta_s(wt);
+    size_t n = 0;
+
+    if (pl->step >= 0 && pl->have != 0) {
+        step_text(wt, pl->step, line, sizeof(line), &n);
+        if (pl->have & P_LOSS)
+            add(line, sizeof(line), &n, " | loss %.4g", pl->loss);
+        else if (pl->have & P_SKIP)
+            add(line, sizeof(line), &n, " | loss not finite (step skipped)");
+        if (pl->have & P_MS)
+            add(line, sizeof(line), &n, " | %.1f ms", pl->ms);
+        if (pl->have & P_RATE) {
+            fmt_thousands(num, sizeof(num), pl->rate);
+            add(line, sizeof(line), &n, " | %s %s", num, pl->tokens ? "tok/s" : "samples/s");
+        }
+        if (pl->have & P_MFU)
+            add(line, sizeof(line), &n, " | %.1f%% MFU", 100 * pl->mfu);
+        if (strcmp(wt->state, "running") == 0 && isfinite(eta)) {
+            tc_fmt_duration(num, sizeof(num), eta);
+            add(line, sizeof(line), &n, " | ETA %s", num);
+        }
+        puts(line);
+        pl->expect = pl->have;
+    }
+    pl->have = 0;
+    pl->step = -1;
+}
+
+static void plain_flush_eval(watch *wt)
+{
+    if (wt->pl.evallen > 0)
+        puts(wt->pl.eval);
+    wt->pl.evallen = 0;
+}
+
+/* Flushes what is gathered: the step's line, then its evaluation's. */
+static void plain_flush(watch *wt)
+{
+    plain_flush_train(wt);
+    plain_flush_eval(wt);
+}
+
+/* Gathers a row into its step's line, or its evaluation's; a line is printed once a row of
+ * another step (or the evaluation after it) shows that it is complete. */
+static void plain_row(watch *wt, const tc_row *r)
+{
+    plain_line *pl = &wt->pl;
+    int eval = tc_is_eval_key(r->key, r->keylen);
+
+    if (pl->step >= 0 && (r->step != pl->step || eval))
+        plain_flush_train(wt);
+    if (pl->evallen > 0 && (r->step != pl->eval_step || !eval))
+        plain_flush_eval(wt);
+    if (eval) {
+        if (pl->evallen == 0) {
+            pl->eval_step = r->step;
+            step_text(wt, r->step, pl->eval, sizeof(pl->eval), &pl->evallen);
+        }
+        add(pl->eval, sizeof(pl->eval), &pl->evallen, " | %.*s %.4g", (int)r->keylen, r->key,
+            r->value);
+        return;
+    }
+    pl->step = r->step;
+    if (row_is(r, "train_loss")) {
+        pl->loss = r->value;
+        pl->have |= P_LOSS;
+    } else if (row_is(r, "nan_skipped")) {
+        pl->have |= P_SKIP;
+    } else if (row_is(r, "step_ms")) {
+        pl->ms = r->value;
+        pl->have |= P_MS;
+    } else if (row_is(r, "tokens_per_s") || row_is(r, "samples_per_s")) {
+        pl->rate = r->value;
+        pl->tokens = row_is(r, "tokens_per_s");
+        pl->have |= P_RATE;
+    } else if (row_is(r, "mfu")) {
+        pl->mfu = r->value;
+        pl->have |= P_MFU;
+    }
 }
 
 static void on_row(watch *wt, const tc_row *r)
 {
-    char val[32];
-
     track(wt, r);
     if (wt->mode == W_JSON) {
         tc_row_json(stdout, wt->o->job, r);
         fputc('\n', stdout);
     } else if (wt->mode == W_PLAIN) {
-        tc_fmt_value(val, sizeof(val), r->value);
-        printf("step %lld %.*s %s\n", (long long)r->step, (int)r->keylen, r->key, val);
+        plain_row(wt, r);
     } else if (tc_is_eval_key(r->key, r->keylen)) {
         add_eval(wt, r);
     }
@@ -437,11 +580,16 @@ static void take_state(watch *wt, const td_pval *m)
     wt->dirty = 1;
 }
 
+/* A state frame: in plain mode, the step's line once it has the parts the last one had (its
+ * rows may come in more than one frame), and a line when the state changed. */
 static void on_state(watch *wt, const td_pval *root)
 {
     take_state(wt, root);
-    if (wt->mode != W_PLAIN || (strcmp(wt->state, wt->shown_state) == 0 &&
-                                wt->step == wt->shown_step && wt->total == wt->shown_total))
+    if (wt->mode != W_PLAIN)
+        return;
+    if (wt->pl.step >= 0 && (wt->pl.have & wt->pl.expect) == wt->pl.expect)
+        plain_flush_train(wt);
+    if (strcmp(wt->state, wt->shown_state) == 0)
         return;
     memcpy(wt->shown_state, wt->state, sizeof(wt->state));
     wt->shown_step = wt->step;
@@ -499,6 +647,8 @@ static int on_end(watch *wt, const td_pval *root)
         return tc_err(TC_PROTOCOL, "traind's end frame has no job map");
     take_state(wt, job);
     flush_eval(wt);
+    if (wt->mode == W_PLAIN)
+        plain_flush(wt);
     if (wt->mode == W_BAR) {
         draw(wt);
         fputc('\n', stdout);
@@ -583,12 +733,17 @@ static int keys_have_eval(const char *keys)
 /* What the spec says about the schedule: epochs, batch size, step limit, evaluations. */
 static void take_spec(watch *wt, const td_pval *spec)
 {
+    const td_pval *data = td_pv_get(spec, "data");
+
     wt->epochs = tc_job_int(spec, "epochs", 1); /* README: the default is 1 */
     wt->batch = tc_job_int(spec, "batch_size", 0);
     wt->max_steps = tc_job_int(spec, "max_steps", -1);
     wt->eval_every = tc_job_int(spec, "eval_every", 0);
-    wt->has_test = td_pv_type_of(td_pv_get(td_pv_get(spec, "data"), "test")) == TD_PV_MAP &&
-                   (wt->o->keys == NULL || keys_have_eval(wt->o->keys));
+    /* an idx job's test split, a text job's valid_fraction, a sensor job's valid shards */
+    wt->has_test =
+        (td_pv_type_of(td_pv_get(data, "test")) == TD_PV_MAP || td_pv_get(data, "valid") != NULL ||
+         tc_job_double(data, "valid_fraction", 0) > 0) &&
+        (wt->o->keys == NULL || keys_have_eval(wt->o->keys));
 }
 
 /* Asks for the job's status: where it stands, and from its spec the schedule. */
@@ -642,13 +797,14 @@ int tc_watch(const tc_opts *o)
 {
     watch wt = {.o = o,
                 .loss = NAN,
-                .sps = NAN,
                 .epoch = NAN,
                 .shown_step = -1,
                 .max_steps = -1,
                 .last_step = -1,
                 .eval_step = -1,
-                .train_step = -1};
+                .rate_step = -1,
+                .step_s = NAN,
+                .pl = {.step = -1, .expect = P_LOSS | P_MS | P_RATE}};
     int rc;
 
     choose_mode(&wt);
@@ -658,6 +814,8 @@ int tc_watch(const tc_opts *o)
     if (wt.mode == W_BAR)
         draw(&wt);
     rc = follow(&wt);
+    if (wt.mode == W_PLAIN)
+        plain_flush(&wt);
     if (wt.mode == W_BAR && tc_line_open)
         draw(&wt); /* interrupted: the evaluations still waiting are printed too */
 out:
