@@ -72,58 +72,148 @@ static json_t *set_value(const char *text)
     return v != NULL ? v : json_string(text);
 }
 
-/* The object that holds the last part of a dotted key, made as needed. key is modified: each
- * '.' becomes a NUL, and *last points at the last part. */
-static int set_parent(json_t *job, const char *arg, char *key, json_t **parent, char **last)
-{
-    json_t *obj = job, *child;
-    char *dot;
+/* One step of a --set key: a member name, or (after it) an array index, "layers[1]". */
+typedef struct set_step {
+    char name[128]; /* a member; empty for an index */
+    long index;     /* -1 for a member */
+} set_step;
 
-    while ((dot = strchr(key, '.')) != NULL) {
-        *dot = '\0';
-        if (key[0] == '\0')
-            return tc_err(TC_USAGE, "--set %s: empty key", arg);
-        child = json_object_get(obj, key);
-        if (child == NULL) {
-            child = json_object();
-            if (child == NULL || json_object_set_new(obj, key, child) != 0)
-                return tc_err(TC_FAILED, "out of memory");
-        } else if (!json_is_object(child)) {
-            return tc_err(TC_USAGE, "--set %s: '%s' is not an object in the job", arg, key);
+/* Cuts KEY of --set (arg, for messages) into its steps: names between dots, each followed by
+ * any number of [N] (the notation of the validator's own messages: model.layers[1]). */
+static int set_steps(const char *arg, const char *key, size_t klen, set_step *steps, int max,
+                     int *n)
+{
+    size_t i = 0;
+
+    *n = 0;
+    while (i < klen) {
+        size_t j = i;
+        while (j < klen && key[j] != '.' && key[j] != '[')
+            j++;
+        if (j == i || j - i >= sizeof(steps[0].name) || *n >= max)
+            return tc_err(TC_USAGE, "--set %s: %s", arg,
+                          j == i ? "empty key" : "key too long or too deep");
+        memcpy(steps[*n].name, key + i, j - i);
+        steps[*n].name[j - i] = '\0';
+        steps[(*n)++].index = -1;
+        while (j < klen && key[j] == '[') {
+            char *end = NULL;
+            long v = strtol(key + j + 1, &end, 10);
+            if (end == key + j + 1 || end >= key + klen || *end != ']' || v < 0 || *n >= max ||
+                key[j + 1] == '+' || key[j + 1] == '-' || key[j + 1] == ' ')
+                return tc_err(TC_USAGE, "--set %s: an index is [N], N an integer >= 0", arg);
+            steps[*n].name[0] = '\0';
+            steps[(*n)++].index = v;
+            j = (size_t)(end - key) + 1;
         }
-        obj = child;
-        key = dot + 1;
+        if (j < klen && key[j] != '.')
+            return tc_err(TC_USAGE, "--set %s: expected '.' or '[' after ']'", arg);
+        i = j + (j < klen);
+        if (j < klen && i == klen)
+            return tc_err(TC_USAGE, "--set %s: empty key", arg);
     }
-    if (key[0] == '\0')
+    if (*n == 0)
         return tc_err(TC_USAGE, "--set %s: empty key", arg);
-    *parent = obj;
-    *last = key;
     return TC_OK;
 }
+
+/* The path so far, "model.layers[1]", for messages. */
+static void path_text(const set_step *steps, int n, char *buf, size_t size)
+{
+    size_t used = 0;
+
+    buf[0] = '\0';
+    for (int i = 0; i < n && used < size; i++) {
+        int k = steps[i].index >= 0
+                    ? snprintf(buf + used, size - used, "[%ld]", steps[i].index)
+                    : snprintf(buf + used, size - used, "%s%s", i ? "." : "", steps[i].name);
+        used += k > 0 ? (size_t)k : 0;
+    }
+}
+
+/* Sets value at steps[0..n) under v: a missing member is made an object on the way (a new
+ * key), an index must be inside its array or one past its end (which appends). Takes value. */
+static int set_at(json_t *v, const char *arg, const set_step *steps, int n, json_t *value)
+{
+    char where[256];
+
+    for (int i = 0; i < n; i++) {
+        const set_step *st = &steps[i];
+        int last = i == n - 1;
+        json_t *child;
+        path_text(steps, i, where, sizeof(where));
+        if (st->index < 0) {
+            if (!json_is_object(v))
+                goto not_object;
+            if (last)
+                return json_object_set_new(v, st->name, value) == 0
+                           ? TC_OK
+                           : tc_err(TC_FAILED, "out of memory");
+            child = json_object_get(v, st->name);
+            if (child == NULL) {
+                child = steps[i + 1].index >= 0 ? NULL : json_object();
+                if (child == NULL) {
+                    json_decref(value);
+                    path_text(steps, i + 1, where, sizeof(where));
+                    return tc_err(TC_USAGE, "--set %s: the job has no list %s to index", arg,
+                                  where);
+                }
+                if (json_object_set_new(v, st->name, child) != 0)
+                    goto oom;
+            }
+        } else {
+            size_t size = json_array_size(v);
+            if (!json_is_array(v)) {
+                json_decref(value);
+                return tc_err(TC_USAGE, "--set %s: %s is not a list in the job", arg, where);
+            }
+            if ((size_t)st->index > size) {
+                json_decref(value);
+                return tc_err(TC_USAGE, "--set %s: %s has %zu elements (an index from 0 to %zu)",
+                              arg, where, size, size);
+            }
+            if (last) {
+                int rc = (size_t)st->index == size
+                             ? json_array_append_new(v, value)
+                             : json_array_set_new(v, (size_t)st->index, value);
+                return rc == 0 ? TC_OK : tc_err(TC_FAILED, "out of memory");
+            }
+            if ((size_t)st->index == size) {
+                json_decref(value);
+                return tc_err(TC_USAGE, "--set %s: %s has %zu elements", arg, where, size);
+            }
+            child = json_array_get(v, (size_t)st->index);
+        }
+        v = child;
+    }
+    json_decref(value);
+    return tc_err(TC_USAGE, "--set %s: empty key", arg);
+not_object:
+    json_decref(value);
+    return tc_err(TC_USAGE, "--set %s: '%s' is not an object in the job", arg, where);
+oom:
+    json_decref(value);
+    return tc_err(TC_FAILED, "out of memory");
+}
+
+#define SET_DEPTH 16 /* steps of a --set key */
 
 int tc_job_set(json_t *job, const char *assignment)
 {
     const char *eq = strchr(assignment, '=');
-    char *key = eq != NULL ? strndup(assignment, (size_t)(eq - assignment)) : NULL;
-    json_t *parent = NULL, *value = NULL;
-    char *last = NULL;
-    int rc;
+    set_step steps[SET_DEPTH];
+    json_t *value;
+    int n = 0, rc;
 
     if (eq == NULL)
         return tc_err(TC_USAGE, "--set needs KEY=VALUE, not '%s'", assignment);
-    if (key == NULL)
-        return tc_err(TC_FAILED, "out of memory");
-    rc = set_parent(job, assignment, key, &parent, &last);
+    rc = set_steps(assignment, assignment, (size_t)(eq - assignment), steps, SET_DEPTH, &n);
     if (rc != TC_OK)
-        goto out;
+        return rc;
     value = set_value(eq + 1);
     if (value == NULL)
-        rc = tc_err(TC_USAGE, "--set %s: the value is not valid UTF-8", assignment);
-    else if (json_object_set_new(parent, last, value) != 0)
-        rc = tc_err(TC_FAILED, "out of memory");
-out:
-    free(key);
-    return rc;
+        return tc_err(TC_USAGE, "--set %s: the value is not valid UTF-8", assignment);
+    return set_at(job, assignment, steps, n, value);
 }
 
 /* path made absolute against cwd into a new string in *out; NULL (nothing to change) for a

@@ -839,6 +839,39 @@ static void test_bad_new_keys_name_the_field(void **state)
                      0);
 }
 
+/* --set takes the notation of the validator's own messages: model.layers[1]=48 sets an
+ * element of a list (one past its end appends), and a bad index says what the list holds. */
+static void test_set_indexes_lists(void **state)
+{
+    static const struct {
+        const char *set, *msg;
+    } bad[] = {
+        {"model.layers[7]=1", "model.layers has 4 elements (an index from 0 to 4)"},
+        {"model.kind[0]=1", "model.kind is not a list in the job"},
+        {"model.layers[x]=1", "an index is [N], N an integer >= 0"},
+        {"model.layers[-1]=1", "an index is [N], N an integer >= 0"},
+        {"optim.betas[0]=1", "the job has no list optim.betas to index"},
+        {"model.layers[1].x=1", "'model.layers[1]' is not an object in the job"},
+        {"model.layers[1]x=2", "expected '.' or '[' after ']'"},
+    };
+    char job[600];
+    long long id;
+
+    snprintf(job, sizeof(job), "%s/examples/fashion-mnist-mlp.json", env_or("TD_SOURCE_ROOT", "."));
+    assert_int_equal(tc("--socket %s submit %s --set 'model.layers[1]=48' --set max_steps=1 "
+                        "--set name=indexed",
+                        sock, job),
+                     0);
+    id = strtoll(out, NULL, 10); /* one step: it ends by itself */
+    assert_int_equal(tc("--socket %s status %lld --json", sock, id), 0);
+    assert_non_null(strstr(out, "\"layers\": [\n        784,\n        48,\n        256,\n"));
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(tc("--socket %s submit %s --set '%s'", sock, job, bad[i].set), 64);
+        if (strstr(err, bad[i].msg) == NULL)
+            fail_msg("--set %s: \"%s\"", bad[i].set, err);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -857,6 +890,7 @@ int main(void)
         cmocka_unit_test(test_dry_run_estimates_and_creates_no_job),
         cmocka_unit_test(test_dry_run_needs_a_daemon_that_knows_it),
         cmocka_unit_test(test_bad_new_keys_name_the_field),
+        cmocka_unit_test(test_set_indexes_lists),
     };
     signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests_name("integration", tests, setup, teardown);
