@@ -63,6 +63,7 @@ typedef struct tc_opts {
     int64_t seed;       /* sample: --seed, or -1 */
     int json, csv, summary;
     int dry_run; /* submit: --dry-run */
+    int follow;  /* logs: -f, --follow */
     /* ls's filters (PROTOCOL.md, "list"); each absent unless given. */
     unsigned states;       /* --state: TC_STATE_ bits; 0: any state */
     int64_t uid;           /* --user as a uid, or -1 */

@@ -42,13 +42,14 @@ enum {
     F_LIMIT = 1 << 18,
     F_PANELS = 1 << 19,
     F_LOG = 1 << 20,
-    F_DATA = 1 << 21,         /* classify, retrieve */
-    F_LABELS = 1 << 22,       /* classify */
-    F_QUERY = 1 << 23,        /* retrieve */
-    F_LISTEN = 1 << 24,       /* dashboard */
-    F_TOP = 1 << 25,          /* retrieve */
-    F_OLDER_THAN = 1 << 26,   /* prune */
-    F_EXPORT_FORMAT = 1 << 28 /* export */
+    F_DATA = 1 << 21,          /* classify, retrieve */
+    F_LABELS = 1 << 22,        /* classify */
+    F_QUERY = 1 << 23,         /* retrieve */
+    F_LISTEN = 1 << 24,        /* dashboard */
+    F_TOP = 1 << 25,           /* retrieve */
+    F_OLDER_THAN = 1 << 26,    /* prune */
+    F_EXPORT_FORMAT = 1 << 28, /* export */
+    F_FOLLOW = 1 << 30         /* logs */
 };
 
 /* The positional arguments a verb takes. */
@@ -95,6 +96,8 @@ static const flag flags[] = {
     {"--query", F_QUERY, "TEXT", "the text to find windows for"},
     {"--top", F_TOP, "N", "how many windows (1 to 100)"},
     {"--format", F_EXPORT_FORMAT, "FORMAT", "llmc or safetensors"},
+    {"-f", F_FOLLOW, NULL, "follow: print new lines until the job ends"},
+    {"--follow", F_FOLLOW, NULL, "follow: print new lines until the job ends"},
 };
 
 typedef struct verb {
@@ -154,9 +157,11 @@ static const verb verbs[] = {
                 "(step/total, elapsed, ETA, loss, s/step, epoch) and the valid bar (the\n"
                 "last evaluation and its step, and how far the next one is); each\n"
                 "evaluation is also printed above them. NO_COLOR turns colour off.\n"
-                "Otherwise one line per metric row (\"step 12 train_loss 0.53\") and per\n"
-                "state change (\"state running step 12/1407\"). Exits 0 when the job\n"
-                "succeeded, 1 when it failed or was cancelled.\n\n"
+                "Otherwise (a pipe) one line per step as llm.c prints it (\"step 12/300 |\n"
+                "loss 2.31 | 86.2 ms | 5,930 tok/s | ETA 25s\"), one per evaluation and one\n"
+                "per change of state (\"state running step 12/1407\"). The ETA and ms/step\n"
+                "are moving averages of the rows' own times (trainctl(1)). Exits 0 when the\n"
+                "job succeeded, 1 when it failed or was cancelled.\n\n"
                 "  --since STEP  start from step STEP rather than from the job's first row\n"
                 "  --keys A,B    only the metrics named (comma-separated)\n"
                 "  --json        one JSON object per line for each row\n"
@@ -206,14 +211,21 @@ static const verb verbs[] = {
     {
         .name = "cancel",
         .run = tc_cancel,
-        .flags = 0,
-        .arg = ARG_JOB,
-        .usage = "trainctl cancel JOB",
-        .brief = "cancel a job",
-        .help = "Cancels job JOB. A queued job leaves the queue at once; a running job\n"
-                "stops at its next step (trainctl watch JOB shows it end). Only the job's\n"
-                "owner or root may cancel it (exit 77 otherwise).\n\n"
-                "  -h, --help  show this help\n",
+        .flags = F_STATE | F_USER | F_NAME,
+        .arg = ARG_JOBS,
+        .usage = "trainctl cancel JOB [JOB]... | cancel [--name GLOB] [--state S,S] [--user USER]",
+        .brief = "cancel jobs, by id or by what they match",
+        .help = "Cancels each job JOB, or every queued or running job that matches the\n"
+                "filters (as ls takes them; at least one). A queued job leaves the queue at\n"
+                "once; a running job stops at its next step (trainctl watch JOB shows it\n"
+                "end). Only the job's owner or root may cancel it (exit 77 otherwise). Prints\n"
+                "a line per job; a job that cannot be cancelled (ended, not yours, no such\n"
+                "job) is named on standard error and the others are cancelled still; the exit\n"
+                "status is then the first failure's.\n\n"
+                "  --name GLOB  jobs whose name matches GLOB (quote it: --name 'sweep-*')\n"
+                "  --state S,S  jobs in these states: queued, running (default both)\n"
+                "  --user USER  jobs submitted by USER, a user name or a uid\n"
+                "  -h, --help   show this help\n",
     },
     {
         .name = "rm",
@@ -274,9 +286,9 @@ static const verb verbs[] = {
     {
         .name = "logs",
         .run = tc_logs,
-        .flags = F_JSON | F_FORMAT,
+        .flags = F_JSON | F_FORMAT | F_FOLLOW,
         .arg = ARG_JOB,
-        .usage = "trainctl logs JOB [--json|-o json]",
+        .usage = "trainctl logs JOB [-f] [--json|-o json]",
         .brief = "print a job's lifecycle events and warnings",
         .help = "Prints what traind recorded about job JOB, oldest first (at most the last\n"
                 "10,000 lines), one line each: local time, level (err, warning, notice,\n"
@@ -290,6 +302,8 @@ static const verb verbs[] = {
                 "failed: loss is NaN at step 40\n\n"
                 "A message of several lines (one per failed device) has its further lines\n"
                 "indented under its first.\n\n"
+                "  -f, --follow  go on printing new lines as traind records them, until the\n"
+                "              job has ended and its last line is printed (Ctrl-C stops)\n"
                 "  --json      a JSON array of {\"job\",\"time\",\"level\",\"level_name\",\n"
                 "              \"message\"}; level is the syslog priority (3 to 6)\n" TC_HELP_JSON,
     },
@@ -803,6 +817,9 @@ static int store_flag(const verb *v, const flag *fl, const char *val, tc_opts *o
     case F_PANELS:
         o->panels = 1;
         break;
+    case F_FOLLOW:
+        o->follow = 1;
+        break;
     case F_LOG:
         o->log_y = 1;
         break;
@@ -930,6 +947,12 @@ static int parse_verb_args(const verb *v, int argc, char **argv, int first, tc_o
     }
     if (rc != TC_OK || *help)
         return rc;
+    if (v->run == tc_cancel && seen && (o->states || o->uid >= 0 || o->name_glob != NULL))
+        return usage_error(v, "cancel takes job ids or filters, not both");
+    if (v->run == tc_cancel && (o->states & ~(1u | 2u)) != 0)
+        return usage_error(v, "--state: only queued and running jobs can be cancelled");
+    if (v->run == tc_cancel && !seen && (o->states || o->uid >= 0 || o->name_glob != NULL))
+        return TC_OK; /* the jobs the filters match */
     if (v->arg != ARG_NONE && !seen)
         return usage_error(v, "missing %s", v->arg == ARG_JOBS ? "JOB" : arg_name(v->arg));
     if (o->csv && o->json)

@@ -2,8 +2,10 @@
  * connection, sends one request, reads its reply (or, for metrics, the run of rows frames up
  * to `end`), and prints it. watch, which follows a job live, is in watch.c; plot in plot.c. */
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "client/client.h"
 #include "common/td_text.h"
@@ -312,24 +314,82 @@ int tc_ls(const tc_opts *o)
     return rc;
 }
 
-int tc_cancel(const tc_opts *o)
+/* Cancels one job on c, printing how it went; an error is printed (tc_err) and returned. */
+static int cancel_one(tc_conn *c, int64_t job)
 {
     td_proto_frame *f = NULL;
-    tc_conn *c = NULL;
     char state[32];
-    int rc = job_request(o, &c, "cancel", "cancelled", &f);
+    int rc = tc_conn_job_request(c, "cancel", job, "cancelled", &f);
 
     if (rc != TC_OK)
-        goto out;
+        return rc;
     tc_job_str(td_proto_frame_root(f), "state", state, sizeof(state));
     if (strcmp(state, "running") == 0)
-        printf("job %lld: cancelling (stops at its next step)\n", (long long)o->job);
+        printf("job %lld: cancelling (stops at its next step)\n", (long long)job);
     else
-        printf("job %lld: %s\n", (long long)o->job, state[0] ? state : "cancelled");
-out:
+        printf("job %lld: %s\n", (long long)job, state[0] ? state : "cancelled");
     td_proto_frame_free(f);
-    tc_conn_close(c);
+    return TC_OK;
+}
+
+/* The ids of the queued and running jobs (or those of --state) that the filters match. */
+static int matching_ids(tc_conn *c, const tc_opts *o, int64_t **ids, size_t *n)
+{
+    tc_opts q = *o;
+    job_list l = {0};
+    int rc;
+
+    if (q.states == 0)
+        q.states = 1u | 2u; /* queued, running: what can be cancelled */
+    q.limit = -1;
+    q.created_since = -1;
+    *ids = NULL;
+    *n = 0;
+    if (!tc_conn_has(c, "list_pages"))
+        return tc_err(TC_UNAVAILABLE, "traind at %s is too old to filter jobs for cancel",
+                      o->socket);
+    rc = fetch_jobs(c, &q, &l);
+    if (rc == TC_OK && l.n > 0 && (*ids = calloc(l.n, sizeof(**ids))) == NULL)
+        rc = tc_err(TC_FAILED, "out of memory");
+    for (size_t i = 0; rc == TC_OK && i < l.n; i++)
+        (*ids)[(*n)++] = tc_job_int(l.jobs[i], "id", -1);
+    for (size_t i = 0; i < l.nframes; i++)
+        td_proto_frame_free(l.frames[i]);
+    free(l.frames);
+    free(l.jobs);
     return rc;
+}
+
+/* cancel JOB..., or cancel with filters: each job in turn on one connection; one that cannot
+ * be cancelled is named (tc_err) and the rest still are; the first failure's status is
+ * returned. */
+int tc_cancel(const tc_opts *o)
+{
+    tc_conn *c = NULL;
+    int64_t *found = NULL;
+    const int64_t *ids = o->jobs;
+    size_t n = o->njobs;
+    int rc = tc_conn_open(&c, o->socket), first = TC_OK;
+
+    if (rc == TC_OK && n == 0) {
+        rc = matching_ids(c, o, &found, &n);
+        ids = found;
+        if (rc == TC_OK && n == 0)
+            fprintf(stderr, "trainctl: no %s job matches; nothing to cancel\n",
+                    o->states == 1u   ? "queued"
+                    : o->states == 2u ? "running"
+                                      : "queued or running");
+    }
+    for (size_t i = 0; rc == TC_OK && i < n; i++) {
+        int one = cancel_one(c, ids[i]);
+        if (one != TC_OK && first == TC_OK)
+            first = one;
+        if (one == TC_UNAVAILABLE || one == TC_PROTOCOL)
+            rc = one; /* the connection is gone: the rest cannot be asked */
+    }
+    free(found);
+    tc_conn_close(c);
+    return rc != TC_OK ? rc : first;
 }
 
 static int sink_row(void *ud, const tc_row *row)
@@ -465,18 +525,52 @@ static int print_logs(const tc_opts *o, const td_pval *lines, size_t *nprinted)
     return TC_OK;
 }
 
+#define TC_FOLLOW_POLL_MS 500 /* logs -f: how often traind is asked for new lines */
+
+/* Whether job has ended, from its status; a request error is returned. */
+static int job_ended(tc_conn *c, int64_t job, int *ended)
+{
+    td_proto_frame *f = NULL;
+    char state[32];
+    int rc = tc_conn_job_request(c, "status", job, "job", &f);
+
+    if (rc != TC_OK)
+        return rc;
+    tc_job_str(td_pv_get(td_proto_frame_root(f), "job"), "state", state, sizeof(state));
+    *ended = strcmp(state, "succeeded") == 0 || strcmp(state, "failed") == 0 ||
+             strcmp(state, "cancelled") == 0;
+    td_proto_frame_free(f);
+    return TC_OK;
+}
+
+static void on_follow_sigint(int sig)
+{
+    (void)sig;
+    tc_interrupted = 1;
+}
+
 int tc_logs(const tc_opts *o)
 {
     td_proto_frame *f = NULL;
     tc_conn *c = NULL;
     const td_pval *lines;
     int64_t after = 0, next = 0;
-    size_t nprinted = 0;
-    int more = 1, opened = 0, rc = tc_conn_open(&c, o->socket);
+    size_t nprinted = 0, got;
+    int more = 1, opened = 0, ended = 0, rc = tc_conn_open(&c, o->socket);
+    struct sigaction sa = {.sa_handler = on_follow_sigint, .sa_flags = SA_RESETHAND};
 
-    /* Page after page (PROTOCOL.md, "logs"), each printed as it comes. */
-    while (rc == TC_OK && more) {
-        td_pw *w = tc_conn_request(c, "logs", 5);
+    if (o->follow) { /* Ctrl-C ends the follow cleanly (a JSON array is closed) */
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, NULL);
+    }
+    /* Page after page (PROTOCOL.md, "logs"), each printed as it comes; with -f, once the job
+     * has ended (asked before the page, so that no line written before its end is missed),
+     * a last empty page ends it, else traind is asked again TC_FOLLOW_POLL_MS later. */
+    while (rc == TC_OK && !tc_interrupted) {
+        td_pw *w;
+        if (o->follow && !more && (rc = job_ended(c, o->job, &ended)) != TC_OK)
+            break;
+        w = tc_conn_request(c, "logs", 5);
         td_pw_str(w, "job_id");
         td_pw_int(w, o->job);
         td_pw_str(w, "after");
@@ -491,16 +585,28 @@ int tc_logs(const tc_opts *o)
         if (rc == TC_OK && o->json && !opened)
             fputs("[", stdout); /* only once traind has answered: a refusal prints nothing */
         opened |= rc == TC_OK;
+        got = nprinted;
         if (rc == TC_OK)
             rc = print_logs(o, lines, &nprinted);
         if (rc == TC_OK)
             rc = next_page(td_proto_frame_root(f), "logs", after, 0, &more, &next);
-        after = next;
+        /* The last page's next too: where a follow asks from (the same after, when empty). */
+        if (rc == TC_OK && !more && nprinted > got &&
+            td_pv_int(td_pv_get(td_proto_frame_root(f), "next"), &next) == 0 && next < after)
+            rc = tc_err(TC_PROTOCOL, "traind's logs reply has a bad next");
+        after = rc == TC_OK && (more || nprinted > got) ? next : after;
         td_proto_frame_free(f);
         f = NULL;
+        fflush(stdout);
+        if (!more && (!o->follow || ended))
+            break;
+        if (!more) {
+            struct timespec ts = {0, TC_FOLLOW_POLL_MS * 1000000L};
+            nanosleep(&ts, NULL);
+        }
     }
     if (o->json && opened)
         fputs(nprinted ? "\n]\n" : "]\n", stdout);
     tc_conn_close(c);
-    return rc;
+    return rc == TC_OK && tc_interrupted ? TC_INTERRUPTED : rc;
 }

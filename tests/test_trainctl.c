@@ -872,6 +872,78 @@ static void test_set_indexes_lists(void **state)
     }
 }
 
+/* Waits (a deadline) until the file at path holds needle. */
+static void wait_file_has(const char *path, const char *needle, int timeout_s)
+{
+    for (int i = 0; i < timeout_s * 20; i++) {
+        slurp(path, big, sizeof(big));
+        if (strstr(big, needle) != NULL)
+            return;
+        usleep(50 * 1000);
+    }
+    fail_msg("%s never held \"%s\": \"%s\"", path, needle, big);
+}
+
+/* logs -f follows a job's log until it ends; cancel takes several ids (one it cannot cancel is
+ * named and the rest are cancelled still, the exit status the failure's) and filters (--name,
+ * --state, only queued or running jobs). The held job waits for the test (debug.hold). */
+static void test_cancel_many_and_logs_follow(void **state)
+{
+    char job[600], follow[320], cmd[1200];
+    long long held, queued, keep, ended;
+    pid_t pid;
+    int status = -1;
+
+    snprintf(job, sizeof(job), "%s/examples/fashion-mnist-mlp.json", env_or("TD_SOURCE_ROOT", "."));
+    assert_int_equal(tc("--socket %s submit %s --set max_steps=1 --set name=done", sock, job), 0);
+    ended = strtoll(out, NULL, 10);
+    assert_int_equal(tc("--socket %s watch %lld", sock, ended), 0);
+    assert_int_equal(tc("--socket %s submit %s --set name=sel-held --set "
+                        "'debug={\"hold\":{\"step\":1}}'",
+                        sock, job),
+                     0);
+    held = strtoll(out, NULL, 10);
+    assert_int_equal(tc("--socket %s submit %s --set name=sel-queued", sock, job), 0);
+    queued = strtoll(out, NULL, 10);
+    assert_int_equal(tc("--socket %s submit %s --set name=keep", sock, job), 0);
+    keep = strtoll(out, NULL, 10);
+    snprintf(follow, sizeof(follow), "%s/follow.out", dir);
+    snprintf(cmd, sizeof(cmd), "%s --socket %s logs -f %lld >%s 2>&1", trainctl_bin(), sock, held,
+             follow);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    wait_file_has(follow, "running on cpu:0", 60);
+    /* filters: only queued or running jobs; the held one and the queued one, not "keep" */
+    assert_int_equal(tc("--socket %s cancel --state succeeded", sock), 64);
+    assert_non_null(strstr(err, "only queued and running jobs can be cancelled"));
+    assert_int_equal(tc("--socket %s cancel --name 'sel-*'", sock), 0);
+    assert_non_null(strstr(out, "cancelling (stops at its next step)"));
+    snprintf(cmd, sizeof(cmd), "job %lld: cancelled\n", queued);
+    assert_non_null(strstr(out, cmd));
+    /* logs -f ends with the job, its last line printed */
+    for (int i = 0; i < 1200 && waitpid(pid, &status, WNOHANG) == 0; i++)
+        usleep(50 * 1000);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        fail_msg("logs -f did not end with its job");
+    }
+    slurp(follow, big, sizeof(big));
+    assert_non_null(strstr(big, "notice cancelled at step"));
+    /* several ids: an ended one is named, the other is cancelled still (queued, or running
+     * by now on the device the held one left) */
+    assert_int_equal(tc("--socket %s cancel %lld %lld", sock, ended, keep), 1);
+    snprintf(cmd, sizeof(cmd), "job %lld: cancel", keep);
+    assert_non_null(strstr(out, cmd));
+    assert_non_null(strstr(err, "ended"));
+    assert_int_equal(tc("--socket %s cancel --name 'nomatch-*'", sock), 0);
+    assert_non_null(strstr(err, "no queued or running job matches"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -891,6 +963,7 @@ int main(void)
         cmocka_unit_test(test_dry_run_needs_a_daemon_that_knows_it),
         cmocka_unit_test(test_bad_new_keys_name_the_field),
         cmocka_unit_test(test_set_indexes_lists),
+        cmocka_unit_test(test_cancel_many_and_logs_follow),
     };
     signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests_name("integration", tests, setup, teardown);
