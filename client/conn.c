@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -98,6 +99,8 @@ out:
  * socket we may not use a permission error (77), anything else traind not being there (69). */
 static int connect_error(const char *path, int err)
 {
+    struct stat st;
+
     if (err == ENAMETOOLONG)
         return tc_err(TC_CONFIG,
                       "cannot connect to traind at %s: the path is %zu bytes, and a Unix socket "
@@ -108,6 +111,23 @@ static int connect_error(const char *path, int err)
             TC_NOPERM,
             "cannot connect to traind at %s: %s (the socket admits its owner and its group only)",
             path, strerror(err));
+    if (stat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+        return tc_err(TC_CONFIG,
+                      "cannot connect to traind at %s: it is %s, not a socket (set --socket or "
+                      "$TRAIND_SOCKET to traind's socket)",
+                      path, S_ISDIR(st.st_mode) ? "a directory" : "a file");
+    if (err == ENOENT)
+        return tc_err(TC_UNAVAILABLE,
+                      "cannot connect to traind at %s: no such socket; is traind running? Start "
+                      "it (systemctl start traind, or traind --socket PATH), or set --socket or "
+                      "$TRAIND_SOCKET to the socket of one that runs",
+                      path);
+    if (err == ECONNREFUSED)
+        return tc_err(TC_UNAVAILABLE,
+                      "cannot connect to traind at %s: nothing listens on it (a socket left by a "
+                      "traind that stopped); start traind (systemctl start traind), or set "
+                      "--socket or $TRAIND_SOCKET to the socket of one that runs",
+                      path);
     return tc_err(TC_UNAVAILABLE, "cannot connect to traind at %s: %s", path, strerror(err));
 }
 

@@ -52,6 +52,11 @@ static const double palette[][3] = {
 };
 #define NCOLORS (sizeof(palette) / sizeof(palette[0]))
 
+/* With several jobs on one plot a job keeps one colour and each key its own dash: solid,
+ * dashed, dotted, dash-dot, long dashes (on, off, ... lengths in points; 0 ends one). */
+static const double dashes[][4] = {{0}, {7, 4}, {1.5, 3}, {8, 3, 1.5, 3}, {14, 5}};
+#define NDASHES (sizeof(dashes) / sizeof(dashes[0]))
+
 static const double white[3] = {1, 1, 1};
 static const double grid_rgb[3] = {0.90, 0.90, 0.90};
 static const double minor_rgb[3] = {0.955, 0.955, 0.955};
@@ -72,6 +77,7 @@ typedef struct series {
     size_t n, cap;
     size_t nonpositive; /* --log: values <= 0 left out */
     size_t color;       /* its palette entry */
+    size_t dash;        /* its dashes entry */
 } series;
 
 /* One plot area and its series, p->s[first .. first + n). */
@@ -263,6 +269,20 @@ static void drop_nonpositive(plot *p)
     p->ns = kept;
 }
 
+/* "nothing to plot: no finite values of train_loss,test_loss in job 2" (jobs 2, 3). */
+static int nothing_to_plot(const plot *p)
+{
+    char jobs[256];
+    size_t n = 0;
+
+    jobs[0] = '\0';
+    for (size_t i = 0; i < p->o->njobs && n + 24 < sizeof(jobs); i++)
+        n += (size_t)snprintf(jobs + n, sizeof(jobs) - n, "%s%lld", i ? ", " : "",
+                              (long long)p->o->jobs[i]);
+    return tc_err(TC_FAILED, "nothing to plot: no finite values%s of %s in job%s %s",
+                  p->o->log_y ? " above 0" : "", p->keys, p->o->njobs > 1 ? "s" : "", jobs);
+}
+
 /* Every job's rows, in series sorted for drawing. */
 static int fetch_all(plot *p)
 {
@@ -276,8 +296,7 @@ static int fetch_all(plot *p)
     if (rc == TC_OK)
         drop_nonpositive(p);
     if (rc == TC_OK && p->ns == 0)
-        rc = tc_err(TC_FAILED, "nothing to plot: no finite values%s of %s in the job%s named",
-                    p->o->log_y ? " above 0" : "", p->keys, p->o->njobs > 1 ? "s" : "");
+        rc = nothing_to_plot(p);
     if (rc == TC_OK)
         qsort(p->s, p->ns, sizeof(*p->s), p->o->panels ? by_key_then_job : by_job_then_key);
     return rc;
@@ -385,18 +404,40 @@ static void cv_path_to(canvas *cv, double x, double y)
     cv->npath++;
 }
 
-static void cv_path_stroke(canvas *cv, const double *rgb, double alpha, double width)
+/* The lengths of dash pattern d (dashes[]), 0 for a solid line. */
+static int dash_len(size_t d)
 {
+    int n = 0;
+
+    while (n < 4 && dashes[d % NDASHES][n] > 0)
+        n++;
+    return n;
+}
+
+/* Strokes the polyline in rgb, with dash pattern d (0: solid). */
+static void cv_path_stroke(canvas *cv, const double *rgb, double alpha, double width, size_t d)
+{
+    const double *on = dashes[d % NDASHES];
+    int n = dash_len(d);
+
     if (cv->svg != NULL && cv->npath > 0) {
         fputc('"', cv->svg);
         svg_color(cv, "stroke", rgb);
         if (alpha < 1)
             fprintf(cv->svg, " stroke-opacity=\"%g\"", alpha);
+        if (n > 0) {
+            fputs(" stroke-dasharray=\"", cv->svg);
+            for (int i = 0; i < n; i++)
+                fprintf(cv->svg, "%s%g", i ? " " : "", on[i]);
+            fputc('"', cv->svg);
+        }
         fprintf(cv->svg, " stroke-width=\"%g\"/>\n", width);
     } else if (cv->svg == NULL) {
         cairo_set_source_rgba(cv->cr, rgb[0], rgb[1], rgb[2], alpha);
         cairo_set_line_width(cv->cr, width);
+        cairo_set_dash(cv->cr, on, n, 0);
         cairo_stroke(cv->cr);
+        cairo_set_dash(cv->cr, NULL, 0, 0);
     }
     cv->npath = 0;
 }
@@ -697,8 +738,19 @@ static void make_panels(plot *p)
         p->pn[p->npanels - 1].n++;
         njobs = p->s[i].job_rank + 1 > njobs ? p->s[i].job_rank + 1 : njobs;
     }
-    for (i = 0; i < p->ns; i++)
-        p->s[i].color = p->o->panels && njobs > 1 ? p->s[i].job_rank : i;
+    /* One job: a colour per series. Several: a colour per job, and (on a plot of several keys)
+     * a dash per key, the keys' order as --keys gives it. */
+    for (i = 0; i < p->ns; i++) {
+        size_t d = 0;
+        for (size_t j = 0; j < p->ns && njobs > 1 && !p->o->panels; j++) {
+            int before = p->s[j].key_rank < p->s[i].key_rank;
+            for (size_t k = 0; before && k < j; k++) /* count each key once */
+                before = p->s[k].key_rank != p->s[j].key_rank;
+            d += before;
+        }
+        p->s[i].color = njobs > 1 ? p->s[i].job_rank : i;
+        p->s[i].dash = d;
+    }
     for (i = 0; i < p->npanels; i++) {
         y_range(p, &p->pn[i]);
         y_title(p, &p->pn[i]);
@@ -947,7 +999,7 @@ static void stroke_series(canvas *cv, const plot *p, const panel *pn, const seri
                           double width)
 {
     path_series(cv, p, pn, s);
-    cv_path_stroke(cv, palette[s->color % NCOLORS], alpha, width);
+    cv_path_stroke(cv, palette[s->color % NCOLORS], alpha, width, s->dash);
 }
 
 /* One layer of a panel: 0 the raw lines of the series with many points, 1 their smoothed
@@ -1004,7 +1056,9 @@ static void draw_legend(canvas *cv, const plot *p, const panel *pn)
     for (i = pn->first; i < pn->first + pn->n; i++) {
         const series *s = &p->s[i];
         y = pn->top + 8 + TC_PLOT_LEGEND_ROW * ((double)(i - pn->first) + 0.5);
-        cv_line(cv, x + 10, y, x + 34, y, palette[s->color % NCOLORS], 2.5);
+        cv_path_to(cv, x + 10, y);
+        cv_path_to(cv, x + 34, y);
+        cv_path_stroke(cv, palette[s->color % NCOLORS], 1, 2.5, s->dash);
         if (sparse(s))
             cv_dot(cv, x + 22, y, palette[s->color % NCOLORS]);
         legend_label(s, label, sizeof(label));

@@ -314,8 +314,10 @@ static const verb verbs[] = {
         .arg = ARG_JOBS,
         .usage = "trainctl plot JOB [JOB]... [--keys A,B] [--panels] [--log] -o FILE.png|FILE.svg",
         .brief = "draw jobs' metrics against step as a PNG or SVG chart",
-        .help = "Draws the metrics of one or more jobs against step on one chart, one\n"
-                "colour per job and metric, with a legend naming each (\"job 3 train_loss\").\n"
+        .help = "Draws the metrics of one or more jobs against step on one chart, with a\n"
+                "legend naming each line (\"job 3 train_loss\"): one job's metrics in colours\n"
+                "of their own; several jobs each in one colour, a metric in one dash (solid,\n"
+                "dashed, dotted, ...) for every job.\n"
                 "Values that are not finite are left out. A series of more than 200\n"
                 "points is drawn faintly, under its line smoothed over about 1% of its\n"
                 "points; a series of at most 60 gets a dot at each point. An SVG keeps its\n"

@@ -298,6 +298,12 @@ static void test_unreachable_is_69_and_names_the_socket(void **state)
     long_path[sizeof(long_path) - 1] = '\0';
     assert_int_equal(tc("--socket %s info", long_path), 78);
     assert_non_null(strstr(err, "107"));
+    /* no socket there: how to start one; a directory is no socket at all (78) */
+    assert_int_equal(tc("--socket %s ls", path), 69);
+    assert_non_null(strstr(err, "no such socket; is traind running? Start it"));
+    assert_non_null(strstr(err, "$TRAIND_SOCKET"));
+    assert_int_equal(tc("--socket %s ls", dir), 78);
+    assert_non_null(strstr(err, "it is a directory, not a socket"));
 }
 
 static void test_eperm_is_77_with_its_message(void **state)
@@ -556,6 +562,21 @@ static void test_plot_svg_text_panels_log(void **state)
                                 "3\n")); /* lr starts at 1e-3 */
     assert_int_equal(tc("--socket %s plot %lld --keys lr -o %s", sock, zero, svg), 0);
     assert_string_equal(err, ""); /* a linear axis keeps the 0 */
+
+    /* Two jobs, two keys: a colour per job (tab10's first two), a dash per key (the second
+     * key's lines and legend entries dashed), not four unrelated colours. */
+    assert_int_equal(tc("--socket %s plot 1 %lld --keys train_loss,lr -o %s", sock, zero, svg), 0);
+    slurp(svg, big, sizeof(big));
+    assert_int_equal(count_of(big, "stroke-dasharray=\"7 4\""), 4);
+    assert_int_equal(count_of(big, "<path d=\"M"), 8); /* 4 series, 4 legend lines */
+    assert_int_equal(count_of(big, "stroke=\"#1f77b4\""), 4);
+    assert_int_equal(count_of(big, "stroke=\"#ff7f0e\""), 4);
+    assert_null(strstr(big, "#2ca02c"));
+    /* and a job with nothing to draw is named */
+    assert_int_equal(tc("--socket %s plot %lld --keys valid_loss -o %s", sock, zero, svg), 1);
+    snprintf(png, sizeof(png), "no finite values of valid_loss in job %lld", zero);
+    if (strstr(err, png) == NULL)
+        fail_msg("%s", err);
 }
 
 /* A shell's completion test needs the shell: skipped (and said so) without it. */
