@@ -460,6 +460,27 @@ static void test_completion_bash(void **state)
     snprintf(words, sizeof(words), "trainctl --socket %s watch \"\"", sock);
     complete_words(script, words, 4);
     assert_string_equal(strtok(out, "\n"), "1"); /* job 1, asked from traind */
+    /* cancel offers only queued and running jobs: job 1 has ended (the first line, the
+     * offers, is empty) */
+    snprintf(words, sizeof(words), "trainctl --socket %s cancel \"\"", sock);
+    complete_words(script, words, 4);
+    assert_int_equal(out[0], '\n');
+    /* --keys offers the job's own metrics: an mlp's, no tokens_per_s or valid_loss */
+    snprintf(words, sizeof(words), "trainctl --socket %s metrics 1 --keys \"\"", sock);
+    complete_words(script, words, 6);
+    *strchrnul(out, '\n') = '\0';
+    assert_non_null(strstr(out, "test_accuracy"));
+    assert_non_null(strstr(out, "samples_per_s"));
+    assert_null(strstr(out, "tokens_per_s"));
+    assert_null(strstr(out, "valid_loss"));
+    snprintf(words, sizeof(words), "trainctl --socket %s metrics 1 --keys train_loss,te", sock);
+    complete_words(script, words, 6);
+    *strchrnul(out, '\n') = '\0';
+    assert_string_equal(out, "train_loss,test_accuracy train_loss,test_loss");
+    /* no job named: the names every job records */
+    complete_words(script, "trainctl plot --keys \"\"", 3);
+    *strchrnul(out, '\n') = '\0';
+    assert_non_null(strstr(out, "tokens_per_s"));
 }
 
 /* What python3's minidom makes of an SVG (which fails on one that is not well-formed XML):
