@@ -62,8 +62,12 @@ typedef struct tc_opts {
     double temperature; /* sample: --temperature, or -1 */
     int64_t seed;       /* sample: --seed, or -1 */
     int json, csv, summary;
-    int dry_run; /* submit: --dry-run */
-    int follow;  /* logs: -f, --follow */
+    int dry_run;           /* submit: --dry-run */
+    int follow;            /* logs: -f, --follow */
+    int yaml;              /* ls, status: -o yaml */
+    int wide;              /* ls: -o wide */
+    const char *ls_format; /* ls: --format FIELDS, or NULL */
+    const char *sort;      /* ls: --sort [-]FIELD, or NULL */
     /* ls's filters (PROTOCOL.md, "list"); each absent unless given. */
     unsigned states;       /* --state: TC_STATE_ bits; 0: any state */
     int64_t uid;           /* --user as a uid, or -1 */
@@ -185,6 +189,8 @@ json_t *tc_pv_to_json(const td_pval *v);
 int tc_print_json(const td_pval *v, int pretty);
 /* The same for a JSON value; borrows j. */
 int tc_dump_json(const json_t *j, int pretty);
+/* j as block YAML on stdout (-o yaml); borrows j. */
+int tc_dump_yaml(const json_t *j);
 /* A reply's top map as pretty JSON, without the protocol's own type and id. */
 int tc_print_reply_json(const td_pval *root);
 
@@ -231,8 +237,18 @@ void tc_fmt_duration(char *buf, size_t size, double seconds);
 void tc_fmt_value(char *buf, size_t size, double v);
 
 void tc_print_status(const td_pval *job);
-/* The ls table of n JOB maps, in the order given. */
-void tc_print_jobs(const td_pval *const *jobs, size_t n);
+/* ls (ls.c): the table of n JOB maps, the columns of format (field names, comma-separated:
+ * tc_ls_default_format, tc_ls_wide_format), sorted by sort ([-]FIELD; NULL: as given). */
+extern const char *const tc_ls_default_format, *const tc_ls_wide_format;
+int tc_ls_print(const td_pval **jobs, size_t n, const char *format, const char *sort);
+/* Sorts jobs as the table would (for -o json and yaml). */
+int tc_ls_sort(const td_pval **jobs, size_t n, const char *sort);
+/* 0 when every name in format is a field; else -1 with the first bad one in bad. */
+int tc_ls_check_format(const char *format, char *bad, size_t size);
+/* 0 when sort names a field (after an optional '-'). */
+int tc_ls_check_sort(const char *sort);
+/* The field names, "id, name, ...". */
+void tc_ls_field_names(char *buf, size_t size);
 /* `info` for a person, from the info reply's top map. */
 void tc_print_info(const td_pval *info);
 /* submit --dry-run's estimate reply, for a person: one line per part, in MiB. */

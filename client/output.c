@@ -11,7 +11,6 @@
 #include "common/td_clock.h"
 #include "common/td_text.h"
 
-#define TC_LS_NAME_MAX    24 /* characters of a job name shown by ls */
 #define TC_INFO_QUEUE_MAX 20 /* queued job ids info lists before "and N more" */
 
 /* One key/value pair of a map, for sorting by key. */
@@ -282,114 +281,6 @@ void tc_print_status(const td_pval *job)
     print_time("ended", ended, started > 0 ? ended - started : -1, "took ", "");
     print_error(job);
     print_metrics(job);
-}
-
-/* ---- ls ---- */
-
-typedef struct ls_fields {
-    char id[24], name[4 * TC_LS_NAME_MAX + 4], state[32], step[48], devs[96], age[24];
-    char metrics[160];
-} ls_fields;
-
-/* Characters (not bytes) of a UTF-8 string, for lining up columns. */
-static int text_width(const char *s)
-{
-    int n = 0;
-
-    for (; *s != '\0'; s++)
-        n += ((unsigned char)*s & 0xC0) != 0x80;
-    return n;
-}
-
-/* Cuts s to at most max characters, at a character boundary, marking the cut with '~'. */
-static void cut_text(char *s, int max)
-{
-    int n = 0;
-    char *p;
-
-    for (p = s; *p != '\0'; p++) {
-        if (((unsigned char)*p & 0xC0) != 0x80 && ++n == max && text_width(p) > 1) {
-            p[0] = '~';
-            p[1] = '\0';
-            return;
-        }
-    }
-}
-
-static void ls_metrics(const td_pval *job, char *buf, size_t size)
-{
-    static const char *const shown[] = {"train_loss", "test_accuracy", "valid_accuracy"};
-    const td_pval *m = td_pv_get(job, "metrics");
-    size_t i, n = 0;
-    kv p;
-
-    buf[0] = '\0';
-    for (i = 0; i < sizeof(shown) / sizeof(shown[0]); i++) {
-        p.key = shown[i];
-        p.len = strlen(shown[i]);
-        p.val = td_pv_get(m, shown[i]);
-        if (p.val != NULL)
-            append_metric(buf, size, &n, &p);
-    }
-}
-
-static void ls_row(const td_pval *job, ls_fields *f, double now)
-{
-    double created = tc_job_double(job, "created", 0);
-
-    snprintf(f->id, sizeof(f->id), "%lld", (long long)tc_job_int(job, "id", -1));
-    tc_job_str(job, "name", f->name, sizeof(f->name));
-    cut_text(f->name, TC_LS_NAME_MAX);
-    tc_job_str(job, "state", f->state, sizeof(f->state));
-    fmt_step(f->step, sizeof(f->step), job, 0);
-    tc_job_str(job, "device_list", f->devs, sizeof(f->devs));
-    if (f->devs[0] == '\0')
-        snprintf(f->devs, sizeof(f->devs), "%lld", (long long)tc_job_int(job, "devices", 0));
-    if (created > 0)
-        tc_fmt_duration(f->age, sizeof(f->age), now - created);
-    else
-        snprintf(f->age, sizeof(f->age), "-");
-    ls_metrics(job, f->metrics, sizeof(f->metrics));
-}
-
-enum { COL_ID, COL_NAME, COL_STATE, COL_STEP, COL_DEVS, COL_AGE, NCOLS };
-
-static const char *column(const ls_fields *f, int c)
-{
-    const char *cols[NCOLS] = {f->id, f->name, f->state, f->step, f->devs, f->age};
-
-    return cols[c];
-}
-
-static void print_ls_line(const ls_fields *f, const int *width)
-{
-    int c;
-
-    for (c = 0; c < NCOLS; c++)
-        printf("%s%*s  ", column(f, c), width[c] - text_width(column(f, c)), "");
-    printf("%s\n", f->metrics);
-}
-
-void tc_print_jobs(const td_pval *const *jobs, size_t n)
-{
-    ls_fields head = {"ID", "NAME", "STATE", "STEP", "DEVICES", "AGE", "METRICS"}, f;
-    double now = tc_now_real();
-    int width[NCOLS], c, w;
-    size_t i;
-
-    for (c = 0; c < NCOLS; c++)
-        width[c] = text_width(column(&head, c));
-    for (i = 0; i < n; i++) {
-        ls_row(jobs[i], &f, now);
-        for (c = 0; c < NCOLS; c++)
-            if ((w = text_width(column(&f, c))) > width[c])
-                width[c] = w;
-    }
-    print_ls_line(&head, width);
-    for (i = 0; i < n; i++) {
-        ls_row(jobs[i], &f, now);
-        print_ls_line(&f, width);
-    }
 }
 
 /* ---- info ---- */

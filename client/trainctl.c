@@ -48,7 +48,9 @@ enum {
     F_LISTEN = 1 << 24,        /* dashboard */
     F_TOP = 1 << 25,           /* retrieve */
     F_OLDER_THAN = 1 << 26,    /* prune */
+    F_SORT = 1 << 27,          /* ls */
     F_EXPORT_FORMAT = 1 << 28, /* export */
+    F_LS_FORMAT = 1 << 29,     /* ls */
     F_FOLLOW = 1 << 30         /* logs */
 };
 
@@ -96,6 +98,8 @@ static const flag flags[] = {
     {"--query", F_QUERY, "TEXT", "the text to find windows for"},
     {"--top", F_TOP, "N", "how many windows (1 to 100)"},
     {"--format", F_EXPORT_FORMAT, "FORMAT", "llmc or safetensors"},
+    {"--format", F_LS_FORMAT, "FIELDS", "the columns (id,name,user,state,...)"},
+    {"--sort", F_SORT, "FIELD", "order by this column (-FIELD: descending)"},
     {"-f", F_FOLLOW, NULL, "follow: print new lines until the job ends"},
     {"--follow", F_FOLLOW, NULL, "follow: print new lines until the job ends"},
 };
@@ -175,22 +179,25 @@ static const verb verbs[] = {
         .run = tc_status,
         .flags = F_JSON | F_FORMAT,
         .arg = ARG_JOB,
-        .usage = "trainctl status JOB [--json|-o json]",
+        .usage = "trainctl status JOB [--json|-o json|yaml]",
         .brief = "show one job",
-        .help =
-            "Shows job JOB: its state, progress, devices, times, error and latest\n"
-            "metrics.\n\n"
-            "  --json      print the whole job, with its spec, as one JSON object\n" TC_HELP_JSON,
+        .help = "Shows job JOB: its state, progress, devices, times, error and latest\n"
+                "metrics.\n\n"
+                "  --json      print the whole job, with its spec, as one JSON object\n"
+                "  -o yaml     the same as YAML\n" TC_HELP_JSON,
     },
     {
         .name = "ls",
         .run = tc_ls,
-        .flags = F_STATE | F_USER | F_NAME | F_CREATED | F_LIMIT | F_JSON | F_FORMAT,
+        .flags = F_STATE | F_USER | F_NAME | F_CREATED | F_LIMIT | F_JSON | F_FORMAT | F_LS_FORMAT |
+                 F_SORT,
         .arg = ARG_NONE,
         .usage = "trainctl ls [--state S,S] [--user USER] [--name GLOB] [--since TIME] "
-                 "[--limit N] [--json|-o json]",
+                 "[--limit N] [--format FIELDS] [--sort [-]FIELD] [-o wide|json|yaml]",
         .brief = "list the jobs, all or those that match",
-        .help = "Lists the jobs, oldest first: id, name, state, step, devices, age and the\n"
+        .help = "Lists the jobs, oldest first: ID, NAME, USER, PRIORITY, STATE, REASON (why\n"
+                "a queued job waits, as traind says: devices busy, priority (behind job N),\n"
+                "user's limit ...), STEP, DEVICES, ELAPSED (how long it has run) and the\n"
                 "latest loss and accuracy. traind applies the filters and sends only the\n"
                 "jobs that match, a page at a time; a job must match every filter given.\n\n"
                 "  --state S,S   only jobs in one of these states: queued, running,\n"
@@ -204,8 +211,15 @@ static const verb verbs[] = {
                 "                time (2026-11-30, 2026-11-30 14:00, 2026-11-30T14:00:05)\n"
                 "  --limit N     only the newest N of the jobs that match, still listed\n"
                 "                oldest first\n"
+                "  --format F,F  the columns, in order, from the fields id, name, user,\n"
+                "                priority, state, reason, step, devices, elapsed, age,\n"
+                "                created, started, ended, error, metrics\n"
+                "  --sort FIELD  order by a field (numbers as numbers), -FIELD descending;\n"
+                "                ties keep the id order. Applies to -o json and yaml too\n"
+                "  -o wide       every field but none twice: also age, created, started,\n"
+                "                ended and the error\n"
                 "  --json        print a JSON array of the jobs, in the same order\n"
-                "  -o json       the same as --json\n"
+                "  -o json       the same as --json; -o yaml the jobs as YAML\n"
                 "  -h, --help    show this help\n",
     },
     {
@@ -575,15 +589,26 @@ static const flag *find_flag(const char *arg, size_t len, unsigned accepted)
     return any;
 }
 
-/* -o FORMAT for a read verb: json, or csv where the verb has --csv. */
+/* -o FORMAT for a read verb: json; csv where the verb has --csv; yaml for ls and status;
+ * wide for ls (kubectl's). */
 static int store_format(const verb *v, const char *val, tc_opts *o)
 {
+    int ls = v->run == tc_ls, status = v->run == tc_status;
+
     if (strcmp(val, "json") == 0)
         o->json = 1;
     else if (strcmp(val, "csv") == 0 && (v->flags & F_CSV))
         o->csv = 1;
+    else if (strcmp(val, "yaml") == 0 && (ls || status))
+        o->yaml = 1;
+    else if (strcmp(val, "wide") == 0 && ls)
+        o->wide = 1;
     else
-        return usage_error(v, "-o takes %s, not '%s'", v->flags & F_CSV ? "csv or json" : "json",
+        return usage_error(v, "-o takes %s, not '%s'",
+                           ls                 ? "wide, json or yaml"
+                           : status           ? "json or yaml"
+                           : v->flags & F_CSV ? "csv or json"
+                                              : "json",
                            val);
     return TC_OK;
 }
@@ -822,6 +847,24 @@ static int store_flag(const verb *v, const flag *fl, const char *val, tc_opts *o
     case F_FOLLOW:
         o->follow = 1;
         break;
+    case F_LS_FORMAT: {
+        char bad[64], names[256];
+        if (tc_ls_check_format(val, bad, sizeof(bad)) != 0) {
+            tc_ls_field_names(names, sizeof(names));
+            return usage_error(v, "--format: no field '%s'; the fields are %s", bad, names);
+        }
+        o->ls_format = val;
+        break;
+    }
+    case F_SORT: {
+        char names[256];
+        if (tc_ls_check_sort(val) != 0) {
+            tc_ls_field_names(names, sizeof(names));
+            return usage_error(v, "--sort: no field '%s'; the fields are %s", val, names);
+        }
+        o->sort = val;
+        break;
+    }
     case F_LOG:
         o->log_y = 1;
         break;
@@ -1034,6 +1077,8 @@ int tc_verb_at(size_t i, tc_verb_desc *out)
     out->output = verbs[i].flags & (F_OUTFILE | F_OUTPATH) ? "FILE"
                   : !(verbs[i].flags & F_FORMAT)           ? ""
                   : verbs[i].flags & F_CSV                 ? "csv json"
+                  : verbs[i].run == tc_ls                  ? "wide json yaml"
+                  : verbs[i].run == tc_status              ? "json yaml"
                                                            : "json";
     out->flags[0] = '\0';
     for (f = 0; f < NFLAGS; f++) {

@@ -110,6 +110,15 @@ static int job_request(const tc_opts *o, tc_conn **c, const char *type, const ch
     return tc_conn_job_request(*c, type, o->job, reply, f);
 }
 
+static int print_yaml(const td_pval *v)
+{
+    json_t *j = tc_pv_to_json(v);
+    int rc = j != NULL ? tc_dump_yaml(j) : tc_err(TC_FAILED, "out of memory");
+
+    json_decref(j);
+    return rc;
+}
+
 int tc_status(const tc_opts *o)
 {
     td_proto_frame *f = NULL;
@@ -124,6 +133,8 @@ int tc_status(const tc_opts *o)
         rc = tc_err(TC_PROTOCOL, "traind's job reply has no job map");
     else if (o->json)
         rc = tc_print_json(job, 1);
+    else if (o->yaml)
+        rc = print_yaml(job);
     else
         tc_print_status(job);
 out:
@@ -275,8 +286,8 @@ static int fetch_jobs(tc_conn *c, const tc_opts *o, job_list *l)
     return rc;
 }
 
-/* The jobs as one JSON array. */
-static int print_jobs_json(const job_list *l)
+/* The jobs as one JSON array (or YAML sequence). */
+static int print_jobs_json(const job_list *l, int yaml)
 {
     json_t *all = json_array();
     int rc = all != NULL ? TC_OK : tc_err(TC_FAILED, "out of memory");
@@ -285,7 +296,7 @@ static int print_jobs_json(const job_list *l)
         if (json_array_append_new(all, tc_pv_to_json(l->jobs[i])) != 0)
             rc = tc_err(TC_FAILED, "out of memory");
     if (rc == TC_OK)
-        rc = tc_dump_json(all, 1);
+        rc = yaml ? tc_dump_yaml(all) : tc_dump_json(all, 1);
     json_decref(all);
     return rc;
 }
@@ -302,10 +313,16 @@ int tc_ls(const tc_opts *o)
         rc = tc_err(TC_UNAVAILABLE, "traind at %s is too old to filter or limit ls", o->socket);
     if (rc == TC_OK)
         rc = fetch_jobs(c, o, &l);
-    if (rc == TC_OK && o->json)
-        rc = print_jobs_json(&l);
+    if (rc == TC_OK && (o->json || o->yaml))
+        rc = tc_ls_sort(l.jobs, l.n, o->sort);
+    if (rc == TC_OK && (o->json || o->yaml))
+        rc = print_jobs_json(&l, o->yaml);
     else if (rc == TC_OK)
-        tc_print_jobs(l.jobs, l.n);
+        rc = tc_ls_print(l.jobs, l.n,
+                         o->ls_format != NULL ? o->ls_format
+                         : o->wide            ? tc_ls_wide_format
+                                              : tc_ls_default_format,
+                         o->sort);
     for (size_t i = 0; i < l.nframes; i++)
         td_proto_frame_free(l.frames[i]);
     free(l.frames);

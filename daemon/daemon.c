@@ -1213,6 +1213,34 @@ int td_daemon_cancel(td_daemon *d, int64_t id, int64_t uid, char *state_out, td_
     return 0;
 }
 
+/* Why queued job waits (td_job_live's reason): the scheduler's own tests, in its order. */
+static void queue_reason(const td_daemon *d, const td_djob *job, char *out, size_t size)
+{
+    int limit = d->cfg.max_devices_per_user, free_devices = 0;
+    const td_djob *next;
+
+    if (job->spec.nodes > 1) {
+        td__launch_reason(d, job, out, size);
+        return;
+    }
+    if (d->stopping) {
+        snprintf(out, size, "the daemon is stopping");
+        return;
+    }
+    if (limit > 0 && devices_held(d, job->uid) + job->spec.devices > limit) {
+        snprintf(out, size, "user's limit (max_devices_per_user %d)", limit);
+        return;
+    }
+    next = next_queued(d);
+    if (next != NULL && next != job) {
+        snprintf(out, size, "priority (behind job %lld)", (long long)next->id);
+        return;
+    }
+    for (int i = 0; i < d->nworkers; i++)
+        free_devices += d->workers[i].running == 0;
+    snprintf(out, size, "%s", free_devices < job->spec.devices ? "devices busy" : "starting");
+}
+
 int td_daemon_job_live(const td_daemon *d, int64_t id, td_job_live *out)
 {
     const td_djob *job = find_job(d, id);
@@ -1231,6 +1259,9 @@ int td_daemon_job_live(const td_daemon *d, int64_t id, td_job_live *out)
     snprintf(out->device_list, sizeof(out->device_list), "%s", job->device_list);
     out->err = job->final_err;
     out->nodes = td__launch_nodes_blob(job, &out->nodes_len);
+    out->reason[0] = '\0';
+    if (!active(job) && strcmp(job->state, TD_JOB_QUEUED) == 0)
+        queue_reason(d, job, out->reason, sizeof(out->reason));
     return 1;
 }
 

@@ -107,6 +107,10 @@ typedef struct td_job_live {
                            * nodes}]} in msgpack, as status sends them; NULL for none. Borrowed
                            * until the loop turns */
     size_t nodes_len;
+    /* a queued job: why it waits, as squeue's REASON ("devices busy", "priority (behind job
+     * 12)", "user's limit (max_devices_per_user 4)", "cluster limit ([cluster] max_running
+     * 2)"); empty for any other */
+    char reason[64];
 } td_job_live;
 
 /* Fills *out for job id and returns 1 when the daemon holds it (queued or running); 0 for an

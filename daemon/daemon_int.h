@@ -70,6 +70,8 @@ void td__daemon_store_err_devices(td_daemon *d, int64_t job, td_pw *w);
 /* daemon_launch.c: jobs that span nodes */
 int td__launch_validate(td_daemon *d, td_jobspec *spec, td_error_t *err);
 void td__launch_schedule(td_daemon *d);
+/* Why queued job, which spans nodes, waits (td_job_live's reason) into out. */
+void td__launch_reason(const td_daemon *d, const td_djob *job, char *out, size_t size);
 int td__launch_load(td_djob *job, const td_job_row *row);
 void td__launch_free(td_djob *job);
 int td__launch_job_dir(const td_daemon *d, const td_djob *job, char *out, size_t size);

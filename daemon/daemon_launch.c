@@ -265,6 +265,18 @@ static int launched(const td_daemon *d)
     return n;
 }
 
+void td__launch_reason(const td_daemon *d, const td_djob *job, char *out, size_t size)
+{
+    const td_djob *next = next_launch(d);
+
+    if (d->cfg.cluster.max_running > 0 && launched(d) >= d->cfg.cluster.max_running)
+        snprintf(out, size, "cluster limit ([cluster] max_running %d)", d->cfg.cluster.max_running);
+    else if (next != NULL && next != job)
+        snprintf(out, size, "priority (behind job %lld)", (long long)next->id);
+    else
+        snprintf(out, size, "launching");
+}
+
 /* Launches queued jobs that span nodes, up to [cluster] max_running at once; none holds a
  * device of this box, so they wait for nothing here (Slurm queues them itself). A job whose
  * launch cannot start (out of memory) stays queued until the next turn. */

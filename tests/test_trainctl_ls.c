@@ -394,6 +394,34 @@ static void test_ls_running_and_queued(void **state)
     assert_int_equal(table_ids(), 1);
     assert_int_equal(ids[0], running);
 
+    /* USER, PRIORITY and traind's REASON for a queued job, --format, --sort, -o wide, yaml:
+     * a third job of a higher priority goes before the one queued first */
+    assert_int_equal(tc(NULL, "submit %s --set name=long-c --set priority=5", job), 0);
+    assert_int_equal(strtoll(out, NULL, 10), N + 3);
+    assert_int_equal(tc(NULL, "ls --state running,queued --format id,user,priority,reason"), 0);
+    assert_int_equal(table_ids(), 3);
+    assert_non_null(strstr(out, "ID     USER  PRIORITY  REASON\n"));
+    assert_non_null(strstr(out, "10001  root  0         -\n"));
+    assert_non_null(strstr(out, "10002  root  0         priority (behind job 10003)\n"));
+    assert_non_null(strstr(out, "10003  root  5         devices busy\n"));
+    assert_int_equal(tc(NULL, "ls --state running,queued --sort -priority --format id,name"), 0);
+    assert_int_equal(table_ids(), 3);
+    assert_int_equal(ids[0], N + 3);
+    assert_int_equal(ids[1], running); /* a tie keeps the id order */
+    assert_int_equal(tc(NULL, "ls --state queued --sort name -o json"), 0);
+    assert_int_equal(json_ids(), 2);
+    assert_int_equal(ids[0], queued);
+    assert_int_equal(tc(NULL, "ls --state running -o wide"), 0);
+    assert_true(strncmp(out, "ID     NAME    USER  PRIORITY  STATE    REASON  STEP", 52) == 0);
+    assert_non_null(strstr(out, " CREATED "));
+    assert_int_equal(tc(NULL, "ls --state queued -o yaml"), 0);
+    assert_non_null(strstr(out, "- \"id\": 10002\n  \"name\": \"long-b\"\n"));
+    assert_non_null(strstr(out, "  \"reason\": \"devices busy\"\n"));
+    assert_int_equal(tc(NULL, "ls --format id,bogus"), 64);
+    assert_non_null(strstr(err_out, "--format: no field 'bogus'; the fields are id, name,"));
+    assert_int_equal(tc(NULL, "ls --sort weight"), 64);
+    assert_int_equal(tc(NULL, "cancel %d", N + 3), 0);
+
     assert_int_equal(tc(NULL, "cancel %lld", (long long)queued), 0);
     assert_int_equal(tc(NULL, "cancel %lld", (long long)running), 0);
     ts_wait_state(&c, running, "cancelled", 60);

@@ -188,6 +188,13 @@ void td__write_job(td_server *s, td_pw *w, td_job_row *row, int with_spec)
     td_pw_int(w, live != NULL && live->total_steps ? live->total_steps : row->total_steps);
     td_pw_str(w, "devices");
     td_pw_int(w, row->devices);
+    td_pw_str(w, "priority");
+    td_pw_int(w, row->priority);
+    td_pw_str(w, "reason"); /* why a queued job waits; nil for every other */
+    if (live != NULL && live->reason[0] != '\0')
+        td_pw_str(w, live->reason);
+    else
+        td_pw_nil(w);
     td_pw_str(w, "device_list");
     td_pw_str(w, live != NULL && live->running ? live->device_list : row->device_list);
     if (live != NULL && live->nodes != NULL)
