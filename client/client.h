@@ -128,6 +128,10 @@ int tc_conn_send(tc_conn *c);
  * EJOB, 76 for EPROTO and EVERSION, 77 for EPERM, else 1. */
 int tc_conn_recv(tc_conn *c, td_proto_frame **out, int timeout_ms);
 
+/* quiet: traind's error frames become their status without being printed (a request whose
+ * refusal the caller reports its own way: describe's events of another user's job). */
+void tc_conn_quiet(tc_conn *c, int quiet);
+
 /* tc_conn_recv() within TC_REPLY_TIMEOUT_MS, requiring the frame's type to be type. */
 int tc_conn_expect(tc_conn *c, const char *type, td_proto_frame **out);
 
@@ -189,8 +193,8 @@ json_t *tc_pv_to_json(const td_pval *v);
 int tc_print_json(const td_pval *v, int pretty);
 /* The same for a JSON value; borrows j. */
 int tc_dump_json(const json_t *j, int pretty);
-/* j as block YAML on stdout (-o yaml); borrows j. */
-int tc_dump_yaml(const json_t *j);
+/* j as block YAML on f (-o yaml); borrows j. */
+int tc_dump_yaml(FILE *f, const json_t *j);
 /* A reply's top map as pretty JSON, without the protocol's own type and id. */
 int tc_print_reply_json(const td_pval *root);
 
@@ -278,6 +282,7 @@ int tc_metrics(const tc_opts *o);
 int tc_info(const tc_opts *o);
 int tc_logs(const tc_opts *o);
 int tc_watch(const tc_opts *o);
+int tc_describe(const tc_opts *o);
 int tc_plot(const tc_opts *o);
 int tc_completion(const tc_opts *o);
 int tc_export(const tc_opts *o);

@@ -26,6 +26,7 @@ struct tc_conn {
     const char *type;                   /* type of the last request, for messages */
     char features[TC_MAX_FEATURES][32]; /* traind's hello's features */
     size_t nfeatures;
+    int quiet; /* traind's error frames are returned, not printed (tc_conn_quiet) */
     char buf[TC_READ_CHUNK];
 };
 
@@ -243,7 +244,7 @@ static int fill(tc_conn *c, int timeout_ms, int *timed_out)
 
 /* Prints an error frame's message and turns its code (or, for EPERM, its name, which is what
  * PROTOCOL.md promises a client can rely on) into an exit status. */
-static int remote_error(const td_pval *root)
+static int remote_error(const tc_conn *c, const td_pval *root)
 {
     char msg[4096];
     int64_t code = 0;
@@ -256,7 +257,8 @@ static int remote_error(const td_pval *root)
         snprintf(msg, sizeof(msg), "%s", td_strerror((int)code));
     else
         td_text_escape(msg, sizeof(msg), m, len, TD_TEXT_KEEP_NEWLINES);
-    tc_err(TC_FAILED, "%s", msg);
+    if (!c->quiet)
+        tc_err(TC_FAILED, "%s", msg);
     if (code == TD_EPERM || tc_pv_is(td_pv_get(root, "name"), "EPERM"))
         return TC_NOPERM;
     if (code == TD_EJOB)
@@ -278,7 +280,7 @@ static int check_reply(tc_conn *c, td_proto_frame *f, td_proto_frame **out)
 
     td_pv_int(td_pv_get(root, "id"), &id);
     if (tc_pv_is(td_pv_get(root, "type"), "error"))
-        rc = remote_error(root);
+        rc = remote_error(c, root);
     else if (td_pv_str(td_pv_get(root, "type"), &len) == NULL)
         rc = tc_err(TC_PROTOCOL, "traind sent a frame without a type");
     else if (id != c->id)
@@ -290,6 +292,11 @@ static int check_reply(tc_conn *c, td_proto_frame *f, td_proto_frame **out)
     }
     *out = f;
     return TC_OK;
+}
+
+void tc_conn_quiet(tc_conn *c, int quiet)
+{
+    c->quiet = quiet;
 }
 
 int tc_conn_recv(tc_conn *c, td_proto_frame **out, int timeout_ms)

@@ -420,20 +420,20 @@ int tc_dump_json(const json_t *j, int pretty)
 
 /* A scalar as YAML: strings double-quoted with JSON's escapes (YAML reads those as it does
  * JSON's), numbers, booleans and null as JSON writes them. */
-static int yaml_scalar(const json_t *j)
+static int yaml_scalar(FILE *f, const json_t *j)
 {
     char *s = json_dumps(j, JSON_ENCODE_ANY | TC_JSON_REAL_FLAGS);
 
     if (s == NULL)
         return tc_err(TC_FAILED, "out of memory");
-    fputs(s, stdout);
+    fputs(s, f);
     free(s);
     return TC_OK;
 }
 
 /* j as block YAML at indent: a map's keys one per line, an array's items after "- ", empty
  * ones as {} and []. first: the line is already started (after "- " or "key:"). */
-static int yaml_value(const json_t *j, int indent, int after_key)
+static int yaml_value(FILE *f, const json_t *j, int indent, int after_key)
 {
     const char *key;
     json_t *v;
@@ -445,17 +445,17 @@ static int yaml_value(const json_t *j, int indent, int after_key)
         {
             json_t *k = json_string(key);
             if (after_key || n > 0)
-                printf("\n%*s", indent, "");
+                fprintf(f, "\n%*s", indent, "");
             n++;
-            rc = k != NULL ? yaml_scalar(k) : tc_err(TC_FAILED, "out of memory");
+            rc = k != NULL ? yaml_scalar(f, k) : tc_err(TC_FAILED, "out of memory");
             json_decref(k);
             if (rc != TC_OK)
                 return rc;
-            fputc(':', stdout);
+            fputc(':', f);
             if (!((json_is_object(v) && json_object_size(v) > 0) ||
                   (json_is_array(v) && json_array_size(v) > 0)))
-                fputc(' ', stdout);
-            if ((rc = yaml_value(v, indent + 2, 1)) != TC_OK)
+                fputc(' ', f);
+            if ((rc = yaml_value(f, v, indent + 2, 1)) != TC_OK)
                 return rc;
         }
         return TC_OK;
@@ -464,25 +464,25 @@ static int yaml_value(const json_t *j, int indent, int after_key)
         json_array_foreach(j, i, v)
         {
             if (after_key || i > 0)
-                printf("\n%*s", after_key ? indent - 2 : indent, "");
-            fputs("- ", stdout);
-            if ((rc = yaml_value(v, after_key ? indent : indent + 2, 0)) != TC_OK)
+                fprintf(f, "\n%*s", after_key ? indent - 2 : indent, "");
+            fputs("- ", f);
+            if ((rc = yaml_value(f, v, after_key ? indent : indent + 2, 0)) != TC_OK)
                 return rc;
         }
         return TC_OK;
     }
     if (json_is_object(j))
-        return fputs("{}", stdout), TC_OK;
+        return fputs("{}", f), TC_OK;
     if (json_is_array(j))
-        return fputs("[]", stdout), TC_OK;
-    return yaml_scalar(j);
+        return fputs("[]", f), TC_OK;
+    return yaml_scalar(f, j);
 }
 
-int tc_dump_yaml(const json_t *j)
+int tc_dump_yaml(FILE *f, const json_t *j)
 {
-    int rc = yaml_value(j, 0, 0);
+    int rc = yaml_value(f, j, 0, 0);
 
-    if (rc == TC_OK && (fputc('\n', stdout) == EOF || ferror(stdout)))
+    if (rc == TC_OK && (fputc('\n', f) == EOF || ferror(f)))
         rc = tc_err(TC_FAILED, "cannot write to standard output: %s", strerror(errno));
     return rc;
 }

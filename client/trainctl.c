@@ -187,6 +187,20 @@ static const verb verbs[] = {
                 "  -o yaml     the same as YAML\n" TC_HELP_JSON,
     },
     {
+        .name = "describe",
+        .run = tc_describe,
+        .flags = 0,
+        .arg = ARG_JOB,
+        .usage = "trainctl describe JOB",
+        .brief = "show the whole job, as a person reads it",
+        .help = "Shows job JOB as kubectl describe shows a pod: its name, user, state (and\n"
+                "for a queued job why it waits), priority, step, devices and times; its\n"
+                "error with each failed device; its spec (as YAML); the last value of each\n"
+                "metric; its checkpoints (step, size, when written); and its events, the\n"
+                "last 20 lines of its log (the job's owner or root only).\n\n"
+                "  -h, --help  show this help\n",
+    },
+    {
         .name = "ls",
         .run = tc_ls,
         .flags = F_STATE | F_USER | F_NAME | F_CREATED | F_LIMIT | F_JSON | F_FORMAT | F_LS_FORMAT |
@@ -312,8 +326,8 @@ static const verb verbs[] = {
                 "  2026-12-01 18:18:11 notice cancel requested\n"
                 "  2026-12-01 18:18:11 notice cancelled at step 77\n\n"
                 "and the last line of one that failed:\n\n"
-                "  2026-12-01 18:18:05 err failed at step 39: training worker on device 0 "
-                "failed: loss is NaN at step 40\n\n"
+                "  2026-12-01 18:18:05 err failed: training worker on device 0 failed: "
+                "loss is NaN at step 40\n\n"
                 "A message of several lines (one per failed device) has its further lines\n"
                 "indented under its first.\n\n"
                 "  -f, --follow  go on printing new lines as traind records them, until the\n"

@@ -113,7 +113,7 @@ static int job_request(const tc_opts *o, tc_conn **c, const char *type, const ch
 static int print_yaml(const td_pval *v)
 {
     json_t *j = tc_pv_to_json(v);
-    int rc = j != NULL ? tc_dump_yaml(j) : tc_err(TC_FAILED, "out of memory");
+    int rc = j != NULL ? tc_dump_yaml(stdout, j) : tc_err(TC_FAILED, "out of memory");
 
     json_decref(j);
     return rc;
@@ -296,7 +296,7 @@ static int print_jobs_json(const job_list *l, int yaml)
         if (json_array_append_new(all, tc_pv_to_json(l->jobs[i])) != 0)
             rc = tc_err(TC_FAILED, "out of memory");
     if (rc == TC_OK)
-        rc = yaml ? tc_dump_yaml(all) : tc_dump_json(all, 1);
+        rc = yaml ? tc_dump_yaml(stdout, all) : tc_dump_json(all, 1);
     json_decref(all);
     return rc;
 }

@@ -132,11 +132,8 @@ int td__daemon_store_state(td_daemon *d, td_djob *job, const char *state, const 
 
     if (rc < 0)
         td_log_err("job %lld: cannot record state %s: %s", (long long)job->id, state, err.msg);
-    /* A message that already says the state ("cancelled at step 515") is the line itself. */
-    if (code != 0 && strncmp(e->msg, state, strlen(state)) == 0)
-        snprintf(line, sizeof(line), "%s", e->msg);
-    else if (code != 0)
-        snprintf(line, sizeof(line), "%s at step %lld: %s", state, (long long)job->step, e->msg);
+    if (code != 0)
+        td__daemon_outcome_line(line, sizeof(line), state, job->step, e->msg);
     else if (devs != NULL && devs[0] != '\0')
         snprintf(line, sizeof(line), "%s on %s", state, devs);
     else
@@ -144,6 +141,17 @@ int td__daemon_store_state(td_daemon *d, td_djob *job, const char *state, const 
     td__daemon_job_log(d, job->id, code != 0 && code != TD_ECANCELLED ? TD_LOG_ERR : TD_LOG_NOTICE,
                        line);
     return rc == 1;
+}
+
+void td__daemon_outcome_line(char *out, size_t size, const char *state, int64_t step,
+                             const char *msg)
+{
+    if (strncmp(msg, state, strlen(state)) == 0) /* "cancelled at step 515" says it all */
+        snprintf(out, size, "%s", msg);
+    else if (strstr(msg, "at step ") != NULL || strstr(msg, "steps trained") != NULL)
+        snprintf(out, size, "%s: %s", state, msg); /* the message names its step */
+    else
+        snprintf(out, size, "%s at step %lld: %s", state, (long long)step, msg);
 }
 
 void td__daemon_write_progress(td_daemon *d, td_djob *job)
@@ -667,11 +675,12 @@ static void handle_done(td_daemon *d, td_event *ev)
                       job->spec.name, (long long)job->step);
         return;
     }
-    if (ev->err.code != 0 && strcmp(ev->state, TD_JOB_CANCELLED) != 0)
-        td_log_warn("job %lld (%s, uid %lld): %s at step %lld: %s", (long long)job->id,
-                    job->spec.name, (long long)job->uid, ev->state, (long long)job->step,
-                    ev->err.msg);
-    else
+    if (ev->err.code != 0 && strcmp(ev->state, TD_JOB_CANCELLED) != 0) {
+        char line[1200];
+        td__daemon_outcome_line(line, sizeof(line), ev->state, job->step, ev->err.msg);
+        td_log_warn("job %lld (%s, uid %lld): %s", (long long)job->id, job->spec.name,
+                    (long long)job->uid, line);
+    } else
         td_log_notice("job %lld (%s, uid %lld): %s at step %lld", (long long)job->id,
                       job->spec.name, (long long)job->uid, ev->state, (long long)job->step);
     if (ev->sticky) {
@@ -1303,6 +1312,16 @@ size_t td_daemon_queued(const td_daemon *d, int64_t *ids, size_t max)
         ids[k] = q[k].id;
     free(q);
     return n;
+}
+
+int td_daemon_checkpoint_dir(const td_daemon *d, int64_t job, int spans_nodes, char *out,
+                             size_t size)
+{
+    const td_djob *live = find_job(d, job);
+
+    if (spans_nodes || (live != NULL && live->spec.nodes > 1))
+        return -1;
+    return checkpoint_dir(d, job, out, size) == 0 ? 0 : -1;
 }
 
 int td_daemon_job_config(td_daemon *d, int64_t job, int64_t uid, td_train_config *cfg,

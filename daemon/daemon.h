@@ -121,6 +121,12 @@ int td_daemon_job_live(const td_daemon *d, int64_t id, td_job_live *out);
  * the first max of them into ids. Returns how many are queued. */
 size_t td_daemon_queued(const td_daemon *d, int64_t *ids, size_t max);
 
+/* Where job's checkpoints live on this box (STATE_DIR/checkpoints/ID), into out: 0; -1 for a
+ * job that spans nodes (its checkpoints are on [cluster] shared_dir, not read from the loop)
+ * or a path that does not fit. */
+int td_daemon_checkpoint_dir(const td_daemon *d, int64_t job, int spans_nodes, char *out,
+                             size_t size);
+
 /* The training config of job for uid (its owner or root), for its checkpoints: a queued or
  * running job's own, else its stored spec parsed again without the file checks (an ended
  * job's dataset may be gone), with checkpoint_dir where every run keeps them

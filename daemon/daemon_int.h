@@ -70,6 +70,11 @@ void td__daemon_store_err_devices(td_daemon *d, int64_t job, td_pw *w);
 /* daemon_launch.c: jobs that span nodes */
 int td__launch_validate(td_daemon *d, td_jobspec *spec, td_error_t *err);
 void td__launch_schedule(td_daemon *d);
+/* A job's outcome as its log and the daemon's say it: "failed at step 19: MSG", or
+ * "failed: MSG" when MSG names its own step ("loss is NaN at step 20"), so that a line gives
+ * one step number; MSG alone when it says the state ("cancelled at step 515"). */
+void td__daemon_outcome_line(char *out, size_t size, const char *state, int64_t step,
+                             const char *msg);
 /* Why queued job, which spans nodes, waits (td_job_live's reason) into out. */
 void td__launch_reason(const td_daemon *d, const td_djob *job, char *out, size_t size);
 int td__launch_load(td_djob *job, const td_job_row *row);

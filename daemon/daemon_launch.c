@@ -524,10 +524,12 @@ static void on_done(void *ud, td_launch *l, const td_launch_outcome *o)
     later = td__daemon_store_state(d, job, state, NULL, &err);
     if (strcmp(state, TD_JOB_FAILED) == 0)
         store_failed_devices(d, job->id, o);
-    if (err.code != 0 && strcmp(state, TD_JOB_CANCELLED) != 0)
-        td_log_warn("job %lld (%s, uid %lld): %s at step %lld: %s", (long long)job->id,
-                    job->spec.name, (long long)job->uid, state, (long long)job->step, err.msg);
-    else
+    if (err.code != 0 && strcmp(state, TD_JOB_CANCELLED) != 0) {
+        char line[1200];
+        td__daemon_outcome_line(line, sizeof(line), state, job->step, err.msg);
+        td_log_warn("job %lld (%s, uid %lld): %s", (long long)job->id, job->spec.name,
+                    (long long)job->uid, line);
+    } else
         td_log_notice("job %lld (%s, uid %lld): %s at step %lld", (long long)job->id,
                       job->spec.name, (long long)job->uid, state, (long long)job->step);
     td__daemon_job_unlink(d, job);

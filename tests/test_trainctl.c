@@ -450,7 +450,7 @@ static void test_completion_bash(void **state)
     assert_int_equal(tc("completion bash >%s", script), 0);
     complete_words(script, "trainctl \"\"", 1);
     /* every verb, in the table's order (rm and prune sit between cancel and metrics) */
-    assert_non_null(strstr(out, "submit watch status ls cancel "));
+    assert_non_null(strstr(out, "submit watch status describe ls cancel "));
     assert_non_null(strstr(out, " metrics logs plot info completion "));
     assert_non_null(strstr(out, "complete -F _trainctl trainctl"));
     complete_words(script, "trainctl metrics 1 -o \"\"", 4);
@@ -986,6 +986,48 @@ static void test_cancel_many_and_logs_follow(void **state)
     assert_non_null(strstr(err, "no queued or running job matches"));
 }
 
+/* describe shows the whole job: who, state, devices, times, the error with its failed
+ * device, the spec, the last metrics, the checkpoints and the events, whose failure line
+ * names one step (the failing one), not "failed at step 4: ... at step 5". */
+static void test_describe_a_failed_job(void **state)
+{
+    char job[600], line[200];
+    long long id;
+
+    snprintf(job, sizeof(job), "%s/examples/fashion-mnist-mlp.json", env_or("TD_SOURCE_ROOT", "."));
+    assert_int_equal(tc("--socket %s submit %s --set max_steps=10 --set checkpoint_every=2 --set "
+                        "name=described --set 'debug={\"fail\":{\"step\":5,\"kind\":\"nan\"}}'",
+                        sock, job),
+                     0);
+    id = strtoll(out, NULL, 10);
+    assert_int_equal(tc("--socket %s watch %lld", sock, id), 1);
+    assert_int_equal(tc("--socket %s describe %lld", sock, id), 0);
+    snprintf(line, sizeof(line), "Job:            %lld\n", id);
+    assert_non_null(strstr(out, line));
+    assert_non_null(strstr(out, "Name:           described\n"));
+    assert_non_null(strstr(out, "User:           root (uid 0)\n"));
+    assert_non_null(strstr(out, "State:          failed\n"));
+    assert_non_null(strstr(out, "Step:           4 of 10 (40%)\n"));
+    assert_non_null(strstr(out, "Devices:        1 (cpu:0)\n"));
+    assert_non_null(strstr(out, "Error:          ENAN: training worker on device 0 failed: loss "
+                                "is NaN at step 5\n"));
+    assert_non_null(strstr(out, "Failed devices:\n  DEVICE  CODE        MESSAGE\n  0       ENAN"));
+    assert_non_null(strstr(out, "Spec:\n  \"name\": \"described\"\n"));
+    assert_non_null(strstr(out, "\n  \"max_steps\": 10\n"));
+    assert_non_null(strstr(out, "Last metrics:\n"));
+    assert_non_null(strstr(out, "\n  train_loss "));
+    assert_non_null(strstr(out, "Checkpoints:\n  STEP      SIZE        WRITTEN\n  4         "));
+    assert_non_null(strstr(out, "\n  2         "));
+    assert_non_null(strstr(out, "Events:\n"));
+    assert_non_null(strstr(out, "notice   queued\n"));
+    assert_non_null(strstr(out, "err      failed: training worker on device 0 failed: loss is NaN "
+                                "at step 5\n"));
+    assert_null(strstr(out, "failed at step"));
+    /* a job that does not exist: traind's error, status 1 */
+    assert_int_equal(tc("--socket %s describe 999999", sock), 1);
+    assert_non_null(strstr(err, "no job 999999"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1006,6 +1048,7 @@ int main(void)
         cmocka_unit_test(test_bad_new_keys_name_the_field),
         cmocka_unit_test(test_set_indexes_lists),
         cmocka_unit_test(test_cancel_many_and_logs_follow),
+        cmocka_unit_test(test_describe_a_failed_job),
     };
     signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests_name("integration", tests, setup, teardown);

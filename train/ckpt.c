@@ -158,6 +158,28 @@ static int list_steps(const char *dir, int64_t **steps, int *n, td_error_t *err)
     return 0;
 }
 
+int td_ckpt_list(const char *dir, td_ckpt_entry *out, int max, int *n, td_error_t *err)
+{
+    int64_t *steps = NULL;
+    int all = 0, rc = list_steps(dir, &steps, &all, err);
+    char path[TD_CKPT_PATH_MAX];
+    struct stat st;
+
+    *n = 0;
+    if (rc == TD_ENOTFOUND)
+        return 0;
+    for (int i = 0; rc == 0 && i < all && *n < max; i++)
+        if (snprintf(path, sizeof(path), "%s/ckpt-%lld.bin", dir, (long long)steps[i]) <
+                (int)sizeof(path) &&
+            stat(path, &st) == 0)
+            out[(*n)++] = (td_ckpt_entry){.step = steps[i],
+                                          .bytes = (int64_t)st.st_size,
+                                          .mtime = (double)st.st_mtim.tv_sec +
+                                                   (double)st.st_mtim.tv_nsec / 1e9};
+    free(steps);
+    return rc;
+}
+
 static int ckpt_path(char *out, size_t len, const char *dir, int64_t step, const char *prefix,
                      const char *suffix, td_error_t *err)
 {

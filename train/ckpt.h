@@ -104,6 +104,18 @@ typedef struct td_ckpt_found {
 int td_ckpt_load_latest(const char *dir, td_ckpt_meta *meta, const td_ckpt_section *sections, int n,
                         td_ckpt_found *found, td_error_t *err);
 
+/* One checkpoint file of a directory, as td_ckpt_list() finds it. */
+typedef struct td_ckpt_entry {
+    int64_t step;
+    int64_t bytes;
+    double mtime; /* unix seconds */
+} td_ckpt_entry;
+
+/* dir's checkpoint files, highest step first, at most max of them into out (*n); reads the
+ * directory and each file's size and time, not the files. 0 with *n 0 when dir does not
+ * exist; TD_EIO when it cannot be listed. */
+int td_ckpt_list(const char *dir, td_ckpt_entry *out, int max, int *n, td_error_t *err);
+
 /* A section as the file declares it. */
 typedef struct td_ckpt_section_info {
     char name[TD_CKPT_NAME_MAX];

@@ -8,8 +8,11 @@
 #include <string.h>
 
 #include "daemon/server/server_int.h"
+#include "train/ckpt.h"
 #include "common/td_log.h"
 #include "common/td_text.h"
+
+#define TD_STATUS_CHECKPOINTS 32 /* checkpoint files a status reply lists, newest first */
 
 typedef struct last_vals {
     char (*keys)[TD_STORE_MAX_KEY];
@@ -159,6 +162,35 @@ static void write_nodes(td_pw *w, const void *blob, size_t len)
     td_proto_frame_free(f);
 }
 
+/* status's checkpoints: the job's files on this box, newest first (a directory the daemon
+ * owns, a few files: listed here); nil for a job that spans nodes, whose checkpoints are on
+ * the shared file system. */
+static void write_checkpoints(td_server *s, td_pw *w, const td_job_row *row)
+{
+    td_ckpt_entry e[TD_STATUS_CHECKPOINTS];
+    char dir[TD_CKPT_PATH_MAX];
+    td_error_t err;
+    int n = 0;
+
+    td_pw_str(w, "checkpoints");
+    if (td_daemon_checkpoint_dir(s->d, row->id, row->nodes != NULL, dir, sizeof(dir)) != 0) {
+        td_pw_nil(w);
+        return;
+    }
+    if (td_ckpt_list(dir, e, TD_STATUS_CHECKPOINTS, &n, &err) != 0)
+        td_log_warn("job %lld: cannot list its checkpoints: %s", (long long)row->id, err.msg);
+    td_pw_array(w, (uint32_t)n);
+    for (int i = 0; i < n; i++) {
+        td_pw_map(w, 3);
+        td_pw_str(w, "step");
+        td_pw_int(w, e[i].step);
+        td_pw_str(w, "bytes");
+        td_pw_int(w, e[i].bytes);
+        td_pw_str(w, "time");
+        td_pw_double(w, e[i].mtime);
+    }
+}
+
 /* Writes the JOB map of PROTOCOL.md for row, with live figures for a job in memory. */
 void td__write_job(td_server *s, td_pw *w, td_job_row *row, int with_spec)
 {
@@ -232,6 +264,8 @@ void td__write_job(td_server *s, td_pw *w, td_job_row *row, int with_spec)
         td_pw_double(w, lv.vals[i]);
     }
     td_pw_map_close(w);
+    if (with_spec)
+        write_checkpoints(s, w, row);
     if (with_spec) {
         td_pw_str(w, "spec");
         if (row->spec != NULL)
