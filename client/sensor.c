@@ -4,6 +4,7 @@
  * own argument parsing (it has subcommands and flags no other verb shares), its help, and the
  * importer. Single-threaded, called from main's thread; returns exit statuses as client.h says. */
 #include <errno.h>
+#include <fcntl.h>
 #include <float.h>
 #include <math.h>
 #include <stdarg.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "client/client.h"
 #include "train/sensor.h"
@@ -20,6 +22,7 @@
 #define MAX_DAYS            100000    /* synth --days: 100,000 days take 5.8 GB */
 #define DEFAULT_CAPTION_LEN 256       /* bytes */
 #define DEFAULT_VALID       0.1       /* fraction of days or windows in the valid shard */
+#define MAX_NAME            64        /* bytes in an import's --name */
 
 /* ---- arguments ----------------------------------------------------------------------------- */
 
@@ -111,11 +114,15 @@ static const char import_help[] =
     "be quoted (\"a, b\" with \"\" for a quote); an empty field, nan, NA or N/A is a\n"
     "missing reading; empty lines are skipped. Rows after the last whole window are\n"
     "dropped (and counted). The channels' mean and std are computed over the train\n"
-    "windows, and the valid shard carries them too. Errors name FILE:LINE:COLUMN.\n\n"
+    "windows, and the valid shard carries them too. Errors name FILE:LINE:COLUMN.\n"
+    "FILE and the side files must be regular files (the input is read twice; not\n"
+    "a pipe or standard input); a line is at most 1 MiB and holds no NUL byte.\n\n"
     "  -o DIR                the directory to write into (created if missing)\n"
     "  --time-steps T        rows per window, 1 to 65536; default 1440\n"
     "  --period SECONDS      seconds per row, recorded in the header; default 60\n"
-    "  --name NAME           the shards' name; default FILE's name without .csv\n"
+    "  --name NAME           the shards' name; default FILE's name without .csv;\n"
+    "                        1 to 64 bytes of A-Z a-z 0-9 . _ -, not starting\n"
+    "                        with a dot\n"
     "  --channels A,B,...    the columns that are channels, in this order; default\n"
     "                        every column but the caption and label columns\n"
     "  --captions FILE       one caption per line, line i for window i\n"
@@ -349,13 +356,51 @@ typedef struct lines {
     int64_t no; /* the line just read, from 1 */
 } lines;
 
+/* What a file of that type is, for the refusal of one that is not a regular file. */
+static const char *file_kind(mode_t m)
+{
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISSOCK(m) ? "a socket"
+                         : "not a file";
+}
+
+/* Opens path for reading: a regular file only. A FIFO, a device or a socket never ends or
+ * cannot be read twice, so it is refused at once (opened non-blocking: a FIFO with no writer
+ * does not hang the open). */
 static int lines_open(lines *l, const char *path)
 {
+    struct stat st;
+    int fd, flags;
+
     memset(l, 0, sizeof(*l));
     l->path = path;
-    l->f = fopen(path, "r");
-    if (l->f == NULL)
+    fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
         return tc_err(TC_NOINPUT, "%s: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return tc_err(TC_NOINPUT, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return tc_err(TC_NOINPUT,
+                      "%s: not a regular file (%s); sensor import reads its input twice: save "
+                      "it to a file first",
+                      path, file_kind(st.st_mode));
+    }
+    flags = fcntl(fd, F_GETFL);
+    if (flags >= 0)
+        fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    l->f = fdopen(fd, "r");
+    if (l->f == NULL) {
+        int e = errno;
+        close(fd);
+        return tc_err(TC_FAILED, "%s: %s", path, strerror(e));
+    }
     return TC_OK;
 }
 
@@ -377,28 +422,46 @@ static int lines_rewind(lines *l)
     return TC_OK;
 }
 
-/* The next line without its line end into l->buf (*len bytes); *eof at the end. */
+/* The next line without its line end into l->buf (*len bytes); *eof at the end. The line
+ * limit is enforced while reading: l->buf never holds more than CSV_MAX_LINE bytes, whatever
+ * the file (a file of zeros with no newline is refused after CSV_MAX_LINE bytes). A NUL byte
+ * in a line is refused with its line and column. */
 static int lines_next(lines *l, size_t *len, int *eof)
 {
-    ssize_t n;
+    size_t n = 0;
+    int c = 0;
+    char *nul;
 
+    if (l->buf == NULL) {
+        l->buf = malloc(CSV_MAX_LINE + 1);
+        if (l->buf == NULL)
+            return tc_err(TC_FAILED, "out of memory");
+        l->cap = CSV_MAX_LINE + 1;
+    }
     errno = 0;
-    n = getline(&l->buf, &l->cap, l->f);
-    *eof = n < 0;
-    if (n < 0)
-        return ferror(l->f) ? tc_err(TC_NOINPUT, "%s: %s", l->path, strerror(errno)) : TC_OK;
+    while ((c = getc_unlocked(l->f)) != EOF && c != '\n') {
+        if (n == CSV_MAX_LINE)
+            return tc_err(TC_DATAERR, "%s:%lld: longer than %d bytes", l->path,
+                          (long long)l->no + 1, CSV_MAX_LINE);
+        l->buf[n++] = (char)c;
+    }
+    if (c == EOF && ferror(l->f))
+        return tc_err(TC_NOINPUT, "%s: %s", l->path, strerror(errno));
+    *eof = c == EOF && n == 0;
+    if (*eof)
+        return TC_OK;
     l->no++;
-    if ((size_t)n > CSV_MAX_LINE)
-        return tc_err(TC_DATAERR, "%s:%lld: longer than %d bytes", l->path, (long long)l->no,
-                      CSV_MAX_LINE);
-    while (n > 0 && (l->buf[n - 1] == '\n' || l->buf[n - 1] == '\r'))
+    while (n > 0 && l->buf[n - 1] == '\r')
         n--;
     l->buf[n] = '\0';
     if (l->no == 1 && n >= 3 && memcmp(l->buf, "\xef\xbb\xbf", 3) == 0) { /* a UTF-8 BOM */
-        memmove(l->buf, l->buf + 3, (size_t)n - 2);
+        memmove(l->buf, l->buf + 3, n - 2);
         n -= 3;
     }
-    *len = (size_t)n;
+    if ((nul = memchr(l->buf, '\0', n)) != NULL)
+        return tc_err(TC_DATAERR, "%s:%lld:%zu: a NUL byte", l->path, (long long)l->no,
+                      (size_t)(nul - l->buf) + 1);
+    *len = n;
     return TC_OK;
 }
 
@@ -730,6 +793,9 @@ static int first_pass(importer *im)
             (rc = check_row(im, im->rows)) != TC_OK)
             return rc;
         im->rows++;
+        if (im->rows / im->o->T > TD_SENSOR_MAX_SAMPLES)
+            return tc_err(TC_DATAERR, "%s:%lld: more than a shard's %d windows", im->in.path,
+                          (long long)im->in.no, TD_SENSOR_MAX_SAMPLES);
         if (im->lab_col >= 0 && im->rows % im->o->T == 0 &&
             im->win_label[im->rows / im->o->T - 1] < 0)
             return tc_err(TC_DATAERR,
@@ -742,9 +808,6 @@ static int first_pass(importer *im)
     if (im->windows == 0)
         return tc_err(TC_DATAERR, "%s: %lld rows, fewer than one window of %d (--time-steps)",
                       im->in.path, (long long)im->rows, im->o->T);
-    if (im->windows > TD_SENSOR_MAX_SAMPLES)
-        return tc_err(TC_DATAERR, "%s: %lld windows, more than a shard's %d", im->in.path,
-                      (long long)im->windows, TD_SENSOR_MAX_SAMPLES);
     return TC_OK;
 }
 
@@ -997,6 +1060,22 @@ static const char *default_name(const char *csv, char *buf, size_t size)
     return buf;
 }
 
+/* A shard name is a name, not a path: 1 to MAX_NAME bytes of letters, digits, '.', '_' and
+ * '-', not starting with a dot. 0 or -1. */
+static int check_name(const char *name)
+{
+    size_t n = strlen(name);
+
+    if (n == 0 || n > MAX_NAME || name[0] == '.')
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        if (!((name[i] >= 'a' && name[i] <= 'z') || (name[i] >= 'A' && name[i] <= 'Z') ||
+              (name[i] >= '0' && name[i] <= '9') || name[i] == '.' || name[i] == '_' ||
+              name[i] == '-'))
+            return -1;
+    return 0;
+}
+
 static int sensor_import(const import_opts *o_in, int caption_len, double valid)
 {
     import_opts o = *o_in;
@@ -1008,8 +1087,18 @@ static int sensor_import(const import_opts *o_in, int caption_len, double valid)
 
     memset(&im, 0, sizeof(im));
     memset(&out, 0, sizeof(out));
+    if (o.name != NULL && check_name(o.name) != 0)
+        return tc_err(TC_USAGE,
+                      "--name '%s': a name is 1 to %d bytes of letters, digits, '.', '_' and '-', "
+                      "not starting with a dot",
+                      o.name, MAX_NAME);
+    if (o.name == NULL && check_name(default_name(o.csv, name, sizeof(name))) != 0)
+        return tc_err(TC_USAGE,
+                      "%s: the default name '%s' is not 1 to %d bytes of letters, digits, '.', "
+                      "'_' and '-' not starting with a dot: give --name",
+                      o.csv, name, MAX_NAME);
     if (o.name == NULL)
-        o.name = default_name(o.csv, name, sizeof(name));
+        o.name = name;
     im.o = &o;
     im.caption_len = caption_len;
     im.valid = valid;

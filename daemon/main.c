@@ -160,19 +160,17 @@ static int check_socket_dir(const td_config *cfg)
 }
 
 /* The Prometheus file's directory must exist (traind creates the file, never its directory:
- * the node exporter's textfile directory is the operator's). Returns 0 or the exit status
- * after saying why. */
-static int check_prom_dir(const td_config *cfg)
+ * the node exporter's textfile directory is the operator's), be reached through no link, and
+ * be safe from other users; it is held open from here on (td_prom_open). Returns 0 or the
+ * exit status after saying why. */
+static int check_prom_dir(td_prom *p, const td_config *cfg)
 {
-    char dir[sizeof(cfg->prom_path)];
-    struct stat st;
+    td_error_t err;
 
     if (cfg->prom_path[0] == '\0')
         return 0;
-    dir_of(cfg->prom_path, dir, sizeof(dir));
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        td_log_err("cannot write the Prometheus file %s: %s %s", cfg->prom_path, dir,
-                   errno == ENOENT ? "does not exist" : "is not a directory");
+    if (td_prom_open(p, cfg, &err) != 0) {
+        td_log_err("%s", err.msg);
         return EX_CONFIG;
     }
     return 0;
@@ -700,7 +698,7 @@ int main(int argc, char **argv)
     /* Checks first, then the state directory, its lock, and only then the database. */
     rc = check_socket_dir(&cfg);
     if (rc == 0)
-        rc = check_prom_dir(&cfg);
+        rc = check_prom_dir(&t.prom, &cfg);
     if (rc == 0)
         rc = state_dir(&cfg, &made);
     if (rc == 0)

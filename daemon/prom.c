@@ -286,7 +286,9 @@ static void store_series(td_prom *p, text *t)
 
 /* ---- the file ---- */
 
-/* Replaces the file with len bytes of buf: a fresh PATH.tmp, its mode, the rename. */
+/* Replaces the file with len bytes of buf: a fresh NAME.tmp in the held directory, its mode,
+ * the rename. Nothing here looks a path up: every call is relative to the directory opened at
+ * start, so a directory swapped for a link since then is never followed. */
 static int replace_file(td_prom *p, const char *buf, size_t len, td_error_t *err)
 {
     const char *step = "create";
@@ -295,9 +297,9 @@ static int replace_file(td_prom *p, const char *buf, size_t len, td_error_t *err
 
     /* Whatever is in the temporary file's place (a file, a link somebody put there) goes:
      * O_EXCL then creates a new file, and nothing is written through a link. */
-    if (unlink(p->tmp) != 0 && errno != ENOENT)
+    if (unlinkat(p->dirfd, p->tmp_name, 0) != 0 && errno != ENOENT)
         return td_error_set(err, -errno, "%s: cannot remove: %s", p->tmp, strerror(errno));
-    fd = open(p->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    fd = openat(p->dirfd, p->tmp_name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
         return td_error_set(err, -errno, "%s: cannot create: %s", p->tmp, strerror(errno));
     for (size_t off = 0; off < len; off += (size_t)n) {
@@ -321,15 +323,31 @@ static int replace_file(td_prom *p, const char *buf, size_t len, td_error_t *err
     }
     fd = -1;
     step = "rename";
-    if (rename(p->tmp, p->path) != 0)
+    if (renameat(p->dirfd, p->tmp_name, p->dirfd, p->name) != 0)
         goto fail;
     return 0;
 fail:
     e = n == 0 && errno == 0 ? ENOSPC : errno;
     if (fd >= 0)
         close(fd);
-    unlink(p->tmp);
+    unlinkat(p->dirfd, p->tmp_name, 0);
     return td_error_set(err, -e, "%s: cannot %s it: %s", p->tmp, step, strerror(e));
+}
+
+/* Says once when the directory's path no longer leads to the directory held since the start
+ * (replaced, or swapped for a link): the writes go on into the held one. The path is only
+ * looked at, never written through. */
+static void check_moved(td_prom *p)
+{
+    struct stat st;
+    int moved = lstat(p->dir, &st) != 0 || st.st_dev != p->dir_dev || st.st_ino != p->dir_ino;
+
+    if (moved && !p->moved)
+        td_log_warn("prometheus: %s is no longer the directory traind opened at start; the "
+                    "file is still written in the directory it holds (restart traind to take "
+                    "the new one)",
+                    p->dir);
+    p->moved = moved;
 }
 
 /* Builds the exposition and writes it; a failure is logged once until a write succeeds. */
@@ -339,6 +357,7 @@ static void write_now(td_prom *p, int up)
     td_error_t err;
     int rc;
 
+    check_moved(p);
     daemon_series(p, &t, up);
     job_series(p, &t);
     device_series(p, &t);
@@ -360,15 +379,127 @@ static void on_tick(uv_timer_t *h)
     write_now(h->data, 1);
 }
 
+/* Whether a user other than root and traind's own may change what the directory at fd
+ * holds (path names it in the message): it or its group, when not root's or traind's, can
+ * write it, or every user can, and it is not sticky. The owner can always chmod it: an owner
+ * other than root or traind is refused, sticky or not. As logrotate refuses an "insecure
+ * parent directory". */
+static int check_dir(int fd, const char *path, td_error_t *err)
+{
+    struct stat st;
+    int sticky;
+
+    if (fstat(fd, &st) != 0)
+        return td_error_set(err, -errno, "[metrics] prometheus_textfile: %s: %s", path,
+                            strerror(errno));
+    sticky = (st.st_mode & S_ISVTX) != 0;
+    if (st.st_uid != 0 && st.st_uid != geteuid())
+        return td_error_set(err, TD_EINVAL,
+                            "[metrics] prometheus_textfile: insecure directory %s: owned by uid "
+                            "%lu (only root or traind's own uid may own it or a directory above "
+                            "it)",
+                            path, (unsigned long)st.st_uid);
+    if ((st.st_mode & S_IWGRP) && st.st_gid != 0 && st.st_gid != getegid() && !sticky)
+        return td_error_set(err, TD_EINVAL,
+                            "[metrics] prometheus_textfile: insecure directory %s: writable by "
+                            "group %lu and not sticky",
+                            path, (unsigned long)st.st_gid);
+    if ((st.st_mode & S_IWOTH) && !sticky)
+        return td_error_set(err, TD_EINVAL,
+                            "[metrics] prometheus_textfile: insecure directory %s: writable by "
+                            "every user and not sticky",
+                            path);
+    return 0;
+}
+
+/* Opens the absolute directory dir one component at a time from /, each with O_NOFOLLOW and
+ * checked by check_dir, as systemd-tmpfiles walks a path: a link anywhere in it, or a
+ * directory others may change, is refused. The descriptor in *out. */
+static int open_dir(const char *file, const char *dir, int *out, td_error_t *err)
+{
+    char walked[sizeof(((td_prom *)0)->dir)], comp[sizeof(walked)];
+    const char *s = dir;
+    size_t wl = 0;
+    int fd, next;
+
+    fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return td_error_set(err, -errno, "[metrics] prometheus_textfile: /: %s", strerror(errno));
+    if (check_dir(fd, "/", err) != 0)
+        goto fail;
+    walked[0] = '\0';
+    for (;;) {
+        size_t n;
+        struct stat st;
+        while (*s == '/')
+            s++;
+        if (*s == '\0')
+            break;
+        n = strcspn(s, "/");
+        snprintf(comp, sizeof(comp), "%.*s", (int)n, s);
+        wl += (size_t)snprintf(walked + wl, sizeof(walked) - wl, "/%s", comp);
+        s += n;
+        next = openat(fd, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (next < 0) {
+            int e = errno;
+            if (e == ENOENT)
+                td_error_set(err, -e, "cannot write the Prometheus file %s: %s does not exist",
+                             file, walked);
+            else if (fstatat(fd, comp, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
+                td_error_set(err, TD_EINVAL,
+                             "[metrics] prometheus_textfile: insecure directory %s: a symbolic "
+                             "link (traind follows none on the way to the file)",
+                             walked);
+            else if (e == ENOTDIR)
+                td_error_set(err, -e, "cannot write the Prometheus file %s: %s is not a directory",
+                             file, walked);
+            else
+                td_error_set(err, -e, "[metrics] prometheus_textfile: %s: %s", walked, strerror(e));
+            goto fail;
+        }
+        close(fd);
+        fd = next;
+        if (check_dir(fd, walked, err) != 0)
+            goto fail;
+    }
+    *out = fd;
+    return 0;
+fail:
+    close(fd);
+    return -1;
+}
+
+int td_prom_open(td_prom *p, const td_config *cfg, td_error_t *err)
+{
+    const char *slash = strrchr(cfg->prom_path, '/');
+    struct stat st;
+
+    memset(p, 0, sizeof(*p));
+    p->dirfd = -1;
+    snprintf(p->path, sizeof(p->path), "%s", cfg->prom_path);
+    snprintf(p->tmp, sizeof(p->tmp), "%s.tmp", cfg->prom_path);
+    /* The config checked an absolute path with a name after its last slash. */
+    snprintf(p->dir, sizeof(p->dir), "%.*s",
+             slash == cfg->prom_path ? 1 : (int)(slash - cfg->prom_path), cfg->prom_path);
+    snprintf(p->name, sizeof(p->name), "%s", slash + 1);
+    snprintf(p->tmp_name, sizeof(p->tmp_name), "%s.tmp", slash + 1);
+    if (open_dir(p->path, p->dir, &p->dirfd, err) != 0) {
+        p->dirfd = -1;
+        return -1;
+    }
+    if (fstat(p->dirfd, &st) == 0) {
+        p->dir_dev = st.st_dev;
+        p->dir_ino = st.st_ino;
+    }
+    return 0;
+}
+
 int td_prom_start(td_prom *p, uv_loop_t *loop, td_daemon *d, const td_config *cfg, double started,
                   int64_t restarts)
 {
     int rc;
 
-    memset(p, 0, sizeof(*p));
     p->d = d;
-    snprintf(p->path, sizeof(p->path), "%s", cfg->prom_path);
-    snprintf(p->tmp, sizeof(p->tmp), "%s.tmp", cfg->prom_path);
     snprintf(p->db, sizeof(p->db), "%s", cfg->db_path);
     p->mode = cfg->prom_mode;
     p->interval_ms = (uint64_t)(cfg->prom_interval_s * 1000);
@@ -405,4 +536,7 @@ void td_prom_close(td_prom *p)
     write_now(p, 0);
     uv_close((uv_handle_t *)&p->tick, NULL);
     uv_close((uv_handle_t *)&p->soon, NULL);
+    if (p->dirfd >= 0)
+        close(p->dirfd);
+    p->dirfd = -1;
 }

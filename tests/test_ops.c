@@ -395,12 +395,168 @@ static void test_journal_prefixes(void **state)
     check_lines(0);
 }
 
+/* Starts traind on conf (the [metrics] lines) and expects it to refuse at once, exit 78,
+ * saying want in its log. A daemon that starts anyway is stopped by timeout (exit 124). */
+static void expect_refusal(ts_daemon *d, const char *bin, const char *lines, const char *want)
+{
+    char conf[320], log[320], cmd[2048];
+    int status;
+    FILE *f;
+
+    snprintf(conf, sizeof(conf), "%s/traind.conf", d->dir);
+    snprintf(log, sizeof(log), "%s/traind.log", d->dir);
+    f = fopen(conf, "w");
+    assert_non_null(f);
+    fprintf(f, "[metrics]\n%s\n", lines);
+    fclose(f);
+    snprintf(cmd, sizeof(cmd),
+             "timeout 20 %s --config %s --socket %s/s.sock --state-dir %s/st 2> %s", bin, conf,
+             d->dir, d->dir, log);
+    status = system(cmd);
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) != 78 || ts_log_count(d, want) != 1)
+        fail_msg("%s: expected exit 78 and \"%s\", got exit %d", lines, want, WEXITSTATUS(status));
+}
+
+/* The file's directory, and each above it, must be safe from users other than root and
+ * traind's own: owned by another uid, writable by another group or by everyone and not sticky,
+ * or a symbolic link, it is refused at the start, naming it. */
+static void test_prometheus_insecure_dir(void **state)
+{
+    char dir[64], path[128], sub[128], lines[300], want[300];
+    const char *bin = ts_env_or("TRAIND_BIN", "build/daemon/traind");
+    ts_daemon d;
+
+    (void)state;
+    prom_dir(dir, sizeof(dir), path, sizeof(path));
+    snprintf(d.dir, sizeof(d.dir), "/tmp/traind-test.XXXXXX");
+    assert_non_null(mkdtemp(d.dir));
+    snprintf(lines, sizeof(lines), "prometheus_textfile = %s", path);
+
+    /* Writable by every user and not sticky. */
+    assert_int_equal(chmod(dir, 0777), 0);
+    snprintf(want, sizeof(want), "insecure directory %s: writable by every user and not sticky",
+             dir);
+    expect_refusal(&d, bin, lines, want);
+    assert_int_equal(chmod(dir, 0755), 0);
+
+    /* A symbolic link on the way: dir/link -> dir/real. */
+    snprintf(sub, sizeof(sub), "%s/real", dir);
+    assert_int_equal(mkdir(sub, 0755), 0);
+    snprintf(sub, sizeof(sub), "%s/link", dir);
+    assert_int_equal(symlink("real", sub), 0);
+    snprintf(lines, sizeof(lines), "prometheus_textfile = %s/traind.prom", sub);
+    snprintf(want, sizeof(want), "insecure directory %s: a symbolic link", sub);
+    expect_refusal(&d, bin, lines, want);
+
+    if (geteuid() != 0) {
+        print_message("not root: the checks of other owners and groups are skipped\n");
+    } else {
+        /* Owned by another uid (Debian's prometheus owning /var/lib/prometheus). */
+        assert_int_equal(chown(dir, 65534, 65534), 0);
+        snprintf(lines, sizeof(lines), "prometheus_textfile = %s", path);
+        snprintf(want, sizeof(want), "insecure directory %s: owned by uid 65534", dir);
+        expect_refusal(&d, bin, lines, want);
+        /* A parent owned by another uid: dir/real is root's, dir is not. */
+        snprintf(lines, sizeof(lines), "prometheus_textfile = %s/real/traind.prom", dir);
+        expect_refusal(&d, bin, lines, want);
+        /* Writable by a group not root's. */
+        assert_int_equal(chown(dir, 0, 65534), 0);
+        assert_int_equal(chmod(dir, 0775), 0);
+        snprintf(lines, sizeof(lines), "prometheus_textfile = %s", path);
+        snprintf(want, sizeof(want),
+                 "insecure directory %s: writable by group 65534 and not sticky", dir);
+        expect_refusal(&d, bin, lines, want);
+        assert_int_equal(chown(dir, 0, 0), 0);
+        assert_int_equal(chmod(dir, 0755), 0);
+    }
+    assert_int_equal(access(path, F_OK), -1);
+    remove_dir(d.dir);
+    remove_dir(dir);
+}
+
+/* A write after the file's path changed: whether traind_uptime_seconds moved past ud's. */
+static int uptime_past(const parsed *p, const void *ud)
+{
+    return value_of(p, "traind_uptime_seconds", "") > *(const double *)ud;
+}
+
+/* The directory is held from the start: swapped for a link to another directory afterwards,
+ * nothing appears in that one, and the writes go on into the held directory (its old name);
+ * a link planted at the temporary file's name there is not written through. */
+static void test_prometheus_dir_swapped(void **state)
+{
+    static parsed p;
+    char dir[64], path[128], held[96], held_path[160], other[96], conf[512], victim[160], tmp[192],
+        buf[32] = "", line[300];
+    ts_daemon d;
+    struct stat st;
+    double up;
+    FILE *v;
+
+    (void)state;
+    prom_dir(dir, sizeof(dir), path, sizeof(path));
+    snprintf(held, sizeof(held), "%s.held", dir);
+    snprintf(held_path, sizeof(held_path), "%s/traind.prom", held);
+    snprintf(other, sizeof(other), "%s.other", dir);
+    snprintf(victim, sizeof(victim), "%s/victim", other);
+    snprintf(tmp, sizeof(tmp), "%s/traind.prom.tmp", held);
+    snprintf(conf, sizeof(conf),
+             "[metrics]\nprometheus_textfile = %s\nprometheus_interval_s = 0.2\n", path);
+    snprintf(d.dir, sizeof(d.dir), "/tmp/traind-test.XXXXXX");
+    assert_non_null(mkdtemp(d.dir));
+    ts_daemon_start_conf(&d, "cpu:1", conf);
+    wait_for(path, &p, written, NULL, 20, "the first write");
+
+    /* The directory's owner swaps it: the old one moved aside, a link to another in its
+     * place, and a link to a file there planted at the temporary file's name. */
+    assert_int_equal(mkdir(other, 0755), 0);
+    v = fopen(victim, "w");
+    assert_non_null(v);
+    fputs("untouched", v);
+    fclose(v);
+    assert_int_equal(rename(dir, held), 0);
+    assert_int_equal(symlink(other, dir), 0);
+    parse(held_path, &p);
+    up = value_of(&p, "traind_uptime_seconds", "");
+    for (int tries = 0; symlink(victim, tmp) != 0; tries++) { /* a write may be under way */
+        assert_true(errno == EEXIST && tries < 100);
+        unlink(tmp);
+    }
+    wait_for(held_path, &p, uptime_past, &up, 20, "a write into the held directory");
+    snprintf(line, sizeof(line), "prometheus: %s is no longer the directory traind opened", dir);
+    ts_wait_log(&d, line, 1, 20);
+    assert_int_equal(stat(held_path, &st), 0);
+    assert_true(S_ISREG(st.st_mode));
+    assert_int_equal(st.st_mode & 07777, 0644);
+    assert_int_equal(ts_daemon_stop(&d), 0);
+
+    /* Nothing reached the other directory, the victim is as it was, and the last write (the
+     * clean stop's) is in the held one too. */
+    snprintf(line, sizeof(line), "%s/traind.prom", other);
+    assert_int_equal(lstat(line, &st), -1);
+    snprintf(line, sizeof(line), "%s/traind.prom.tmp", other);
+    assert_int_equal(lstat(line, &st), -1);
+    v = fopen(victim, "r");
+    assert_non_null(v);
+    assert_non_null(fgets(buf, sizeof(buf), v));
+    fclose(v);
+    assert_string_equal(buf, "untouched");
+    parse(held_path, &p);
+    assert_true(value_of(&p, "traind_up", "") == 0);
+    assert_int_equal(unlink(dir), 0);
+    remove_dir(held);
+    remove_dir(other);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_prometheus_file, ts_kill_leftover),
         cmocka_unit_test_teardown(test_prometheus_state_changes, ts_kill_leftover),
         cmocka_unit_test_teardown(test_prometheus_config, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_prometheus_insecure_dir, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_prometheus_dir_swapped, ts_kill_leftover),
         cmocka_unit_test_teardown(test_journal_prefixes, ts_kill_leftover),
     };
 

@@ -5,6 +5,7 @@
  * determinism, label balance and physiology; CSV import, its missing values and its errors.
  * Every test works in its own temporary directory, removed at the end. */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,8 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -996,6 +999,182 @@ static void test_import_errors(void **state)
     assert_int_equal(sh("%s sensor import %s -o %s", trainctl(), at("nope.csv"), at("never")), 66);
 }
 
+/* Runs trainctl with args (a printf format) as sh() does, but as the shell's own process (exec),
+ * so that wait4 gives its peak resident memory in *rss_kb and the wall time in *secs. A time
+ * limit (timeout 20) keeps a hang from hanging the test; outside the sanitizer runs an address
+ * space limit keeps a reader that grows without bound from taking the box with it. */
+static int sh_rss(long *rss_kb, double *secs, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int sh_rss(long *rss_kb, double *secs, const char *fmt, ...)
+{
+    char command[4096], cmd[5000];
+    struct rusage ru;
+    struct timespec t0, t1;
+    va_list ap;
+    pid_t pid;
+    int status;
+
+    va_start(ap, fmt);
+    vsnprintf(command, sizeof(command), fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof(cmd), "%s exec timeout 20 %s >'%s/out' 2>'%s/err'",
+             getenv("ASAN_OPTIONS") != NULL ? "" : "ulimit -v 1000000;", command, dir, dir);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    assert_int_equal(wait4(pid, &status, 0, &ru), pid);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *rss_kb = ru.ru_maxrss;
+    *secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    slurp(at("out"), out, sizeof(out));
+    slurp(at("err"), err_text, sizeof(err_text));
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* A 300 MB line (a sparse file of zeros, no newline) is refused at the 1 MiB line limit
+ * without being buffered: the importer's peak memory stays far below the file's size. */
+static void test_import_line_limit_memory(void **state)
+{
+    long rss;
+    double secs;
+    int fd;
+
+    (void)state;
+    fd = open(at("zeros.csv"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 300L * 1000 * 1000), 0);
+    close(fd);
+    assert_int_equal(
+        sh_rss(&rss, &secs, "%s sensor import %s -o %s", trainctl(), at("zeros.csv"), at("never")),
+        65);
+    print_message("sensor import of a 300 MB line: exit 65 in %.2f s, max RSS %ld KiB\n", secs,
+                  rss);
+    if (strstr(err_text, "zeros.csv:1: longer than 1048576 bytes") == NULL)
+        fail_msg("expected the line limit, got: %s", err_text);
+    assert_true(rss < 64 * 1024); /* today's reader held the whole line: 314 MiB */
+    assert_int_equal(access(at("never/zeros-train.bin"), F_OK), -1);
+}
+
+/* Input that is not a regular file is refused at once, naming it: /dev/zero (which never ends)
+ * and a FIFO with no writer (whose open blocks, and which cannot be read twice). */
+static void test_import_not_regular(void **state)
+{
+    long rss;
+    double secs;
+
+    (void)state;
+    assert_int_equal(
+        sh_rss(&rss, &secs, "%s sensor import /dev/zero -o %s --name z", trainctl(), at("never")),
+        66);
+    print_message("sensor import /dev/zero: exit 66 in %.3f s, max RSS %ld KiB\n", secs, rss);
+    if (strstr(err_text, "/dev/zero: not a regular file (a character device)") == NULL)
+        fail_msg("expected a refusal naming /dev/zero, got: %s", err_text);
+    assert_true(secs < 10 && rss < 64 * 1024);
+    assert_int_equal(mkfifo(at("pipe.csv"), 0600), 0);
+    assert_int_equal(
+        sh_rss(&rss, &secs, "%s sensor import %s -o %s", trainctl(), at("pipe.csv"), at("never")),
+        66);
+    print_message("sensor import of a FIFO: exit 66 in %.3f s\n", secs);
+    if (strstr(err_text, "pipe.csv: not a regular file (a FIFO)") == NULL)
+        fail_msg("expected a refusal naming the FIFO, got: %s", err_text);
+    assert_true(secs < 10);
+    /* A side file is read the same way. */
+    write_text(at("ok.csv"), "a,b\n1,2\n3,4\n");
+    assert_int_equal(sh("%s sensor import %s -o %s --time-steps 1 --captions %s", trainctl(),
+                        at("ok.csv"), at("never"), at("pipe.csv")),
+                     66);
+    assert_non_null(strstr(err_text, "pipe.csv: not a regular file (a FIFO)"));
+}
+
+/* A NUL byte in a field is refused with FILE:LINE:COLUMN, not read as the end of the field. */
+static void test_import_nul(void **state)
+{
+    static const char body[] = "a,b\n1,2\n3,\0"
+                               "5\n";
+    static const char caps[] = "one\nt\0wo\n";
+
+    (void)state;
+    write_file(at("nul.csv"), body, sizeof(body) - 1);
+    assert_int_equal(
+        sh("%s sensor import %s -o %s --time-steps 1", trainctl(), at("nul.csv"), at("never")), 65);
+    if (strstr(err_text, "nul.csv:3:3: a NUL byte") == NULL)
+        fail_msg("expected nul.csv:3:3, got: %s", err_text);
+    assert_int_equal(access(at("never/nul-train.bin"), F_OK), -1);
+    write_text(at("ok.csv"), "a,b\n1,2\n3,4\n");
+    write_file(at("caps.txt"), caps, sizeof(caps) - 1);
+    assert_int_equal(sh("%s sensor import %s -o %s --time-steps 1 --captions %s", trainctl(),
+                        at("ok.csv"), at("never"), at("caps.txt")),
+                     65);
+    if (strstr(err_text, "caps.txt:2:2: a NUL byte") == NULL)
+        fail_msg("expected caps.txt:2:2, got: %s", err_text);
+}
+
+/* --name is a name, not a path: 1 to 64 bytes of [A-Za-z0-9._-], not starting with a dot. */
+static void test_import_name(void **state)
+{
+    static const char *const bad[] = {
+        "../../x", "a/b",
+        "/tmp/x",  ".hidden",
+        "..",      "a b",
+        "a\\\\b",  "x12345678901234567890123456789012345678901234567890123456789012345"};
+    char sub[600];
+
+    (void)state;
+    write_text(at("ok.csv"), "a,b\n1,2\n3,4\n");
+    assert_int_equal(mkdir(at("o"), 0700), 0);
+    snprintf(sub, sizeof(sub), "%s", at("o/p"));
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        if (sh("%s sensor import %s -o %s --time-steps 1 --name '%s'", trainctl(), at("ok.csv"),
+               sub, bad[i]) != 64 ||
+            strstr(err_text, "a name is 1 to 64 bytes of letters, digits") == NULL)
+            fail_msg("--name '%s': expected 64 and the rule, got: %s", bad[i], err_text);
+    }
+    assert_int_equal(access(at("x-train.bin"), F_OK), -1);
+    assert_int_equal(access(at("o/p/b-train.bin"), F_OK), -1);
+    assert_int_equal(access(at("o/p"), F_OK), -1);
+    /* 64 bytes of the allowed characters, and a dot inside, are a name. */
+    assert_int_equal(sh("%s sensor import %s -o %s --time-steps 1 --valid 0 --name "
+                        "A.b_c-1234567890123456789012345678901234567890123456789012345678",
+                        trainctl(), at("ok.csv"), sub),
+                     0);
+    assert_int_equal(
+        access(at("o/p/A.b_c-1234567890123456789012345678901234567890123456789012345678-train.bin"),
+               F_OK),
+        0);
+}
+
+/* A normal large input: memory is the windows being built, not the file. */
+static void test_import_large_memory(void **state)
+{
+    FILE *f;
+    long rss;
+    double secs;
+    struct stat st;
+
+    (void)state;
+    f = fopen(at("big.csv"), "w");
+    assert_non_null(f);
+    fputs("heart_rate,steps,temp,spo2\n", f);
+    for (int i = 0; i < 600000; i++)
+        fprintf(f, "%d.%03d,%d,%d.%02d,%d\n", 50 + i % 90, i % 1000, i % 200, 36 + i % 2, i % 100,
+                90 + i % 10);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(stat(at("big.csv"), &st), 0);
+    assert_int_equal(sh_rss(&rss, &secs, "%s sensor import %s -o %s --time-steps 60", trainctl(),
+                            at("big.csv"), at("o")),
+                     0);
+    print_message("sensor import of a %lld-byte CSV (600000 rows, 10000 windows): %.2f s, max RSS "
+                  "%ld KiB\n",
+                  (long long)st.st_size, secs, rss);
+    assert_non_null(strstr(out, "sensor import: 9000 windows in "));
+    assert_true(rss < 64 * 1024);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1017,6 +1196,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_import, setup, teardown),
         cmocka_unit_test_setup_teardown(test_import_side_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_import_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_import_line_limit_memory, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_import_not_regular, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_import_nul, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_import_name, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_import_large_memory, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
