@@ -398,9 +398,13 @@ static const verb verbs[] = {
         .run = tc_export,
         .flags = F_OUTPATH | F_EXPORT_FORMAT,
         .arg = ARG_JOB,
-        .usage = "trainctl export JOB -o FILE [--format llmc|safetensors]",
+        .usage = "trainctl export JOB -o FILE|DIR/ [--format llmc|safetensors]",
         .brief = "write a job's latest checkpoint as an llm.c or safetensors model file",
-        .help = "Writes the latest checkpoint of job JOB. A FILE whose name ends in\n"
+        .help = "Writes the latest checkpoint of job JOB. -o DIR/ (a name ending in /, or\n"
+                "a directory) writes DIR/model.safetensors and a DIR/config.json that loads\n"
+                "it elsewhere: for a gpt job Hugging Face's GPT2Config, so that\n"
+                "GPT2LMHeadModel.from_pretrained(DIR) takes it; for a sensorlm job every\n"
+                "dimension. A FILE whose name ends in\n"
                 ".safetensors (or --format safetensors) gets a safetensors file of a gpt\n"
                 "job (Hugging Face GPT-2's names and layouts) or a sensorlm job (the\n"
                 "README's parameter names, plus norm.mean and norm.std); any other name a\n"
