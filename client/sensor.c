@@ -597,6 +597,8 @@ typedef struct importer {
     int chan_col[TD_SENSOR_MAX_CHANNELS]; /* the column of each channel */
     char chan_name[TD_SENSOR_MAX_CHANNELS][TD_SENSOR_NAME_BYTES];
     int cap_col, lab_col; /* -1: none */
+    int time_col;         /* a time column left out of the channels (no --channels); -1 */
+    char time_name[64];
     int64_t rows, windows;
     /* labels: names (sorted, or --label-names' order), and each window's label */
     char *names[TD_SENSOR_MAX_LABELS];
@@ -693,10 +695,37 @@ static int add_channel(importer *im, const fields *hdr, int c)
     return TC_OK;
 }
 
+/* "a, b, c": the header's columns, for a message naming one that is not there. */
+static const char *column_list(const fields *hdr, char *buf, size_t size)
+{
+    size_t n = 0;
+
+    buf[0] = '\0';
+    for (size_t i = 0; i < hdr->n && n + 1 < size; i++) {
+        int k = snprintf(buf + n, size - n, "%s'%s'", i ? ", " : "", hdr->f[i]);
+        n = k > 0 && n + (size_t)k < size ? n + (size_t)k : size - 1;
+    }
+    return buf;
+}
+
+/* A column that holds the time, by its name (any case): time, timestamp, datetime, date, ts,
+ * epoch, unix_time, unix_timestamp. Without --channels it is no channel. */
+static int is_time_column(const char *name)
+{
+    static const char *const names[] = {"time", "timestamp", "datetime",  "date",
+                                        "ts",   "epoch",     "unix_time", "unix_timestamp"};
+
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (strcasecmp(name, names[i]) == 0)
+            return 1;
+    return 0;
+}
+
 /* Reads the header row: the columns and their roles. */
 static int read_header(importer *im, fields *hdr)
 {
     const import_opts *o = im->o;
+    char cols[1024];
     size_t len;
     int eof, rc;
 
@@ -713,25 +742,35 @@ static int read_header(importer *im, fields *hdr)
     im->ncols = hdr->n;
     im->cap_col = im->lab_col = -1;
     if (o->caption_col != NULL && (im->cap_col = column_of(hdr, o->caption_col)) < 0)
-        return tc_err(TC_DATAERR, "%s:1: no column named '%s' (--caption-column)", im->in.path,
-                      o->caption_col);
+        return tc_err(TC_DATAERR,
+                      "%s:1: no column named '%s' (--caption-column); the columns are %s",
+                      im->in.path, o->caption_col, column_list(hdr, cols, sizeof(cols)));
     if (o->label_col != NULL && (im->lab_col = column_of(hdr, o->label_col)) < 0)
-        return tc_err(TC_DATAERR, "%s:1: no column named '%s' (--label-column)", im->in.path,
-                      o->label_col);
+        return tc_err(TC_DATAERR, "%s:1: no column named '%s' (--label-column); the columns are %s",
+                      im->in.path, o->label_col, column_list(hdr, cols, sizeof(cols)));
+    im->time_col = -1;
     if (o->channels == NULL) {
-        for (size_t i = 0; i < hdr->n; i++)
-            if ((int)i != im->cap_col && (int)i != im->lab_col &&
-                (rc = add_channel(im, hdr, (int)i)) != TC_OK)
+        for (size_t i = 0; i < hdr->n; i++) {
+            if ((int)i == im->cap_col || (int)i == im->lab_col)
+                continue;
+            if (im->time_col < 0 && is_time_column(hdr->f[i])) {
+                im->time_col = (int)i;
+                snprintf(im->time_name, sizeof(im->time_name), "%s", hdr->f[i]);
+                continue;
+            }
+            if ((rc = add_channel(im, hdr, (int)i)) != TC_OK)
                 return rc;
+        }
     } else {
         char *list = strdup(o->channels), *save = NULL;
         rc = list == NULL ? tc_err(TC_FAILED, "out of memory") : TC_OK;
         for (char *t = list != NULL ? strtok_r(list, ",", &save) : NULL; t != NULL && rc == TC_OK;
              t = strtok_r(NULL, ",", &save)) {
             int c = column_of(hdr, trim(t));
-            rc = c < 0
-                     ? tc_err(TC_DATAERR, "%s:1: no column named '%s' (--channels)", im->in.path, t)
-                     : add_channel(im, hdr, c);
+            rc = c < 0 ? tc_err(TC_DATAERR,
+                                "%s:1: no column named '%s' (--channels); the columns are %s",
+                                im->in.path, t, column_list(hdr, cols, sizeof(cols)))
+                       : add_channel(im, hdr, c);
         }
         free(list);
         if (rc != TC_OK)
@@ -756,9 +795,12 @@ static int check_row(importer *im, int64_t row)
                       (long long)im->in.no, fs->n, im->ncols);
     for (int c = 0; c < im->C; c++)
         if (parse_reading(fs->f[im->chan_col[c]], &v) != 0)
-            return tc_err(TC_DATAERR, "%s:%lld:%d: channel %s: '%s' is not a number", im->in.path,
+            return tc_err(TC_DATAERR, "%s:%lld:%d: channel %s: '%s' is not a number%s", im->in.path,
                           (long long)im->in.no, fs->col[im->chan_col[c]], im->chan_name[c],
-                          fs->f[im->chan_col[c]]);
+                          fs->f[im->chan_col[c]],
+                          im->o->channels == NULL
+                              ? " (every column is a channel: --channels names those that are)"
+                              : "");
     if (im->cap_col >= 0 && strlen(fs->f[im->cap_col]) > (size_t)im->caption_len)
         return tc_err(TC_DATAERR,
                       "%s:%lld:%d: a caption of %zu bytes, longer than --caption-len %d",
@@ -930,6 +972,10 @@ static int open_outputs(importer *im, outputs *out)
     td_error_t err = {0};
     int64_t nv = llround((double)im->windows * im->valid);
 
+    /* At least one valid window when there are two or more (as synth's split): a few windows
+     * still get a valid file, rather than none said nowhere. */
+    if (nv == 0 && im->valid > 0 && im->windows >= 2)
+        nv = 1;
     out->n[1] = nv >= im->windows ? im->windows - 1 : nv;
     out->n[0] = im->windows - out->n[1];
     for (int c = 0; c < im->C; c++)
@@ -1033,7 +1079,15 @@ static int finish_outputs(importer *im, outputs *out)
     printf("sensor import: %lld windows in %s", (long long)out->n[0], out->path[0]);
     if (out->n[1] > 0)
         printf(", %lld in %s", (long long)out->n[1], out->path[1]);
-    printf("; %d channels, %d rows a window", im->C, im->o->T);
+    if (out->n[1] == 0)
+        printf(" and no valid file (%s)",
+               im->valid > 0 ? "one window: the valid split needs two" : "--valid 0");
+    printf("; %d channels (", im->C);
+    for (int c = 0; c < im->C; c++)
+        printf("%s%s", c ? ", " : "", im->chan_name[c]);
+    printf("), %d rows a window", im->o->T);
+    if (im->time_col >= 0)
+        printf("; column '%s' taken as the time, not a channel", im->time_name);
     if (im->rows % im->o->T != 0)
         printf("; the last %lld rows dropped (less than a window)",
                (long long)(im->rows % im->o->T));

@@ -912,6 +912,50 @@ static void test_import(void **state)
     td_sensor_close(s);
 }
 
+/* What a new user hits: 4 windows still get a valid file (one, at --valid 0.1); a column
+ * named time is the time, not a channel, and the summary names the channels; a single window
+ * says it has no valid file; a column that is missing names the columns there are; a text
+ * column taken for a channel says how to leave it out. */
+static void test_import_rough_edges(void **state)
+{
+    char text[2048];
+    size_t n = 0;
+
+    (void)state;
+    n += (size_t)snprintf(text + n, sizeof(text) - n, "time,hr,steps\n");
+    for (int i = 0; i < 12; i++)
+        n += (size_t)snprintf(text + n, sizeof(text) - n, "2026-01-01T00:%02d,%d,%d\n", i, 60 + i,
+                              i % 3);
+    write_text(at("watch.csv"), text);
+    assert_int_equal(
+        sh("%s sensor import %s -o %s --time-steps 3", trainctl(), at("watch.csv"), at("edges")),
+        0);
+    assert_non_null(strstr(out, "sensor import: 3 windows in "));
+    assert_non_null(strstr(out, "watch-train.bin, 1 in "));
+    assert_non_null(strstr(out, "; 2 channels (hr, steps), 3 rows a window"));
+    assert_non_null(strstr(out, "; column 'time' taken as the time, not a channel"));
+    assert_int_equal(access(at("edges/watch-valid.bin"), F_OK), 0);
+    /* one window: no valid file, said */
+    assert_int_equal(sh("%s sensor import %s -o %s --time-steps 12 --name one", trainctl(),
+                        at("watch.csv"), at("edges")),
+                     0);
+    assert_non_null(strstr(out, "sensor import: 1 windows in "));
+    assert_non_null(strstr(out, " and no valid file (one window: the valid split needs two)"));
+    /* a missing column: the columns there are */
+    assert_int_equal(sh("%s sensor import %s -o %s --time-steps 3 --channels hr,bpm", trainctl(),
+                        at("watch.csv"), at("edges")),
+                     65);
+    assert_non_null(strstr(err_text, "watch.csv:1: no column named 'bpm' (--channels); the "
+                                     "columns are 'time', 'hr', 'steps'"));
+    /* a text column of another name is a channel until --channels leaves it out */
+    write_text(at("when.csv"), "when,hr\nmonday,60\ntuesday,61\n");
+    assert_int_equal(
+        sh("%s sensor import %s -o %s --time-steps 1", trainctl(), at("when.csv"), at("edges")),
+        65);
+    assert_non_null(strstr(err_text, "when.csv:2:1: channel when: 'monday' is not a number (every "
+                                     "column is a channel: --channels names those that are)"));
+}
+
 /* Captions and labels from files of one line per window; every other column a channel. */
 static void test_import_side_files(void **state)
 {
@@ -1195,6 +1239,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_synth_caption_len, setup, teardown),
         cmocka_unit_test_setup_teardown(test_import, setup, teardown),
         cmocka_unit_test_setup_teardown(test_import_side_files, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_import_rough_edges, setup, teardown),
         cmocka_unit_test_setup_teardown(test_import_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_import_line_limit_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(test_import_not_regular, setup, teardown),
