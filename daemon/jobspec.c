@@ -1,5 +1,6 @@
 /* Job validation (see jobspec.h). Each section of the job file has one function; each takes
  * the dotted path of its section so that every message names the exact field. */
+#include <ctype.h>
 #include <errno.h>
 #include <glob.h>
 #include <grp.h>
@@ -668,6 +669,48 @@ static int parse_nodes(const td_pval *job, td_jobspec *out, td_error_t *err)
     return 0;
 }
 
+/* A label's key (labels' keys): 1 to TD_JOB_LABEL_MAX bytes of letters, digits, '.', '_', '-'
+ * and '/', starting with a letter or a digit, as Kubernetes' label names. */
+static int label_key_ok(const char *k, size_t len)
+{
+    if (len == 0 || len > TD_JOB_LABEL_MAX || !isalnum((unsigned char)k[0]))
+        return 0;
+    for (size_t i = 0; i < len; i++)
+        if (!isalnum((unsigned char)k[i]) && k[i] != '.' && k[i] != '_' && k[i] != '-' &&
+            k[i] != '/')
+            return 0;
+    return 1;
+}
+
+/* labels: {key: value, ...}: at most TD_JOB_MAX_LABELS, each value a string of at most
+ * TD_JOB_LABEL_MAX bytes. The daemon keeps them in the job's spec; list, prune and the
+ * clients select jobs by them (PROTOCOL.md, "list"). */
+static int parse_labels(const td_pval *labels, td_error_t *err)
+{
+    if (labels == NULL)
+        return 0;
+    if (td_pv_type_of(labels) != TD_PV_MAP)
+        return td_error_set(err, TD_EJOB, "labels: must be an object of names and strings");
+    if (td_pv_len(labels) > TD_JOB_MAX_LABELS)
+        return td_error_set(err, TD_EJOB, "labels: %zu labels; a job may have at most %d",
+                            td_pv_len(labels), TD_JOB_MAX_LABELS);
+    for (size_t i = 0; i < td_pv_len(labels); i++) {
+        size_t klen = 0, vlen = 0;
+        const char *k = td_pv_str(td_pv_key_at(labels, i), &klen);
+        const char *v = td_pv_str(td_pv_val_at(labels, i), &vlen);
+        if (k == NULL || !label_key_ok(k, klen))
+            return td_error_set(err, TD_EJOB,
+                                "labels: '%.*s': a label's name is 1 to %d bytes of letters, "
+                                "digits, '.', '_', '-' and '/', starting with a letter or digit",
+                                k != NULL ? (int)(klen > 80 ? 80 : klen) : 1, k != NULL ? k : "?",
+                                TD_JOB_LABEL_MAX);
+        if (v == NULL || vlen > TD_JOB_LABEL_MAX)
+            return td_error_set(err, TD_EJOB, "labels.%.*s: must be a string of at most %d bytes",
+                                (int)klen, k, TD_JOB_LABEL_MAX);
+    }
+    return 0;
+}
+
 static int parse_job(const td_pval *job, td_jobspec *out, int files, td_error_t *err)
 {
     static const char *const keys[] = {"name",
@@ -694,6 +737,7 @@ static int parse_job(const td_pval *job, td_jobspec *out, int files, td_error_t 
                                        "devices_per_node",
                                        "min_nodes",
                                        "max_restarts",
+                                       "labels",
                                        NULL};
     static const char *const nan_policies[] = {"fail", "skip", NULL};
     int on_nan = 0;
@@ -721,6 +765,7 @@ static int parse_job(const td_pval *job, td_jobspec *out, int files, td_error_t 
         (rc = parse_optim(td_pv_get(job, "optim"), c, err)) != 0 ||
         (rc = parse_schedule(td_pv_get(job, "schedule"), c, err)) != 0 ||
         (rc = parse_debug(td_pv_get(job, "debug"), out, err)) != 0 ||
+        (rc = parse_labels(td_pv_get(job, "labels"), err)) != 0 ||
         (rc = sensorlm_pairing(job, c, err)) != 0)
         return rc;
     if ((rc = get_choice(job, "", "on_nan", nan_policies, 0, &on_nan, err)) != 0)

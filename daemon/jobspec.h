@@ -14,6 +14,9 @@
 #define TD_JOB_MAX_NCCL_TIMEOUT 86400.0   /* seconds of nccl_timeout_s, the most accepted (a day) */
 #define TD_JOB_MAX_NODES        256       /* nodes one job may span */
 
+#define TD_JOB_MAX_LABELS 16 /* labels of one job */
+#define TD_JOB_LABEL_MAX  63 /* bytes of a label's name, and of its value */
+
 typedef struct td_jobspec {
     char name[128];
     int devices;  /* devices requested; default 1 */

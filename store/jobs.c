@@ -14,7 +14,7 @@
 /* The columns of td_job_row, in the order row_read expects them. */
 #define JOB_COLUMNS                                                                       \
     "id, name, state, step, total_steps, devices, device_list, priority, uid, err_code, " \
-    "err_msg, created, started, ended, err_devices, nodes, restarts"
+    "err_msg, created, started, ended, err_devices, nodes, restarts, " TD__LABELS_COLUMN
 
 void td_job_row_clear(td_job_row *row)
 {
@@ -25,6 +25,8 @@ void td_job_row_clear(td_job_row *row)
     free(row->spec_json);
     free(row->err_devices);
     free(row->nodes);
+    free(row->labels);
+    row->labels = NULL;
     row->nodes = NULL;
     row->nodes_len = 0;
     row->err_devices = NULL;
@@ -96,9 +98,11 @@ static int row_read(sqlite3_stmt *st, td_job_row *row, td_error_t *err)
         ret = bytes_dup(st, 15, 0, &row->nodes, &row->nodes_len);
     row->restarts = sqlite3_column_int(st, 16);
     if (ret == 0)
-        ret = bytes_dup(st, 17, 0, &row->spec, &row->spec_len);
+        ret = bytes_dup(st, 17, 1, (void **)&row->labels, &len);
     if (ret == 0)
-        ret = bytes_dup(st, 18, 1, (void **)&row->spec_json, &len);
+        ret = bytes_dup(st, 18, 0, &row->spec, &row->spec_len);
+    if (ret == 0)
+        ret = bytes_dup(st, 19, 1, (void **)&row->spec_json, &len);
     if (ret < 0) {
         td_job_row_clear(row);
         td_error_set(err, ret, "store: out of memory reading job %lld", (long long)row->id);
@@ -538,13 +542,42 @@ out:
     return ret;
 }
 
+/* ---- labels ---- */
+
+void td__store_labels_sql(char *sql, size_t size, size_t *n, const char *alias, size_t nlabels,
+                          int first)
+{
+    for (size_t i = 0; i < nlabels && *n < size; i++)
+        *n += (size_t)snprintf(sql + *n, size - *n, " AND json_extract(%s%sspec_json, ?%zu) = ?%zu",
+                               alias != NULL ? alias : "", alias != NULL ? "." : "",
+                               (size_t)first + 2 * i, (size_t)first + 2 * i + 1);
+}
+
+int td__store_labels_bind(sqlite3_stmt *st, const td_label *labels, size_t n, int first,
+                          td_error_t *err)
+{
+    char path[96];
+
+    for (size_t i = 0; i < n; i++) {
+        const char *k = labels[i].key;
+        /* a name of letters, digits, . _ - / (jobspec.c): quoted in the path, it is one key */
+        if (k == NULL || strpbrk(k, "\"\\") != NULL ||
+            snprintf(path, sizeof(path), "$.labels.\"%s\"", k) >= (int)sizeof(path))
+            return td_error_set(err, TD_EINVAL, "store: label name \"%s\" cannot be selected",
+                                k != NULL ? k : "(null)");
+        sqlite3_bind_text(st, first + 2 * (int)i, path, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(st, first + 2 * (int)i + 1, labels[i].value, -1, SQLITE_STATIC);
+    }
+    return 0;
+}
+
 /* ---- a page of a filtered listing ---- */
 
-#define PAGE_SQL_MAX 1024 /* bytes of the page statement's text, every filter included */
+#define PAGE_SQL_MAX 4096 /* bytes of the page statement's text, every filter included */
 
 /* The page statement for q: its WHERE holds only the filters q sets, its parameters are
- * numbered in a fixed order (states ?1..?5, uid ?6, name ?7, since ?8, cursor ?9, limit ?10)
- * so that binding does not depend on which are present. */
+ * numbered in a fixed order (states ?1..?5, uid ?6, name ?7, since ?8, cursor ?9, limit ?10,
+ * labels from ?11, two each) so that binding does not depend on which are present. */
 static int page_sql(const td_job_query *q, char *sql, size_t size)
 {
     size_t n = (size_t)snprintf(
@@ -564,6 +597,7 @@ static int page_sql(const td_job_query *q, char *sql, size_t size)
         n += (size_t)snprintf(sql + n, size - n, " AND created >= ?8");
     if (q->after > 0)
         n += (size_t)snprintf(sql + n, size - n, " AND id %s ?9", q->newest_first ? "<" : ">");
+    td__store_labels_sql(sql, size, &n, NULL, q->nlabels, 11);
     n += (size_t)snprintf(sql + n, size - n, " ORDER BY id%s LIMIT ?10",
                           q->newest_first ? " DESC" : "");
     return n < size ? 0 : -1;
@@ -583,7 +617,7 @@ int td_store_job_page(td_store *s, const td_job_query *q, size_t limit, td_job_r
     *n = 0;
     *more = 0;
     if (limit == 0 || limit > INT32_MAX || q->nstates > TD_STORE_MAX_STATES ||
-        (q->nstates > 0 && q->states == NULL))
+        (q->nstates > 0 && q->states == NULL) || q->nlabels > TD_STORE_MAX_LABELS)
         return td_error_set(err, TD_EINVAL, "store: job page: bad argument");
     for (size_t i = 0; i < q->nstates; i++)
         if (q->states[i] == NULL || !state_known(q->states[i], &final))
@@ -607,6 +641,10 @@ int td_store_job_page(td_store *s, const td_job_query *q, size_t limit, td_job_r
         sqlite3_bind_int64(st, 9, q->after);
     /* One row more than asked for says whether another page follows. */
     sqlite3_bind_int64(st, 10, (int64_t)limit + 1);
+    if ((ret = td__store_labels_bind(st, q->labels, q->nlabels, 11, err)) != 0) {
+        sqlite3_finalize(st);
+        return ret;
+    }
     while (ret == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW) {
         if (k == limit) {
             *more = 1;

@@ -56,7 +56,7 @@ static int mark_one(td_store *s, int64_t id, td_error_t *err)
 }
 
 /* The WHERE of a prune, its parameters numbered as bound by td_store_prune: states ?1..?3,
- * ended ?4, uid ?5. */
+ * ended ?4, uid ?5, labels from ?6 (two each). */
 static void prune_sql(const td_prune_query *q, char *sql, size_t size)
 {
     size_t n =
@@ -68,7 +68,9 @@ static void prune_sql(const td_prune_query *q, char *sql, size_t size)
                           ") AND j.ended <= ?4 AND j.id NOT IN (SELECT id FROM jobs_deleting)");
     if (q->by_uid)
         n += (size_t)snprintf(sql + n, size - n, " AND j.uid = ?5");
-    snprintf(sql + n, size - n, " ORDER BY j.id");
+    td__store_labels_sql(sql, size, &n, "j", q->nlabels, 6);
+    if (n < size)
+        snprintf(sql + n, size - n, " ORDER BY j.id");
 }
 
 /* Grows *ids (capacity *cap) to hold one more. */
@@ -116,7 +118,7 @@ int td_store_prune(td_store *s, const td_prune_query *q, int mark, td_job_brief_
     size_t nstates = q->nstates > 0 ? q->nstates : 3, n = 0;
     sqlite3_stmt *st = NULL;
     int64_t *ids = NULL;
-    char sql[1024];
+    char sql[4096];
     int ret = 0, in_tx = 0, rc;
 
     memset(tot, 0, sizeof(*tot));
@@ -147,7 +149,12 @@ int td_store_prune(td_store *s, const td_prune_query *q, int mark, td_job_brief_
     sqlite3_bind_double(st, 4, q->ended_before);
     if (q->by_uid)
         sqlite3_bind_int64(st, 5, q->uid);
-    ret = prune_select(s, st, cb, ud, tot, &ids, &n, err);
+    ret =
+        q->nlabels > TD_STORE_MAX_LABELS
+            ? td_error_set(err, TD_EINVAL, "store: prune: more than %d labels", TD_STORE_MAX_LABELS)
+            : td__store_labels_bind(st, q->labels, q->nlabels, 6, err);
+    if (ret == 0)
+        ret = prune_select(s, st, cb, ud, tot, &ids, &n, err);
     sqlite3_finalize(st);
     for (size_t i = 0; mark && ret == 0 && i < n; i++)
         ret = mark_one(s, ids[i], err);

@@ -113,6 +113,9 @@ typedef struct td_job_row {
                   * on; NULL if none */
     size_t nodes_len;
     int restarts; /* relaunches after a rank's death so far */
+    /* malloc'd: the job's labels (its spec's labels object) as "name\x1fvalue\x1ename..."
+     * (unit and record separators, which text never holds); NULL for none */
+    char *labels;
 } td_job_row;
 
 /* Frees the malloc'd members of row (not row itself) and zeroes them. Accepts NULL. */
@@ -134,15 +137,23 @@ int td_store_job_list(td_store *s, int with_spec, td_job_row **rows, size_t *n, 
 /* Which jobs td_store_job_page() reads, and from where. Zero it, then set the filters wanted;
  * every filter set must hold. */
 #define TD_STORE_MAX_STATES 5 /* state words one query may name: there are five */
+/* A label a job must have, with this value (spec.labels.key == value). */
+#define TD_STORE_MAX_LABELS 16
+typedef struct td_label {
+    const char *key, *value;
+} td_label;
+
 typedef struct td_job_query {
     const char *const *states; /* nstates TD_JOB_* words: the job is in one of them */
     size_t nstates;            /* 0: any state */
     int by_uid;                /* set: only jobs of uid */
     int64_t uid;
-    const char *name_glob; /* NULL: any name; else SQLite's GLOB, case-sensitive: * ? [a-z] [^x] */
-    double since;          /* > 0: only jobs created at or after this unix time */
-    int64_t after;         /* > 0: only jobs past this id in the listing's order (the cursor) */
-    int newest_first;      /* descending id order (newest first) instead of ascending */
+    const char *name_glob;  /* NULL: any name; else SQLite's GLOB, case-sensitive: * ? [a-z] [^x] */
+    double since;           /* > 0: only jobs created at or after this unix time */
+    int64_t after;          /* > 0: only jobs past this id in the listing's order (the cursor) */
+    int newest_first;       /* descending id order (newest first) instead of ascending */
+    const td_label *labels; /* nlabels (at most TD_STORE_MAX_LABELS): the job has them all */
+    size_t nlabels;
 } td_job_query;
 
 /* Reads up to limit jobs that match q, past its cursor, in its order, without their specs,
@@ -308,6 +319,8 @@ typedef struct td_prune_query {
     double ended_before; /* only jobs that ended at or before this unix time */
     int by_uid;          /* set: only jobs of uid */
     int64_t uid;
+    const td_label *labels; /* nlabels (at most TD_STORE_MAX_LABELS): the job has them all */
+    size_t nlabels;
 } td_prune_query;
 
 /* Selects the ended jobs q names that are not being deleted already, calls cb for each (id

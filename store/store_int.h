@@ -136,4 +136,18 @@ void td__store_keys_clear(td_store *s);
  * set connection-local pragmas (max_page_count, query_only, busy_timeout). */
 int td__store_exec(td_store *s, const char *sql, td_error_t *err);
 
+/* Label selection (td_label), shared by a page of jobs and a prune: appends to sql (size
+ * bytes, *n used) one condition per label, " AND json_extract(spec_json, ?P) = ?P+1" with P
+ * from first (two parameters a label), on the jobs table as alias (NULL: unqualified). */
+void td__store_labels_sql(char *sql, size_t size, size_t *n, const char *alias, size_t nlabels,
+                          int first);
+/* Binds labels[0..n) to the parameters td__store_labels_sql numbered from first. TD_EINVAL for a
+ * label name that could not be a job's (labels' names are checked at submit, so none matches). */
+int td__store_labels_bind(sqlite3_stmt *st, const td_label *labels, size_t n, int first,
+                          td_error_t *err);
+/* The SQL of a job's labels as td_job_row.labels holds them, over spec_json. */
+#define TD__LABELS_COLUMN                                                                 \
+    "(SELECT group_concat(key || char(31) || value, char(30)) FROM json_each(spec_json, " \
+    "'$.labels') WHERE type = 'text')"
+
 #endif
