@@ -1032,20 +1032,44 @@ static int queued_by(const td_daemon *d, int64_t uid)
     return n;
 }
 
-/* Checks a submitted job as submit does before queueing it: the job file (jobspec), the
- * files' access as the user (uid, gid), its device count against this daemon's and the
- * per-user limit. Fills *spec. TD_EJOB / TD_EPERM with err naming the field. */
-static int validate(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t gid, td_jobspec *spec,
-                    td_error_t *err)
-{
-    int rc;
+/* ---- submit and its dry run ----
+ *
+ * A job's files are untrusted content (a safetensors header of 16 MiB, a shard's), so they are
+ * never read on the loop thread. A submit goes in three steps: the job parsed on the loop (cheap,
+ * bounded by the frame), its files checked as the submitter on libuv's threadpool (check_work,
+ * which touches only its td_submit), and, back on the loop, the checks against this daemon's
+ * devices and limits and the insert (td_daemon_submit_end). A dry run's memory guard reads the
+ * dataset's headers too: it runs on the pool after the files' check, against device memory
+ * read on the loop before (the devices are the loop's). */
 
-    if ((rc = td_jobspec_check_text(jobval, err)) != 0 ||
-        (rc = td_jobspec_parse(jobval, spec, err)) != 0 ||
-        (rc = td_jobspec_check_access(spec, uid, gid, err)) != 0)
-        return rc;
-    spec->uid = uid; /* every later open of its files is made as this user */
-    spec->gid = gid;
+struct td_submit {
+    uv_work_t req; /* req.data is the td_submit */
+    td_daemon *d;
+    int dry_run;
+    int64_t uid, gid;
+    td_jobspec spec; /* the pool's copy while the work runs; ~70 KiB */
+    void *body;      /* submit: the job as msgpack, for the store */
+    size_t len;
+    char *json;
+    td_submit_cb cb;
+    void *ud;
+    /* the pool's results */
+    int rc; /* the files' check */
+    td_error_t err;
+    /* dry run: the guard, when the job is one whose memory this daemon checks (guarded) */
+    int guarded, guard_rc;
+    td_error_t guard_err;
+    td_memguard g;
+    int asked_auto;
+    size_t free_bytes, total_bytes;
+    td_device_kind kind;
+    char device[16]; /* the worker's name (run.h), "cuda:1" */
+};
+
+/* A checked job's devices against this daemon's and the per-user limit (a job of nodes, its
+ * launcher's). TD_EJOB / TD_EPERM with err naming the field. */
+static int check_devices(td_daemon *d, td_jobspec *spec, td_error_t *err)
+{
     if (spec->nodes > 1)
         return td__launch_validate(d, spec, err);
     if (spec->devices > d->nworkers)
@@ -1057,6 +1081,120 @@ static int validate(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t gi
                             "devices: the job asks for %d devices but each user may hold %d",
                             spec->devices, d->cfg.max_devices_per_user);
     return 0;
+}
+
+/* The threadpool: the job's files as its user (td_jobspec_check_access), then a dry run's
+ * memory guard. Touches nothing but sub. */
+static void check_work(uv_work_t *req)
+{
+    td_submit *sub = req->data;
+    td_jobspec *spec = &sub->spec;
+
+    sub->rc = td_jobspec_check_access(spec, sub->uid, sub->gid, &sub->err);
+    if (sub->rc != 0 || !sub->guarded || sub->guard_rc != 0)
+        return;
+    spec->train.kernels = td_device_kernels(sub->kind); /* the CUDA workspace counts on a GPU */
+    spec->train.world = spec->devices;
+    sub->guard_rc = td_memguard_check(spec, sub->free_bytes, sub->total_bytes, sub->device, &sub->g,
+                                      &sub->guard_err);
+}
+
+/* Back on the loop: the caller's callback, which answers (or drops) the request. */
+static void check_done(uv_work_t *req, int status)
+{
+    td_submit *sub = req->data;
+
+    (void)status; /* a check is never cancelled: the loop waits for it (td_submit_begin) */
+    sub->cb(sub, sub->ud);
+}
+
+/* A dry run's devices, read now on the loop: the memory of the first spec->devices, which an
+ * idle daemon would give the job. Only for a job whose memory this daemon checks; a job past
+ * the devices is refused by check_devices later, in submit's order. */
+static void read_guard_devices(td_daemon *d, td_submit *sub)
+{
+    td_worker *ws[TD_MAX_DEVICES];
+    const char *where = NULL;
+    int n = sub->spec.devices;
+
+    if (sub->spec.nodes > 1 || n < 1 || n > d->nworkers)
+        return;
+    for (int i = 0; i < n; i++)
+        ws[i] = &d->workers[i];
+    sub->guarded = 1;
+    sub->kind = ws[0]->kind;
+    sub->guard_rc =
+        least_memory(ws, n, &sub->free_bytes, &sub->total_bytes, &where, &sub->guard_err);
+    snprintf(sub->device, sizeof(sub->device), "%s", where != NULL ? where : ws[0]->name);
+}
+
+void td_submit_free(td_submit *sub)
+{
+    if (sub == NULL)
+        return;
+    free(sub->json);
+    free(sub->body);
+    free(sub);
+}
+
+/* The job's msgpack and JSON for the store, made now: job is borrowed only until the request's
+ * handler returns. */
+static int keep_body(td_submit *sub, const td_pval *job, td_error_t *err)
+{
+    td_pw w;
+    const void *body;
+    int rc = 0;
+
+    td_pw_init(&w);
+    td_pw_val(&w, job);
+    body = td_pw_body(&w, &sub->len);
+    if (!w.failed && (sub->body = malloc(sub->len > 0 ? sub->len : 1)) != NULL)
+        memcpy(sub->body, body, sub->len);
+    sub->json = td_pv_to_json(job);
+    if (w.failed || sub->body == NULL || sub->json == NULL)
+        rc = td_error_set(err, TD_ENOMEM, "out of memory");
+    td_pw_free(&w);
+    return rc;
+}
+
+int td_submit_begin(td_daemon *d, const td_pval *job, int64_t uid, int64_t gid, int dry_run,
+                    td_submit_cb cb, void *ud, td_submit **out, td_error_t *err)
+{
+    td_submit *sub = calloc(1, sizeof(*sub));
+    int rc;
+
+    *out = NULL;
+    if (sub == NULL)
+        return td_error_set(err, TD_ENOMEM, "out of memory");
+    sub->d = d;
+    sub->dry_run = dry_run;
+    sub->uid = uid;
+    sub->gid = gid;
+    sub->cb = cb;
+    sub->ud = ud;
+    sub->req.data = sub;
+    if ((rc = td_jobspec_check_text(job, err)) != 0 ||
+        (rc = td_jobspec_parse(job, &sub->spec, err)) != 0)
+        goto fail;
+    sub->spec.uid = uid; /* every later open of its files is made as this user */
+    sub->spec.gid = gid;
+    if (!dry_run && (rc = keep_body(sub, job, err)) != 0)
+        goto fail;
+    if (dry_run) {
+        sub->asked_auto = sub->spec.batch_auto;
+        read_guard_devices(d, sub);
+    }
+    rc = uv_queue_work(d->loop, &sub->req, check_work, check_done);
+    if (rc != 0) {
+        td_error_set(err, TD_EBUSY, "cannot check the job's files now: %s", uv_strerror(rc));
+        rc = TD_EBUSY;
+        goto fail;
+    }
+    *out = sub;
+    return 0;
+fail:
+    td_submit_free(sub);
+    return rc;
 }
 
 /* A job the store could not take: a lock another process holds (the loop does not wait for
@@ -1077,48 +1215,46 @@ static int submit_refused(td_daemon *d, int rc, td_error_t *err)
     return rc;
 }
 
-int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t gid, int64_t *id,
-                     td_error_t *err)
+/* The files' check's result, then what holds against the daemon as it is now. */
+static int checked(td_submit *sub, td_error_t *err)
 {
-    td_djob *job = calloc(1, sizeof(*job));
-    const void *body;
-    size_t len;
-    char *json = NULL;
-    td_pw w;
+    td_daemon *d = sub->d;
+
+    if (d->stopping == 2)
+        return td_error_set(err, TD_ECLOSED, "traind is stopping; submit again once it is back");
+    if (sub->rc != 0) {
+        *err = sub->err;
+        return sub->rc;
+    }
+    return check_devices(d, &sub->spec, err);
+}
+
+/* Queues the checked job of sub: the queue limits, the store's row, the table. */
+static int queue_job(td_submit *sub, int64_t *id, td_error_t *err)
+{
+    td_daemon *d = sub->d;
+    td_djob *job;
+    int64_t uid = sub->uid;
     int rc;
 
-    if (job == NULL)
+    if (d->cfg.max_queued > 0 && queued_by(d, -2) >= d->cfg.max_queued)
+        return td_error_set(err, TD_EPERM, "the queue is full: %d jobs wait, the limit",
+                            d->cfg.max_queued);
+    if (d->cfg.max_queued_per_user > 0 && queued_by(d, uid) >= d->cfg.max_queued_per_user)
+        return td_error_set(err, TD_EPERM,
+                            "permission denied: uid %lld already has %d queued jobs, the limit",
+                            (long long)uid, d->cfg.max_queued_per_user);
+    if ((job = calloc(1, sizeof(*job))) == NULL)
         return td_error_set(err, TD_ENOMEM, "out of memory");
-    td_pw_init(&w);
-    rc = validate(d, jobval, uid, gid, &job->spec, err);
-    if (rc != 0)
-        goto out;
-    if (d->cfg.max_queued > 0 && queued_by(d, -2) >= d->cfg.max_queued) {
-        rc = td_error_set(err, TD_EPERM, "the queue is full: %d jobs wait, the limit",
-                          d->cfg.max_queued);
-        goto out;
-    }
-    if (d->cfg.max_queued_per_user > 0 && queued_by(d, uid) >= d->cfg.max_queued_per_user) {
-        rc = td_error_set(err, TD_EPERM,
-                          "permission denied: uid %lld already has %d queued jobs, the limit",
-                          (long long)uid, d->cfg.max_queued_per_user);
-        goto out;
-    }
-    td_pw_val(&w, jobval);
-    body = td_pw_body(&w, &len);
-    json = td_pv_to_json(jobval);
-    if (w.failed || json == NULL) {
-        rc = td_error_set(err, TD_ENOMEM, "out of memory");
-        goto out;
-    }
+    job->spec = sub->spec;
     /* A job that spans nodes asks for all of its nodes' devices. */
-    rc = td_store_job_insert(d->store, job->spec.name,
-                             job->spec.nodes > 1 ? job->spec.nodes * job->spec.devices_per_node
-                                                 : job->spec.devices,
-                             job->spec.priority, uid, body, len, json, &job->id, err);
+    rc = td_store_job_insert(
+        d->store, job->spec.name,
+        job->spec.nodes > 1 ? job->spec.nodes * job->spec.devices_per_node : job->spec.devices,
+        job->spec.priority, uid, sub->body, sub->len, sub->json, &job->id, err);
     if (rc != 0) {
-        rc = submit_refused(d, rc, err);
-        goto out;
+        td__daemon_job_free(job);
+        return submit_refused(d, rc, err);
     }
     job->uid = uid;
     snprintf(job->state, sizeof(job->state), TD_JOB_QUEUED);
@@ -1132,36 +1268,37 @@ int td_daemon_submit(td_daemon *d, const td_pval *jobval, int64_t uid, int64_t g
         td_log_notice("job %lld (%s, uid %lld): queued, %d device(s)", (long long)job->id,
                       job->spec.name, (long long)uid, job->spec.devices);
     td__daemon_job_log(d, job->id, TD_LOG_NOTICE, "queued");
-    job = NULL;
     schedule(d);
-out:
-    free(json);
-    td_pw_free(&w);
-    td__daemon_job_free(job);
-    return rc;
+    return 0;
 }
 
-int td_daemon_dry_run(td_daemon *d, const td_pval *job, int64_t uid, int64_t gid, td_jobspec *spec,
-                      td_memguard *g, int *asked_auto, int *estimated, td_error_t *err)
+int td_submit_end(td_submit *sub, int64_t *id, td_error_t *err)
 {
-    td_worker *ws[TD_MAX_DEVICES];
-    int rc;
+    int rc = checked(sub, err);
 
-    *asked_auto = *estimated = 0;
+    return rc != 0 ? rc : queue_job(sub, id, err);
+}
+
+int td_submit_dry_run_end(td_submit *sub, const td_jobspec **spec, td_memguard *g, int *asked_auto,
+                          int *estimated, td_error_t *err)
+{
+    int rc = checked(sub, err);
+
+    *spec = &sub->spec;
+    *asked_auto = sub->asked_auto;
+    *estimated = 0;
     memset(g, 0, sizeof(*g));
-    rc = validate(d, job, uid, gid, spec, err);
     if (rc != 0)
         return rc;
-    if (spec->nodes > 1)
+    if (sub->spec.nodes > 1)
         return td_error_set(err, TD_EINVAL,
                             "dry_run: a job of %d nodes has its memory checked by its ranks, on "
                             "their nodes' devices, when it starts",
-                            spec->nodes);
-    /* The devices it would get on an idle daemon: the first spec->devices. */
-    for (int i = 0; i < spec->devices; i++)
-        ws[i] = &d->workers[i];
-    *asked_auto = spec->batch_auto;
-    rc = guard(spec, ws, spec->devices, g, err);
+                            sub->spec.nodes);
+    *g = sub->g;
+    rc = sub->guard_rc;
+    if (rc != 0)
+        *err = sub->guard_err;
     *estimated = rc == 0 || (rc == TD_ENOMEM && !g->fits && g->est.total > 0);
     return rc;
 }

@@ -6,7 +6,8 @@
  * stopped; it never calls the server itself.
  *
  * Threads: every function here runs on the loop thread. Workers and the store thread reach
- * the loop only through the mailbox. */
+ * the loop only through the mailbox; a submit's check of its files runs on libuv's threadpool
+ * (td_submit_begin) on a copy of its own. */
 #ifndef TD_DAEMON_H
 #define TD_DAEMON_H
 
@@ -73,17 +74,38 @@ td_store *td_daemon_store(const td_daemon *d);
 
 /* ---- jobs ---- */
 
-/* Validates job for the user (uid, gid) who sent it as submit does, then queues it: *id. */
-int td_daemon_submit(td_daemon *d, const td_pval *job, int64_t uid, int64_t gid, int64_t *id,
-                     td_error_t *err);
+/* A submit (or its dry run) under way. Its job is parsed on the loop by td_submit_begin; the
+ * job's files are read and checked as its user (uid, gid), and a dry run's memory guard run,
+ * on libuv's threadpool, never on the loop (a safetensors header may take a thread tens of
+ * milliseconds); then cb(sub, ud) runs on the loop, where td_submit_end (or
+ * td_submit_dry_run_end) checks the job against the daemon as it is then and answers it. */
+typedef struct td_submit td_submit;
+typedef void (*td_submit_cb)(td_submit *sub, void *ud);
 
-/* submit with dry_run: job validated as submit would, then the memory guard against the
- * devices it would get. Nothing is stored or queued. Fills *spec, *g and *asked_auto (the job
- * asked for batch_size "auto"). Returns 0 when it fits; TD_ENOMEM with *estimated 1 and *g
- * holding the estimate when it does not (an answer, not an error); any other error with
- * *estimated 0. */
-int td_daemon_dry_run(td_daemon *d, const td_pval *job, int64_t uid, int64_t gid, td_jobspec *spec,
-                      td_memguard *g, int *asked_auto, int *estimated, td_error_t *err);
+/* Parses job (borrowed until it returns; what the store needs of it is copied) and starts the
+ * check of its files on the threadpool. 0 with *out set: cb will be called once, on the loop,
+ * even while the daemon stops (the loop runs until it has); the callback ends with
+ * td_submit_end or td_submit_dry_run_end if it still wants an answer, and frees sub with
+ * td_submit_free(). Else the job's error (TD_EJOB naming the field, TD_ENOMEM, TD_EBUSY when
+ * the pool refuses work), and cb is never called. */
+int td_submit_begin(td_daemon *d, const td_pval *job, int64_t uid, int64_t gid, int dry_run,
+                    td_submit_cb cb, void *ud, td_submit **out, td_error_t *err);
+
+/* In cb, for a submit: the files' check's error (TD_EJOB / TD_EPERM naming the field), or the
+ * devices against this daemon's and the per-user limit, the queue limits, then the job queued:
+ * *id. TD_ECLOSED once the daemon has stopped. */
+int td_submit_end(td_submit *sub, int64_t *id, td_error_t *err);
+
+/* In cb, for a dry run: the submit's checks but the queue's, then the memory guard's result,
+ * against the devices it would get (their memory read at td_submit_begin). Nothing is stored
+ * or queued. *spec (borrowed until td_submit_free) is the job, its batch the guard's choice
+ * for "auto"; fills *g and *asked_auto (the job asked for batch_size "auto"). Returns 0 when it
+ * fits; TD_ENOMEM with *estimated 1 and *g holding the estimate when it does not (an answer,
+ * not an error); any other error with *estimated 0. */
+int td_submit_dry_run_end(td_submit *sub, const td_jobspec **spec, td_memguard *g, int *asked_auto,
+                          int *estimated, td_error_t *err);
+
+void td_submit_free(td_submit *sub); /* accepts NULL */
 
 /* Cancels job id on behalf of uid (its owner or root; else TD_EPERM): a queued job ends at
  * once, a running one at its next step boundary. The state it is in now goes to state_out

@@ -3,7 +3,7 @@
  * checks of every entry against the data before any of it is read, float tensors read (and
  * widened from F16/BF16), and the writer traind's exports go through. Knows no model: which
  * name is which parameter is weights.c's. Runs on the caller's thread: a worker building a
- * trainer, the daemon's threadpool (export), the loop thread at submit (headers only). */
+ * trainer, the daemon's threadpool (an export, a submit's check of a header), never the loop. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -47,6 +47,7 @@ int td_st_is_path(const char *path)
 
 typedef struct parser {
     const char *p, *end, *start;
+    int too_many; /* the header holds more than TD_ST_MAX_TENSORS tensors */
     char msg[200];
 } parser;
 
@@ -337,8 +338,10 @@ static int add_tensor(td_st_file *f, parser *ps, td_st_tensor **out)
     if (f->n == f->cap) {
         int cap = f->cap == 0 ? 64 : 2 * f->cap;
         td_st_tensor *t;
-        if (f->n == TD_ST_MAX_TENSORS)
+        if (f->n == TD_ST_MAX_TENSORS) {
+            ps->too_many = 1;
             return fail(ps, "more than %d tensors", TD_ST_MAX_TENSORS);
+        }
         if ((t = realloc(f->t, (size_t)cap * sizeof(*t))) == NULL)
             return fail(ps, "out of memory for %d tensors", cap);
         f->t = t;
@@ -524,12 +527,17 @@ int td_st_open(td_st_file **out, const char *path, td_error_t *err)
     }
     for (int i = 7; i >= 0; i--)
         hlen = hlen << 8 | len8[i];
-    if (hlen < 2 || hlen > TD_ST_MAX_HEADER || hlen > (uint64_t)st.st_size - 8) {
+    if (hlen < 2 || hlen > (uint64_t)st.st_size - 8) {
         rc = td_error_set(err, TD_EDATA,
-                          "%s: not a safetensors file: a header of %llu bytes (the file has "
-                          "%lld; at most %u)",
-                          path, (unsigned long long)hlen, (long long)st.st_size - 8,
-                          TD_ST_MAX_HEADER);
+                          "%s: not a safetensors file: a header of %llu bytes (the file has %lld)",
+                          path, (unsigned long long)hlen, (long long)st.st_size - 8);
+        goto out;
+    }
+    if (hlen > TD_ST_MAX_HEADER) {
+        rc = td_error_set(err, TD_E2BIG,
+                          "%s: safetensors header of %llu bytes exceeds traind's "
+                          "limit of %u",
+                          path, (unsigned long long)hlen, TD_ST_MAX_HEADER);
         goto out;
     }
     if ((json = malloc(hlen)) == NULL) {
@@ -552,7 +560,13 @@ int td_st_open(td_st_file **out, const char *path, td_error_t *err)
                           path);
         goto out;
     }
-    if (parse_header(&ps, f) != 0) {
+    if ((rc = parse_header(&ps, f)) != 0 && ps.too_many) {
+        rc = td_error_set(err, TD_E2BIG,
+                          "%s: safetensors header holds more than %d tensors, traind's limit", path,
+                          TD_ST_MAX_TENSORS);
+        goto out;
+    }
+    if (rc != 0) {
         rc = td_error_set(err, TD_EDATA, "%s: header: %s", path, ps.msg);
         goto out;
     }

@@ -11,8 +11,8 @@
  * against TD_ST_MAX_HEADER and the file's size, each tensor's dtype, shape and offsets against
  * the data (no overlap, no hole, nothing past the end). Files are opened as data.h's access
  * says (the job's user; only a regular file). Blocking file I/O on the caller's thread (a
- * worker building a trainer, the daemon's threadpool for an export, the loop thread's submit
- * check for a header); errors are returned, never panicked. */
+ * worker building a trainer, the daemon's threadpool for an export or a submit's check of a
+ * header); errors are returned, never panicked. */
 #ifndef TD_SAFETENSORS_H
 #define TD_SAFETENSORS_H
 
@@ -21,12 +21,15 @@
 
 #include "common/td_errno.h"
 
-#define TD_ST_MAX_HEADER  (100u << 20) /* bytes of JSON header: the format's own limit */
-#define TD_ST_MAX_TENSORS 65536        /* tensors in one file */
-#define TD_ST_NAME_MAX    256          /* bytes of a tensor's name, NUL included */
-#define TD_ST_MAX_DIMS    8            /* dimensions of one tensor */
-#define TD_ST_MAX_META    64           /* __metadata__ entries kept (later ones are ignored) */
-#define TD_ST_META_MAX    256          /* bytes of a metadata key or value kept, NUL included */
+/* traind's own limits, below the format's (a 100 MiB header): every file traind reads (a
+ * submit's check, a run's init_from) is held to them, so that one hostile header costs a
+ * thread at most this much parsing. GPT-2 XL's header is ~40 KiB of ~580 tensors. */
+#define TD_ST_MAX_HEADER  (16u << 20) /* bytes of JSON header */
+#define TD_ST_MAX_TENSORS 16384       /* tensors in one file (a power of two: add_tensor) */
+#define TD_ST_NAME_MAX    256         /* bytes of a tensor's name, NUL included */
+#define TD_ST_MAX_DIMS    8           /* dimensions of one tensor */
+#define TD_ST_MAX_META    64          /* __metadata__ entries kept (later ones are ignored) */
+#define TD_ST_META_MAX    256         /* bytes of a metadata key or value kept, NUL included */
 #define TD_ST_SUFFIX      ".safetensors"
 
 /* Whether path names a safetensors file: it ends in ".safetensors" (how model.init_from and
@@ -52,7 +55,9 @@ typedef struct td_st_file td_st_file;
 /* Opens path and reads and checks its header (the file's data is read by td_st_read). Errors:
  * TD_ENOTFOUND, TD_EPERM, TD_EIO for the open; TD_EDATA naming the file and what is wrong
  * ("/x/m.safetensors: header: tensor wpe.weight: data_offsets [0, 96) hold 96 bytes, but F32
- * (4, 8) takes 128"). Caller frees with td_st_close(). */
+ * (4, 8) takes 128"); TD_E2BIG past traind's limits: "/x/m.safetensors: safetensors header of
+ * N bytes exceeds traind's limit of 16777216", "/x/m.safetensors: safetensors header holds
+ * more than 16384 tensors, traind's limit". Caller frees with td_st_close(). */
 int td_st_open(td_st_file **out, const char *path, td_error_t *err);
 void td_st_close(td_st_file *f); /* accepts NULL */
 

@@ -1,5 +1,6 @@
 /* The server's requests about jobs and the daemon (server_int.h): hello, submit (and its
- * dry run's estimate), cancel and info. Loop thread only. */
+ * dry run's estimate), cancel and info. Loop thread only: a submit's files are checked on the
+ * threadpool (daemon.h, td_submit_begin) while its connection is held. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,51 +98,41 @@ static void send_estimate(td_conn *c, int64_t id, const td_jobspec *spec, int as
     td_conn_send(c);
 }
 
-/* submit with dry_run: the job validated as a submit would be, then the memory guard against
- * the devices it would get, and the estimate sent back. Nothing is stored or queued. */
-static void req_dry_run(td_server *s, td_conn *c, const td_pval *job, int64_t id)
+/* A submit or dry run whose job's files are checked on the threadpool (td_submit_begin): its
+ * connection is held meanwhile, so that it reads no further request and its replies keep the
+ * order of its requests. */
+typedef struct submit_req {
+    td_conn *c;
+    int64_t id;
+    int dry_run;
+} submit_req;
+
+/* A dry run's answer: the estimate, also when the job does not fit (an answer, not an error),
+ * or the error a submit would get. */
+static void answer_dry_run(td_conn *c, int64_t id, td_submit *sub)
 {
-    td_jobspec *spec = malloc(sizeof(*spec)); /* ~70 KiB of paths: not on the stack */
+    const td_jobspec *spec = NULL;
     td_error_t err = {0};
     td_memguard g;
-    int asked_auto = 0, estimated = 0, rc;
+    int asked_auto = 0, estimated = 0;
+    int rc = td_submit_dry_run_end(sub, &spec, &g, &asked_auto, &estimated, &err);
 
-    if (spec == NULL) {
-        td_conn_error(c, id, TD_ENOMEM, "out of memory");
-        return;
-    }
-    rc = td_daemon_dry_run(s->d, job, td_conn_uid(c), td_conn_gid(c), spec, &g, &asked_auto,
-                           &estimated, &err);
-    /* Not fitting is an answer, not an error: the estimate goes back with the refusal. */
     if (estimated) {
         send_estimate(c, id, spec, asked_auto, &g, rc == 0 ? NULL : err.msg);
-    } else {
-        td_log_info("client pid %lld uid %lld: dry run refused: %s", (long long)td_conn_pid(c),
-                    (long long)td_conn_uid(c), err.msg);
-        td_conn_error(c, id, err.code, err.msg);
+        return;
     }
-    free(spec);
+    td_log_info("client pid %lld uid %lld: dry run refused: %s", (long long)td_conn_pid(c),
+                (long long)td_conn_uid(c), err.msg);
+    td_conn_error(c, id, err.code, err.msg);
 }
 
-void td__req_submit(td_server *s, td_conn *c, const td_pval *root, int64_t id)
+static void answer_submit(td_conn *c, int64_t id, td_submit *sub)
 {
-    const td_pval *dry = td_pv_get(root, "dry_run");
     td_error_t err = {0};
     int64_t job = 0;
-    int dry_run = 0;
     td_pw *w;
 
-    if (dry != NULL && td_pv_bool(dry, &dry_run) != 0) {
-        td_conn_error(c, id, TD_EPROTO, "dry_run: must be true or false");
-        return;
-    }
-    if (dry_run) {
-        req_dry_run(s, c, td_pv_get(root, "job"), id);
-        return;
-    }
-
-    if (td_daemon_submit(s->d, td_pv_get(root, "job"), td_conn_uid(c), td_conn_gid(c), &job,
-                         &err) != 0) {
+    if (td_submit_end(sub, &job, &err) != 0) {
         td_log_info("client pid %lld uid %lld: job refused: %s", (long long)td_conn_pid(c),
                     (long long)td_conn_uid(c), err.msg);
         td_conn_error(c, id, err.code, err.msg);
@@ -151,6 +142,54 @@ void td__req_submit(td_server *s, td_conn *c, const td_pval *root, int64_t id)
     td_pw_str(w, "job_id");
     td_pw_int(w, job);
     td_conn_send(c);
+}
+
+/* Back on the loop once the job's files are checked. A client that has gone meanwhile never
+ * learns a job id, so its job is not queued (nor its dry run's guard answered). */
+static void on_checked(td_submit *sub, void *ud)
+{
+    submit_req *q = ud;
+    td_conn *c = q->c;
+
+    if (td_conn_closing(c))
+        td_log_info("client pid %lld uid %lld: gone before its %s was checked; nothing queued",
+                    (long long)td_conn_pid(c), (long long)td_conn_uid(c),
+                    q->dry_run ? "dry run" : "submit");
+    else if (q->dry_run)
+        answer_dry_run(c, q->id, sub);
+    else
+        answer_submit(c, q->id, sub);
+    td_submit_free(sub);
+    free(q);
+    td_conn_release(c); /* may free a closed c */
+}
+
+void td__req_submit(td_server *s, td_conn *c, const td_pval *root, int64_t id)
+{
+    const td_pval *dry = td_pv_get(root, "dry_run");
+    td_error_t err = {0};
+    td_submit *sub = NULL;
+    submit_req *q;
+    int dry_run = 0;
+
+    if (dry != NULL && td_pv_bool(dry, &dry_run) != 0) {
+        td_conn_error(c, id, TD_EPROTO, "dry_run: must be true or false");
+        return;
+    }
+    if ((q = malloc(sizeof(*q))) == NULL) {
+        td_conn_error(c, id, TD_ENOMEM, "out of memory");
+        return;
+    }
+    *q = (submit_req){.c = c, .id = id, .dry_run = dry_run};
+    if (td_submit_begin(s->d, td_pv_get(root, "job"), td_conn_uid(c), td_conn_gid(c), dry_run,
+                        on_checked, q, &sub, &err) != 0) {
+        td_log_info("client pid %lld uid %lld: %s refused: %s", (long long)td_conn_pid(c),
+                    (long long)td_conn_uid(c), dry_run ? "dry run" : "job", err.msg);
+        td_conn_error(c, id, err.code, err.msg);
+        free(q);
+        return;
+    }
+    td_conn_hold(c);
 }
 
 void td__req_cancel(td_server *s, td_conn *c, const td_pval *root, int64_t id)
