@@ -68,6 +68,7 @@ typedef struct tc_opts {
     int wide;              /* ls: -o wide */
     const char *ls_format; /* ls: --format FIELDS, or NULL */
     const char *sort;      /* ls: --sort [-]FIELD, or NULL */
+    const char *selector;  /* ls, cancel, prune: --selector NAME=VALUE,... (checked), or NULL */
     /* ls's filters (PROTOCOL.md, "list"); each absent unless given. */
     unsigned states;       /* --state: TC_STATE_ bits; 0: any state */
     int64_t uid;           /* --user as a uid, or -1 */
@@ -127,6 +128,15 @@ int tc_conn_send(tc_conn *c);
  * the time ran out. An error frame from traind is printed and becomes its status: 65 for
  * EJOB, 76 for EPROTO and EVERSION, 77 for EPERM, else 1. */
 int tc_conn_recv(tc_conn *c, td_proto_frame **out, int timeout_ms);
+
+/* --selector: the number of NAME=VALUE pairs in sel (checked by tc_selector_check), and
+ * them written to w as the requests' labels map (PROTOCOL.md, "list"): the key "labels" and
+ * the map. */
+uint32_t tc_selector_count(const char *sel);
+void tc_pw_selector(td_pw *w, const char *sel);
+/* 0 when sel is NAME=VALUE[,NAME=VALUE]... (at most 16, names 1 to 63 bytes, values at most
+ * 63); else -1 with what is wrong in why. */
+int tc_selector_check(const char *sel, char *why, size_t size);
 
 /* quiet: traind's error frames become their status without being printed (a request whose
  * refusal the caller reports its own way: describe's events of another user's job). */

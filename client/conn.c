@@ -294,6 +294,60 @@ static int check_reply(tc_conn *c, td_proto_frame *f, td_proto_frame **out)
     return TC_OK;
 }
 
+/* ---- --selector ---- */
+
+#define TC_MAX_LABELS 16
+#define TC_LABEL_MAX  63
+
+int tc_selector_check(const char *sel, char *why, size_t size)
+{
+    const char *p = sel, *end, *eq;
+    int n = 0;
+
+    for (;; p = end + 1) {
+        end = strchrnul(p, ',');
+        eq = memchr(p, '=', (size_t)(end - p));
+        if (eq == NULL || eq == p || eq - p > TC_LABEL_MAX || end - eq - 1 > TC_LABEL_MAX) {
+            snprintf(why, size,
+                     "'%.*s' is not NAME=VALUE (a name of 1 to %d bytes, a value of "
+                     "at most %d)",
+                     (int)(end - p), p, TC_LABEL_MAX, TC_LABEL_MAX);
+            return -1;
+        }
+        if (++n > TC_MAX_LABELS) {
+            snprintf(why, size, "at most %d labels", TC_MAX_LABELS);
+            return -1;
+        }
+        if (*end == '\0')
+            return 0;
+    }
+}
+
+uint32_t tc_selector_count(const char *sel)
+{
+    uint32_t n = 1;
+
+    for (const char *p = sel; *p != '\0'; p++)
+        n += *p == ',';
+    return n;
+}
+
+void tc_pw_selector(td_pw *w, const char *sel)
+{
+    const char *p = sel, *end, *eq;
+
+    td_pw_str(w, "labels");
+    td_pw_map(w, tc_selector_count(sel));
+    for (;; p = end + 1) {
+        end = strchrnul(p, ',');
+        eq = memchr(p, '=', (size_t)(end - p));
+        td_pw_strn(w, p, (size_t)(eq - p));
+        td_pw_strn(w, eq + 1, (size_t)(end - eq - 1));
+        if (*end == '\0')
+            return;
+    }
+}
+
 void tc_conn_quiet(tc_conn *c, int quiet)
 {
     c->quiet = quiet;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "client/client.h"
+#include "common/td_text.h"
 
 #define LS_NAME_MAX  24  /* characters of a job name shown */
 #define LS_ERROR_MAX 60  /* characters of an error shown (-o wide) */
@@ -238,6 +239,27 @@ static void cell_metrics(const td_pval *job, double now, char *buf, size_t size)
         }
 }
 
+/* "team=vision,env=prod"; "-" for none. */
+static void cell_labels(const td_pval *job, double now, char *buf, size_t size)
+{
+    const td_pval *m = td_pv_get(job, "labels");
+    size_t n = 0;
+    char k[4 * 64], v[4 * 64];
+
+    buf[0] = '\0';
+    for (size_t i = 0; i < td_pv_len(m) && n + 1 < size; i++) {
+        size_t kl = 0, vl = 0;
+        const char *ks = td_pv_str(td_pv_key_at(m, i), &kl),
+                   *vs = td_pv_str(td_pv_val_at(m, i), &vl);
+        td_text_escape(k, sizeof(k), ks != NULL ? ks : "", ks != NULL ? kl : 0, 0);
+        td_text_escape(v, sizeof(v), vs != NULL ? vs : "", vs != NULL ? vl : 0, 0);
+        int w = snprintf(buf + n, size - n, "%s%s=%s", n ? "," : "", k, v);
+        n = w > 0 && n + (size_t)w < size ? n + (size_t)w : size - 1;
+    }
+    if (buf[0] == '\0')
+        snprintf(buf, size, "-");
+}
+
 /* The error's code name and its first line, cut; "-" for none. */
 static void cell_error(const td_pval *job, double now, char *buf, size_t size)
 {
@@ -268,6 +290,7 @@ static const ls_field fields[] = {
     {"started", "STARTED", cell_started, num_started},
     {"ended", "ENDED", cell_ended, num_ended},
     {"error", "ERROR", cell_error, NULL},
+    {"labels", "LABELS", cell_labels, NULL},
     {"metrics", "METRICS", cell_metrics, NULL},
 };
 #define NFIELDS (sizeof(fields) / sizeof(fields[0]))
@@ -275,7 +298,7 @@ static const ls_field fields[] = {
 const char *const tc_ls_default_format = "id,name,user,priority,state,reason,step,devices,elapsed,"
                                          "metrics";
 const char *const tc_ls_wide_format = "id,name,user,priority,state,reason,step,devices,elapsed,"
-                                      "age,created,started,ended,error,metrics";
+                                      "age,created,started,ended,labels,error,metrics";
 
 static const ls_field *find_field(const char *name, size_t len)
 {

@@ -53,6 +53,7 @@ enum {
     F_LS_FORMAT = 1 << 29,     /* ls */
     F_FOLLOW = 1 << 30         /* logs */
 };
+#define F_SELECTOR (1u << 31) /* ls, cancel, prune */
 
 /* The positional arguments a verb takes. */
 enum { ARG_NONE, ARG_JOB, ARG_JOBS, ARG_FILE, ARG_SHELL };
@@ -100,6 +101,8 @@ static const flag flags[] = {
     {"--format", F_EXPORT_FORMAT, "FORMAT", "llmc or safetensors"},
     {"--format", F_LS_FORMAT, "FIELDS", "the columns (id,name,user,state,...)"},
     {"--sort", F_SORT, "FIELD", "order by this column (-FIELD: descending)"},
+    {"--selector", F_SELECTOR, "LABELS", "only jobs with these labels (team=vision,...)"},
+    {"-l", F_SELECTOR, "LABELS", "only jobs with these labels (team=vision,...)"},
     {"-f", F_FOLLOW, NULL, "follow: print new lines until the job ends"},
     {"--follow", F_FOLLOW, NULL, "follow: print new lines until the job ends"},
 };
@@ -204,10 +207,11 @@ static const verb verbs[] = {
         .name = "ls",
         .run = tc_ls,
         .flags = F_STATE | F_USER | F_NAME | F_CREATED | F_LIMIT | F_JSON | F_FORMAT | F_LS_FORMAT |
-                 F_SORT,
+                 F_SORT | F_SELECTOR,
         .arg = ARG_NONE,
         .usage = "trainctl ls [--state S,S] [--user USER] [--name GLOB] [--since TIME] "
-                 "[--limit N] [--format FIELDS] [--sort [-]FIELD] [-o wide|json|yaml]",
+                 "[--limit N] [--selector NAME=VALUE,...] [--format FIELDS] [--sort [-]FIELD] "
+                 "[-o wide|json|yaml]",
         .brief = "list the jobs, all or those that match",
         .help = "Lists the jobs, oldest first: ID, NAME, USER, PRIORITY, STATE, REASON (why\n"
                 "a queued job waits, as traind says: devices busy, priority (behind job N),\n"
@@ -225,6 +229,8 @@ static const verb verbs[] = {
                 "                time (2026-11-30, 2026-11-30 14:00, 2026-11-30T14:00:05)\n"
                 "  --limit N     only the newest N of the jobs that match, still listed\n"
                 "                oldest first\n"
+                "  --selector NAME=VALUE,...  only jobs with all these labels (the job\n"
+                "                file's labels; -l for short)\n"
                 "  --format F,F  the columns, in order, from the fields id, name, user,\n"
                 "                priority, state, reason, step, devices, elapsed, age,\n"
                 "                created, started, ended, error, metrics\n"
@@ -239,9 +245,10 @@ static const verb verbs[] = {
     {
         .name = "cancel",
         .run = tc_cancel,
-        .flags = F_STATE | F_USER | F_NAME,
+        .flags = F_STATE | F_USER | F_NAME | F_SELECTOR,
         .arg = ARG_JOBS,
-        .usage = "trainctl cancel JOB [JOB]... | cancel [--name GLOB] [--state S,S] [--user USER]",
+        .usage = "trainctl cancel JOB [JOB]... | cancel [--name GLOB] [--state S,S] [--user USER] "
+                 "[--selector NAME=VALUE,...]",
         .brief = "cancel jobs, by id or by what they match",
         .help = "Cancels each job JOB, or every queued or running job that matches the\n"
                 "filters (as ls takes them; at least one). A queued job leaves the queue at\n"
@@ -253,6 +260,7 @@ static const verb verbs[] = {
                 "  --name GLOB  jobs whose name matches GLOB (quote it: --name 'sweep-*')\n"
                 "  --state S,S  jobs in these states: queued, running (default both)\n"
                 "  --user USER  jobs submitted by USER, a user name or a uid\n"
+                "  --selector NAME=VALUE,...  jobs with all these labels (-l for short)\n"
                 "  -h, --help   show this help\n",
     },
     {
@@ -275,9 +283,10 @@ static const verb verbs[] = {
     {
         .name = "prune",
         .run = tc_prune,
-        .flags = F_OLDER_THAN | F_STATE | F_DRY_RUN | F_JSON | F_FORMAT,
+        .flags = F_OLDER_THAN | F_STATE | F_DRY_RUN | F_JSON | F_FORMAT | F_SELECTOR,
         .arg = ARG_NONE,
-        .usage = "trainctl prune --older-than DURATION [--state S,S] [--dry-run] [--json|-o json]",
+        .usage = "trainctl prune --older-than DURATION [--state S,S] [--selector NAME=VALUE,...] "
+                 "[--dry-run] [--json|-o json]",
         .brief = "delete the jobs that ended long ago",
         .help = "Deletes, as rm does, every job that ended more than DURATION ago: yours,\n"
                 "or everyone's when run by root. The database gives the space back and\n"
@@ -289,6 +298,7 @@ static const verb verbs[] = {
                 "                         1h30m); required\n"
                 "  --state S,S            only jobs in these states: succeeded, failed,\n"
                 "                         cancelled (comma-separated); default all three\n"
+                "  --selector NAME=VALUE,...  only jobs with all these labels (-l)\n"
                 "  --dry-run              list what would be deleted; delete nothing\n"
                 "  --json                 the reply as one JSON object\n"
                 "  -o json                the same as --json\n"
@@ -865,6 +875,13 @@ static int store_flag(const verb *v, const flag *fl, const char *val, tc_opts *o
     case F_FOLLOW:
         o->follow = 1;
         break;
+    case F_SELECTOR: {
+        char why[200];
+        if (tc_selector_check(val, why, sizeof(why)) != 0)
+            return usage_error(v, "--selector: %s", why);
+        o->selector = val;
+        break;
+    }
     case F_LS_FORMAT: {
         char bad[64], names[256];
         if (tc_ls_check_format(val, bad, sizeof(bad)) != 0) {
@@ -1010,11 +1027,13 @@ static int parse_verb_args(const verb *v, int argc, char **argv, int first, tc_o
     }
     if (rc != TC_OK || *help)
         return rc;
-    if (v->run == tc_cancel && seen && (o->states || o->uid >= 0 || o->name_glob != NULL))
+    if (v->run == tc_cancel && seen &&
+        (o->states || o->uid >= 0 || o->name_glob != NULL || o->selector != NULL))
         return usage_error(v, "cancel takes job ids or filters, not both");
     if (v->run == tc_cancel && (o->states & ~(1u | 2u)) != 0)
         return usage_error(v, "--state: only queued and running jobs can be cancelled");
-    if (v->run == tc_cancel && !seen && (o->states || o->uid >= 0 || o->name_glob != NULL))
+    if (v->run == tc_cancel && !seen &&
+        (o->states || o->uid >= 0 || o->name_glob != NULL || o->selector != NULL))
         return TC_OK; /* the jobs the filters match */
     if (v->arg != ARG_NONE && !seen)
         return usage_error(v, "missing %s", v->arg == ARG_JOBS ? "JOB" : arg_name(v->arg));

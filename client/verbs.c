@@ -210,7 +210,7 @@ static int keep_jobs(job_list *l, const td_pval *jobs, int64_t max)
 static int has_filters(const tc_opts *o)
 {
     return o->states != 0 || o->uid >= 0 || o->name_glob != NULL || o->created_since >= 0 ||
-           o->limit > 0;
+           o->limit > 0 || o->selector != NULL;
 }
 
 /* Sends one list request: the page after `after`, of at most limit jobs, with ls's filters
@@ -218,7 +218,7 @@ static int has_filters(const tc_opts *o)
 static int send_list(tc_conn *c, const tc_opts *o, int64_t after, int64_t limit)
 {
     uint32_t n = 4 + (o->limit > 0) + (o->states != 0) + (o->uid >= 0) + (o->name_glob != NULL) +
-                 (o->created_since >= 0);
+                 (o->created_since >= 0) + (o->selector != NULL);
     td_pw *w = tc_conn_request(c, "list", n);
     uint32_t i, nstates = 0;
 
@@ -251,6 +251,8 @@ static int send_list(tc_conn *c, const tc_opts *o, int64_t after, int64_t limit)
         td_pw_str(w, "since");
         td_pw_double(w, o->created_since);
     }
+    if (o->selector != NULL)
+        tc_pw_selector(w, o->selector);
     return tc_conn_send(c);
 }
 
@@ -311,6 +313,8 @@ int tc_ls(const tc_opts *o)
      * as the jobs that match. */
     if (rc == TC_OK && has_filters(o) && !tc_conn_has(c, "list_pages"))
         rc = tc_err(TC_UNAVAILABLE, "traind at %s is too old to filter or limit ls", o->socket);
+    if (rc == TC_OK && o->selector != NULL && !tc_conn_has(c, "labels"))
+        rc = tc_err(TC_UNAVAILABLE, "traind at %s is too old to select jobs by labels", o->socket);
     if (rc == TC_OK)
         rc = fetch_jobs(c, o, &l);
     if (rc == TC_OK && (o->json || o->yaml))
@@ -362,7 +366,7 @@ static int matching_ids(tc_conn *c, const tc_opts *o, int64_t **ids, size_t *n)
     q.created_since = -1;
     *ids = NULL;
     *n = 0;
-    if (!tc_conn_has(c, "list_pages"))
+    if (!tc_conn_has(c, "list_pages") || (o->selector != NULL && !tc_conn_has(c, "labels")))
         return tc_err(TC_UNAVAILABLE, "traind at %s is too old to filter jobs for cancel",
                       o->socket);
     rc = fetch_jobs(c, &q, &l);

@@ -166,7 +166,11 @@ int tc_prune(const tc_opts *o)
         nstates += (o->states >> i) & 1u;
     if ((rc = open_deleting(o, &c)) != TC_OK)
         goto out;
-    w = tc_conn_request(c, "prune", 3 + (nstates > 0) + (o->dry_run != 0));
+    if (o->selector != NULL && !tc_conn_has(c, "labels")) {
+        rc = tc_err(TC_UNAVAILABLE, "traind at %s is too old to select jobs by labels", o->socket);
+        goto out;
+    }
+    w = tc_conn_request(c, "prune", 3 + (nstates > 0) + (o->dry_run != 0) + (o->selector != NULL));
     td_pw_str(w, "older_than");
     td_pw_double(w, o->older_than);
     if (nstates > 0) {
@@ -180,6 +184,8 @@ int tc_prune(const tc_opts *o)
         td_pw_str(w, "dry_run");
         td_pw_bool(w, 1);
     }
+    if (o->selector != NULL)
+        tc_pw_selector(w, o->selector);
     rc = run_deletion(o, c);
 out:
     tc_conn_close(c);

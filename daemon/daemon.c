@@ -1643,7 +1643,9 @@ int td_daemon_prune(td_daemon *d, const td_prune_args *a, int64_t uid, td_purge_
                         .nstates = a->nstates,
                         .ended_before = td_wall_s() - a->older_than_s,
                         .by_uid = uid != 0,
-                        .uid = uid};
+                        .uid = uid,
+                        .labels = a->labels,
+                        .nlabels = a->nlabels};
     double t0;
     int rc;
 

@@ -190,7 +190,9 @@ typedef struct td_prune_args {
     double older_than_s;
     const char *const *states;
     size_t nstates;
-    int dry_run; /* list what would go, delete nothing */
+    int dry_run;            /* list what would go, delete nothing */
+    const td_label *labels; /* nlabels: only jobs with all of them */
+    size_t nlabels;
 } td_prune_args;
 
 /* prune on behalf of uid: root's touches every user's jobs, anyone else's only their own.

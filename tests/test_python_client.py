@@ -196,6 +196,10 @@ class TestClient(unittest.TestCase):
         import pwd
         self.assertIn(held, [j["id"] for j in self.c.jobs(user=pwd.getpwuid(os.getuid()).pw_name)])
         self.assertNotIn(held, [j["id"] for j in self.c.jobs(state=["succeeded", "failed"])])
+        labelled = self.c.submit(mlp_job("py-labelled", steps=1, labels={"team": "py"}))
+        self.assertEqual([j["id"] for j in self.c.jobs(labels={"team": "py"})], [labelled])
+        self.assertEqual(self.c.jobs(labels={"team": "py"})[0]["labels"], {"team": "py"})
+        self.assertEqual(self.c.jobs(labels={"team": "other"}), [])
         self.assertIn(self.c.cancel(held), ("running", "cancelled"))
         w = self.c.watch(held, keys=["train_loss"])
         rows = list(w)

@@ -1028,6 +1028,52 @@ static void test_describe_a_failed_job(void **state)
     assert_non_null(strstr(err, "no job 999999"));
 }
 
+/* Job labels: kept with the job, shown by ls (-o wide, --format labels) and status, and
+ * --selector on ls, prune and cancel selects by them (all must match); bad labels are refused
+ * at submit naming the label. */
+static void test_labels_select(void **state)
+{
+    char job[600], want[200];
+    long long a, b;
+
+    snprintf(job, sizeof(job), "%s/examples/fashion-mnist-mlp.json", env_or("TD_SOURCE_ROOT", "."));
+    assert_int_equal(tc("--socket %s submit %s --set max_steps=1 --set name=lab-a --set "
+                        "'labels={\"team\":\"vision\",\"env\":\"prod\"}'",
+                        sock, job),
+                     0);
+    a = strtoll(out, NULL, 10);
+    assert_int_equal(tc("--socket %s submit %s --set max_steps=1 --set name=lab-b --set "
+                        "'labels={\"team\":\"nlp\"}'",
+                        sock, job),
+                     0);
+    b = strtoll(out, NULL, 10);
+    assert_int_equal(tc("--socket %s watch %lld", sock, a), 0);
+    assert_int_equal(tc("--socket %s watch %lld", sock, b), 0);
+    assert_int_equal(tc("--socket %s ls --selector team=vision --format id,labels", sock), 0);
+    snprintf(want, sizeof(want), "ID  LABELS\n%lld   team=vision,env=prod\n", a);
+    assert_string_equal(out, want);
+    assert_int_equal(tc("--socket %s ls -l team=vision,env=dev --format id", sock), 0);
+    assert_string_equal(out, "ID\n");
+    assert_int_equal(tc("--socket %s ls -l team=nlp --format id", sock), 0);
+    snprintf(want, sizeof(want), "ID\n%lld\n", b);
+    assert_string_equal(out, want);
+    assert_int_equal(tc("--socket %s status %lld --json", sock, a), 0);
+    assert_non_null(
+        strstr(out, "\"labels\": {\n    \"team\": \"vision\",\n    \"env\": \"prod\"\n"));
+    assert_int_equal(tc("--socket %s prune --older-than 0s --selector team=nlp --dry-run", sock),
+                     0);
+    assert_non_null(strstr(out, "lab-b"));
+    assert_null(strstr(out, "lab-a"));
+    assert_int_equal(tc("--socket %s cancel --selector team=nlp", sock), 0);
+    assert_non_null(strstr(err, "no queued or running job matches"));
+    assert_int_equal(tc("--socket %s ls --selector team", sock), 64);
+    assert_non_null(strstr(err, "--selector: 'team' is not NAME=VALUE"));
+    assert_int_equal(tc("--socket %s submit %s --set 'labels={\"bad key\":\"x\"}'", sock, job), 65);
+    assert_non_null(strstr(err, "labels: 'bad key': a label's name is 1 to 63 bytes"));
+    assert_int_equal(tc("--socket %s submit %s --set 'labels={\"team\":5}'", sock, job), 65);
+    assert_non_null(strstr(err, "labels.team: must be a string of at most 63 bytes"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1049,6 +1095,7 @@ int main(void)
         cmocka_unit_test(test_set_indexes_lists),
         cmocka_unit_test(test_cancel_many_and_logs_follow),
         cmocka_unit_test(test_describe_a_failed_job),
+        cmocka_unit_test(test_labels_select),
     };
     signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests_name("integration", tests, setup, teardown);

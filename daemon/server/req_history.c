@@ -189,6 +189,8 @@ void td__req_prune(td_server *s, td_conn *c, const td_pval *root, int64_t id)
 {
     const char *states[3];
     char buf[3][TD_STORE_MAX_STATE];
+    td_label labels[TD_STORE_MAX_LABELS];
+    char label_buf[TD_STORE_MAX_LABELS][2][TD_LABEL_BUF];
     td_prune_args a = {.states = states};
     const td_pval *v;
     td_error_t err;
@@ -203,8 +205,11 @@ void td__req_prune(td_server *s, td_conn *c, const td_pval *root, int64_t id)
         td_conn_error(c, id, TD_EPROTO, "dry_run: must be true or false");
         return;
     }
-    if (prune_states(c, root, id, states, buf, &a.nstates) != 0 || (q = req_new(c, id)) == NULL)
+    if (prune_states(c, root, id, states, buf, &a.nstates) != 0 ||
+        td__get_labels(c, root, id, labels, label_buf, &a.nlabels) != 0 ||
+        (q = req_new(c, id)) == NULL)
         return;
+    a.labels = labels;
     if (td_daemon_prune(s->d, &a, td_conn_uid(c), &q->l, on_done, on_progress, q, &err) != 0) {
         td_log_info("client pid %lld uid %lld: prune refused: %s", (long long)td_conn_pid(c),
                     (long long)td_conn_uid(c), err.msg);

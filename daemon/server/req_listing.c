@@ -162,6 +162,50 @@ static void write_nodes(td_pw *w, const void *blob, size_t len)
     td_proto_frame_free(f);
 }
 
+/* ---- labels ---- */
+
+int td__get_labels(td_conn *c, const td_pval *root, int64_t id, td_label *out,
+                   char (*buf)[2][TD_LABEL_BUF], size_t *n)
+{
+    const td_pval *v = td_pv_get(root, "labels");
+
+    *n = 0;
+    if (v == NULL)
+        return 0;
+    if (td_pv_type_of(v) != TD_PV_MAP || td_pv_len(v) > TD_STORE_MAX_LABELS)
+        goto bad;
+    for (size_t i = 0; i < td_pv_len(v); i++) {
+        if (td_pv_strcpy(td_pv_key_at(v, i), buf[i][0], TD_LABEL_BUF) != 0 ||
+            td_pv_strcpy(td_pv_val_at(v, i), buf[i][1], TD_LABEL_BUF) != 0 || buf[i][0][0] == '\0')
+            goto bad;
+        out[i] = (td_label){.key = buf[i][0], .value = buf[i][1]};
+    }
+    *n = td_pv_len(v);
+    return 0;
+bad:
+    td_conn_error(c, id, TD_EPROTO,
+                  "labels: must be a map of at most 16 label names and values, strings of 1 to "
+                  "63 and 0 to 63 bytes");
+    return -1;
+}
+
+/* A job's labels (td_job_row.labels: "name\x1fvalue\x1e...") as a map. */
+static void write_labels(td_pw *w, const char *labels)
+{
+    td_pw_str(w, "labels");
+    td_pw_map_open(w);
+    for (const char *p = labels; p != NULL && *p != '\0';) {
+        const char *us = strchr(p, '\x1f'), *rs = strchr(p, '\x1e');
+        const char *end = rs != NULL ? rs : p + strlen(p);
+        if (us != NULL && us < end) {
+            td__write_text(w, p, (size_t)(us - p), 0, 4 * TD_LABEL_BUF);
+            td__write_text(w, us + 1, (size_t)(end - us - 1), 0, 4 * TD_LABEL_BUF);
+        }
+        p = rs != NULL ? rs + 1 : end;
+    }
+    td_pw_map_close(w);
+}
+
 /* status's checkpoints: the job's files on this box, newest first (a directory the daemon
  * owns, a few files: listed here); nil for a job that spans nodes, whose checkpoints are on
  * the shared file system. */
@@ -222,6 +266,7 @@ void td__write_job(td_server *s, td_pw *w, td_job_row *row, int with_spec)
     td_pw_int(w, row->devices);
     td_pw_str(w, "priority");
     td_pw_int(w, row->priority);
+    write_labels(w, row->labels);
     td_pw_str(w, "reason"); /* why a queued job waits; nil for every other */
     if (live != NULL && live->reason[0] != '\0')
         td_pw_str(w, live->reason);
@@ -377,6 +422,8 @@ void td__req_list(td_server *s, td_conn *c, const td_pval *root, int64_t id)
     const char *states[TD_STORE_MAX_STATES];
     char state_buf[TD_STORE_MAX_STATES][TD_STORE_MAX_STATE], glob[2 * TD_STORE_MAX_NAME];
     int64_t limit = TD_PROTO_PAGE_MAX, next;
+    td_label labels[TD_STORE_MAX_LABELS];
+    char label_buf[TD_STORE_MAX_LABELS][2][TD_LABEL_BUF];
     td_job_row *rows = NULL;
     size_t n = 0, fit = 0, len;
     const void *body;
@@ -385,8 +432,10 @@ void td__req_list(td_server *s, td_conn *c, const td_pval *root, int64_t id)
     td_pw *w;
 
     if (list_query(c, root, id, &q, states, state_buf, glob, sizeof(glob)) != 0 ||
-        td__opt_int(c, root, id, "limit", 1, TD_PROTO_PAGE_MAX, &limit) != 0)
+        td__opt_int(c, root, id, "limit", 1, TD_PROTO_PAGE_MAX, &limit) != 0 ||
+        td__get_labels(c, root, id, labels, label_buf, &q.nlabels) != 0)
         return;
+    q.labels = labels;
     if (td_store_job_page(s->store, &q, (size_t)limit, &rows, &n, &more, &err) != 0) {
         td_conn_error(c, id, err.code, err.msg);
         return;

@@ -63,6 +63,12 @@ typedef struct td_request {
 /* The request's job_id into *job, or -1 after an error frame. */
 int td__get_job_id(td_conn *c, const td_pval *root, int64_t id, int64_t *job);
 
+/* A request's optional labels: {name: value, ...} into out (at most TD_STORE_MAX_LABELS), the
+ * strings copied into buf; *n 0 when absent. -1 after an EPROTO error frame naming it. */
+#define TD_LABEL_BUF 64
+int td__get_labels(td_conn *c, const td_pval *root, int64_t id, td_label *out,
+                   char (*buf)[2][TD_LABEL_BUF], size_t *n);
+
 /* Reads job's row into *row (caller clears it), or -1 after an error frame ("no job 12"). */
 int td__get_job_row(td_server *s, td_conn *c, int64_t id, int64_t job, td_job_row *row);
 

@@ -241,11 +241,17 @@ class Client:
         devices, error, metrics, spec, ...)."""
         return self._call({"type": "status", "job_id": int(job_id)})["job"]
 
-    def jobs(self, state=None, user=None, name=None, since=None, newest_first=False):
+    def jobs(self, state=None, user=None, name=None, since=None, labels=None,
+             newest_first=False):
         """Every job that matches, oldest first (newest first with newest_first), read page
         by page: state one of queued, running, succeeded, failed, cancelled (or a list of
-        them), user a uid or a user name, name a glob (* ? [a-z]), since unix seconds."""
+        them), user a uid or a user name, name a glob (* ? [a-z]), since unix seconds, labels
+        a dict every one of whose name: value pairs the job's labels hold."""
         q = {"type": "list", "limit": LIST_PAGE, "newest_first": bool(newest_first)}
+        if labels:
+            if "labels" not in self.features:
+                raise Error("EVERSION", "this traind does not select jobs by labels")
+            q["labels"] = {str(k): str(v) for k, v in labels.items()}
         if state is not None:
             states = [state] if isinstance(state, str) else list(state)
             for s in states:
