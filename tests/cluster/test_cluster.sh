@@ -143,15 +143,29 @@ check_mpi()
 if ! timeout "$STEP_S" srun --mpi=list 2>&1 | awk '$1 == "pmix" { f = 1 } END { exit !f }'; then
     bad "srun has no mpi/pmix plugin: $(srun --mpi=list 2>&1 | tr '\n' ' ')"
 fi
-out=$(timeout "$STEP_S" srun --mpi=pmix -N 2 --ntasks-per-node=1 "$D/mpi_sum" 2>&1) || true
+# Runs an MPI step into $out; once more when Open MPI itself crashed while its ranks opened
+# their TCP connections (4.1's "failed to TCP connect ... Operation now in progress" and a
+# segfault, seen on this box under the load of two test runs at once): its fault, not the
+# cluster's, and said so.
+mpi_step() {
+    out=$(timeout "$STEP_S" "$@" 2>&1) || true
+    case $out in
+    *"failed to TCP connect"* | *"Process received signal"*)
+        echo "note: Open MPI crashed setting up its TCP connections; once more: $(printf '%s' "$out" |
+            head -n 3 | tr '\n' ' ')"
+        out=$(timeout "$STEP_S" "$@" 2>&1) || true
+        ;;
+    esac
+}
+mpi_step srun --mpi=pmix -N 2 --ntasks-per-node=1 "$D/mpi_sum"
 check_mpi "srun --mpi=pmix -N 2 --ntasks-per-node=1" "$out" 2 "rank 0 n1,rank 1 n2,"
-out=$(timeout "$STEP_S" srun --mpi=pmix -N 2 --ntasks-per-node=2 "$D/mpi_sum" 2>&1) || true
+mpi_step srun --mpi=pmix -N 2 --ntasks-per-node=2 "$D/mpi_sum"
 check_mpi "srun --mpi=pmix -N 2 --ntasks-per-node=2" "$out" 4 \
     "rank 0 n1,rank 1 n1,rank 2 n2,rank 3 n2,"
 
 # ---- 4. MPI over mpirun, without Slurm
 echo "localhost slots=2" >"$D/hostfile"
-out=$(timeout "$STEP_S" mpirun --hostfile "$D/hostfile" -np 2 "$D/mpi_sum" 2>&1) || true
+mpi_step mpirun --hostfile "$D/hostfile" -np 2 "$D/mpi_sum"
 check_mpi "mpirun -np 2" "$out" 2 "rank 0 -,rank 1 -,"
 
 # ---- 5. stop, and nothing left
