@@ -1074,6 +1074,21 @@ static void test_labels_select(void **state)
     assert_non_null(strstr(err, "labels.team: must be a string of at most 63 bytes"));
 }
 
+/* A batch larger than the train split is refused at submit and by the dry run (it used to run
+ * one step of the whole split an epoch, and the dry run said it fits). */
+static void test_batch_larger_than_split(void **state)
+{
+    char job[600];
+
+    snprintf(job, sizeof(job), "%s/examples/fashion-mnist-mlp.json", env_or("TD_SOURCE_ROOT", "."));
+    assert_int_equal(tc("--socket %s submit %s --set batch_size=100000", sock, job), 65);
+    assert_non_null(strstr(err, "batch_size: 100000, but the train split ("));
+    assert_non_null(strstr(err, ") has 60000 images: at most 60000"));
+    assert_int_equal(tc("--socket %s submit %s --set batch_size=100000 --dry-run", sock, job), 65);
+    assert_non_null(strstr(err, "has 60000 images: at most 60000"));
+    assert_int_equal(tc("--socket %s submit %s --set batch_size=60000 --dry-run", sock, job), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1096,6 +1111,7 @@ int main(void)
         cmocka_unit_test(test_cancel_many_and_logs_follow),
         cmocka_unit_test(test_describe_a_failed_job),
         cmocka_unit_test(test_labels_select),
+        cmocka_unit_test(test_batch_larger_than_split),
     };
     signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests_name("integration", tests, setup, teardown);

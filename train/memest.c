@@ -439,6 +439,12 @@ static int check_idx_split(const td_train_config *c, const char *key, const td_i
     if (hl.n != hi.n)
         return td_error_set(err, TD_EDATA, "data.%s.labels: %s has %u labels, but %s has %u images",
                             key, s->labels, hl.n, s->images, hi.n);
+    /* A batch larger than the split would be one step of the whole split, every epoch: refused,
+     * as a sensor job's is. */
+    if (strcmp(key, "train") == 0 && c->batch_size > 0 && (uint64_t)c->batch_size > hi.n)
+        return td_error_set(err, TD_EDATA,
+                            "batch_size: %d, but the train split (%s) has %u images: at most %u",
+                            c->batch_size, s->images, hi.n, hi.n);
     if (c->model != TD_MODEL_MLP || last < 1)
         return 0;
     if ((uint64_t)c->layers[0] != (uint64_t)hi.rows * hi.cols)
