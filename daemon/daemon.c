@@ -1090,7 +1090,9 @@ static void check_work(uv_work_t *req)
     td_submit *sub = req->data;
     td_jobspec *spec = &sub->spec;
 
-    sub->rc = td_jobspec_check_access(spec, sub->uid, sub->gid, &sub->err);
+    sub->rc = td_jobspec_check_paths(spec, &sub->err);
+    if (sub->rc == 0)
+        sub->rc = td_jobspec_check_access(spec, sub->uid, sub->gid, &sub->err);
     if (sub->rc != 0 || !sub->guarded || sub->guard_rc != 0)
         return;
     spec->train.kernels = td_device_kernels(sub->kind); /* the CUDA workspace counts on a GPU */
@@ -1174,7 +1176,7 @@ int td_submit_begin(td_daemon *d, const td_pval *job, int64_t uid, int64_t gid, 
     sub->ud = ud;
     sub->req.data = sub;
     if ((rc = td_jobspec_check_text(job, err)) != 0 ||
-        (rc = td_jobspec_parse(job, &sub->spec, err)) != 0)
+        (rc = td_jobspec_parse_submit(job, &sub->spec, err)) != 0)
         goto fail;
     sub->spec.uid = uid; /* every later open of its files is made as this user */
     sub->spec.gid = gid;

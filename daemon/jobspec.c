@@ -128,13 +128,28 @@ static int get_choice(const td_pval *m, const char *path, const char *key,
 #define TD_JOB_RELATIVE_PATH \
     "must be an absolute path; trainctl resolves relative paths where you run it"
 
+/* How parse_job treats the job's files: a stored spec's are not checked (they were at submit
+ * and may have gone since); a submit's paths must be absolute, and what is at them is checked
+ * later, off the loop (td_jobspec_check_paths); every other caller's are checked here. */
+enum { FILES_NONE = 0, FILES_CHECK = 1, FILES_DEFER = 2 };
+
+/* "cannot read P: why" for a path that is not readable now, naming the field; 0 if it is. */
+static int readable(const char *path, const char *key, const char *out, td_error_t *err)
+{
+    char why[TD_PATH_MAX + 64];
+
+    if (access(out, R_OK) == 0)
+        return 0;
+    snprintf(why, sizeof(why), "cannot read %s: %s", out, strerror(errno));
+    return bad(err, path, key, why);
+}
+
 /* A readable file path: the daemon refuses a missing dataset at submit, naming it. files 0:
  * a stored spec, whose files were checked at submit (and may have gone since): not checked. */
 static int get_path(const td_pval *m, const char *path, const char *key, char *out, size_t size,
                     int files, td_error_t *err)
 {
     const td_pval *v = td_pv_get(m, key);
-    char why[TD_PATH_MAX + 64];
 
     if (v == NULL)
         return bad(err, path, key, "is required");
@@ -142,11 +157,7 @@ static int get_path(const td_pval *m, const char *path, const char *key, char *o
         return bad(err, path, key, "must be a file path (a non-empty string)");
     if (files && out[0] != '/')
         return bad(err, path, key, TD_JOB_RELATIVE_PATH);
-    if (files && access(out, R_OK) != 0) {
-        snprintf(why, sizeof(why), "cannot read %s: %s", out, strerror(errno));
-        return bad(err, path, key, why);
-    }
-    return 0;
+    return files == FILES_CHECK ? readable(path, key, out, err) : 0;
 }
 
 static int need_map(const td_pval *v, const char *path, const char *key, td_error_t *err)
@@ -371,7 +382,7 @@ static int parse_files(const td_pval *d, const char *key, char (*out)[TD_PATH_MA
                                 where);
         if (files && out[i][0] != '/')
             return td_error_set(err, TD_EJOB, "%s: %s", where, TD_JOB_RELATIVE_PATH);
-        if (files && (rc = check_pattern(where, out[i], err)) != 0)
+        if (files == FILES_CHECK && (rc = check_pattern(where, out[i], err)) != 0)
             return rc;
         (*n)++;
     }
@@ -1043,7 +1054,41 @@ int td_jobspec_check_text(const td_pval *job, td_error_t *err)
 
 int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err)
 {
-    return parse_job(job, out, 1, err);
+    return parse_job(job, out, FILES_CHECK, err);
+}
+
+int td_jobspec_parse_submit(const td_pval *job, td_jobspec *out, td_error_t *err)
+{
+    return parse_job(job, out, FILES_DEFER, err);
+}
+
+int td_jobspec_check_paths(const td_jobspec *spec, td_error_t *err)
+{
+    const td_train_config *c = &spec->train;
+    char where[48];
+    int rc = 0;
+
+    /* in td_jobspec_parse's order: the model's, then the data's */
+    if (c->init_from[0] != '\0' && (rc = readable("model", "init_from", c->init_from, err)) != 0)
+        return rc;
+    if (c->data == TD_DATA_IDX) {
+        if ((rc = readable("data.train", "images", c->train.images, err)) != 0 ||
+            (rc = readable("data.train", "labels", c->train.labels, err)) != 0)
+            return rc;
+        if (c->test.images[0] != '\0' &&
+            ((rc = readable("data.test", "images", c->test.images, err)) != 0 ||
+             (rc = readable("data.test", "labels", c->test.labels, err)) != 0))
+            return rc;
+    }
+    for (int i = 0; i < c->n_train_files && rc == 0; i++) {
+        snprintf(where, sizeof(where), c->n_train_files > 1 ? "data.train[%d]" : "data.train", i);
+        rc = check_pattern(where, c->train_files[i], err);
+    }
+    for (int i = 0; i < c->n_valid_files && rc == 0; i++) {
+        snprintf(where, sizeof(where), c->n_valid_files > 1 ? "data.valid[%d]" : "data.valid", i);
+        rc = check_pattern(where, c->valid_files[i], err);
+    }
+    return rc;
 }
 
 int td_jobspec_parse_stored(const td_pval *job, td_jobspec *out, td_error_t *err)

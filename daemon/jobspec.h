@@ -60,6 +60,13 @@ int td_jobspec_check_text(const td_pval *job, td_error_t *err);
 /* Fills *out from job. Returns 0, or TD_EJOB with err naming the field. */
 int td_jobspec_parse(const td_pval *job, td_jobspec *out, td_error_t *err);
 
+/* td_jobspec_parse for a submit, on the loop: the same checks but what is at the file paths
+ * (they must still be absolute), which td_jobspec_check_paths then checks off the loop, with
+ * the same messages: nothing of a submitter's paths (a glob that walks a whole tree, a path on
+ * a hung mount) is touched on the loop thread. */
+int td_jobspec_parse_submit(const td_pval *job, td_jobspec *out, td_error_t *err);
+int td_jobspec_check_paths(const td_jobspec *spec, td_error_t *err);
+
 /* td_jobspec_parse for a job the daemon stored at submit, when only its configuration is
  * needed (export, sample): the same checks but for the files, which were readable then and
  * may have gone since (an ended job's dataset, deleted). */

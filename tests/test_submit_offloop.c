@@ -387,6 +387,76 @@ static void test_list_under_hostile_dry_runs(void **state)
     remove_dir(dir);
 }
 
+/* A submit whose data.train is a glob that walks a large tree (a hostile pattern that matches
+ * nothing): the glob runs off the loop, so a list sent meanwhile on another connection comes
+ * back long before the submit's refusal. On the loop it could not: the list waited for the
+ * whole walk. Held to half the submit's own time, and only when the walk took long
+ * enough to tell (100 ms). */
+static void test_glob_off_the_loop(void **state)
+{
+    static const char pattern[] = "/usr/*/*/*/*/*/*.no-such-file";
+    ts_client c, lister;
+    td_proto_frame *f;
+    long long t0, t_list, t_submit;
+    char msg[512];
+    ts_daemon d;
+
+    (void)state;
+    ts_daemon_start(&d, "cpu:1");
+    ts_connect_hello(&c, d.sock);
+    ts_connect_hello(&lister, d.sock);
+    time_list(&lister);
+    /* the tiny gpt of begin_dry_run, from nothing, on the pattern, submitted */
+    ts_begin(&c, "submit", 1);
+    td_pw_str(&c.w, "job");
+    td_pw_map(&c.w, 4);
+    td_pw_str(&c.w, "model");
+    td_pw_map(&c.w, 6);
+    td_pw_str(&c.w, "kind");
+    td_pw_str(&c.w, "gpt");
+    td_pw_str(&c.w, "n_layer");
+    td_pw_int(&c.w, 1);
+    td_pw_str(&c.w, "n_head");
+    td_pw_int(&c.w, 2);
+    td_pw_str(&c.w, "n_embd");
+    td_pw_int(&c.w, 16);
+    td_pw_str(&c.w, "seq_len");
+    td_pw_int(&c.w, 8);
+    td_pw_str(&c.w, "vocab_size");
+    td_pw_int(&c.w, 256);
+    td_pw_str(&c.w, "data");
+    td_pw_map(&c.w, 2);
+    td_pw_str(&c.w, "kind");
+    td_pw_str(&c.w, "text");
+    td_pw_str(&c.w, "train");
+    td_pw_str(&c.w, pattern);
+    td_pw_str(&c.w, "batch_size");
+    td_pw_int(&c.w, 2);
+    td_pw_str(&c.w, "max_steps");
+    td_pw_int(&c.w, 1);
+    t0 = ts_now_ms();
+    ts_client_send(&c);
+    usleep(20 * 1000); /* the submit is read first */
+    t_list = time_list(&lister) / 1000;
+    f = ts_client_recv(&c);
+    t_submit = ts_now_ms() - t0;
+    assert_non_null(f);
+    assert_int_equal(ts_get_i(td_proto_frame_root(f), "code"), TD_EJOB);
+    ts_get_s(td_proto_frame_root(f), "message", msg, sizeof(msg));
+    if (strstr(msg, "data.train: no file matches /usr/") == NULL)
+        fail_msg("unexpected refusal: %s", msg);
+    td_proto_frame_free(f);
+    print_message("a submit globbing %s: refused after %lld ms; a list meanwhile: %lld ms\n",
+                  pattern, t_submit, t_list);
+    if (t_submit >= 100)
+        assert_true(t_list < t_submit / 2);
+    else
+        print_message("the walk took under 100 ms here: too fast to tell the loop from the pool\n");
+    ts_client_close(&c);
+    ts_client_close(&lister);
+    assert_int_equal(ts_daemon_stop(&d), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest unit[] = {
@@ -395,6 +465,7 @@ int main(void)
     };
     const struct CMUnitTest integration[] = {
         cmocka_unit_test_teardown(test_list_under_hostile_dry_runs, ts_kill_leftover),
+        cmocka_unit_test_teardown(test_glob_off_the_loop, ts_kill_leftover),
     };
     int failed = cmocka_run_group_tests_name("unit", unit, NULL, NULL);
 
