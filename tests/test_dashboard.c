@@ -8,8 +8,10 @@
  * the page's load and the live updates' latency and print the figures (bounded only
  * generously), and check that a browser that stops reading costs the dashboard no memory.
  *
- * It skips (77) only when Chromium cannot run here at all (cdp_usable); everything else that
- * goes wrong in the browser fails.
+ * Without a browser: --listen, a second dashboard on the next port, 1,000 connections that
+ * trickle a header without the token (the owner is still answered), the request deadline, and
+ * %00 in a URL. The browser's tests are left out only when Chromium cannot run here at all
+ * (cdp_usable); everything else that goes wrong in the browser fails.
  *
  * The screenshot of the running job's page goes to $TD_DASHBOARD_SCREENSHOT, else
  * dashboard.png in the working directory (meson's: the build tree);

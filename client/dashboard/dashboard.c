@@ -23,6 +23,10 @@
  * that allows no other origin and no inline script; every string from traind reaches the page
  * as JSON data and is put into the page as text, never as markup (app.js).
  *
+ * Other local users can connect but not lock the page: a request must be whole within
+ * TC_DASH_REQUEST_MS, a connection without the token gets one reply, and at the connection limit
+ * the oldest one without the token is shed ("connections", below).
+ *
  * Limits (dashboard.h): TC_DASH_MAX_CONNS HTTP connections, TC_DASH_MAX_STREAMS live streams
  * (each one traind connection, TC_DASH_STREAM_JOBS jobs), TC_DASH_BUCKETS points per series,
  * TC_DASH_LIST_MAX jobs per list page, TC_DASH_REPLY_MS for traind's answer to a request. Past
