@@ -1138,6 +1138,8 @@ static int listen_on(const struct sockaddr_storage *sa, socklen_t salen, unsigne
         /* SO_REUSEADDR lets a restarted dashboard take its port from connections in TIME_WAIT;
          * it does not let two listen on one port (that would be SO_REUSEPORT). */
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (sa->ss_family == AF_INET6) /* [::]:PORT is IPv6 alone, as libmicrohttpd made it */
+            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
         if (bind(fd, (struct sockaddr *)&at, salen) == 0 && listen(fd, SOMAXCONN) == 0)
             break;
         err = errno;
