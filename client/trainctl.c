@@ -507,7 +507,8 @@ static const verb verbs[] = {
                 "                      only this machine). Another address is used only\n"
                 "                      when named here, with a warning: anyone who can\n"
                 "                      reach it and has the URL sees what you can see.\n"
-                "                      Port 0 picks a free port.\n"
+                "                      Port 0 picks a free port. Without --listen, a\n"
+                "                      taken 8080 moves on to the next free port.\n"
                 "  -h, --help          show this help\n",
     },
     {

@@ -23,6 +23,10 @@
  * that allows no other origin and no inline script; every string from traind reaches the page
  * as JSON data and is put into the page as text, never as markup (app.js).
  *
+ * Other local users can connect but not lock the page: a request must be whole within
+ * TC_DASH_REQUEST_MS, a connection without the token gets one reply, and at the connection limit
+ * the oldest one without the token is shed ("connections", below).
+ *
  * Limits (dashboard.h): TC_DASH_MAX_CONNS HTTP connections, TC_DASH_MAX_STREAMS live streams
  * (each one traind connection, TC_DASH_STREAM_JOBS jobs), TC_DASH_BUCKETS points per series,
  * TC_DASH_LIST_MAX jobs per list page, TC_DASH_REPLY_MS for traind's answer to a request. Past
@@ -41,11 +45,14 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client/client.h"
 #include "client/dashboard/dashboard.h"
+#include "common/td_clock.h"
 #include "common/td_text.h"
 
 #define DASH_DEFAULT_LISTEN "127.0.0.1:8080"
@@ -53,6 +60,7 @@
 #define DASH_LIST_DEFAULT   50   /* jobs of one list page unless the page asks */
 #define DASH_LOG_DEFAULT    200  /* log lines of one page unless the page asks */
 #define DASH_PWBUF          4096 /* bytes for getpwuid_r's strings */
+#define DASH_PORT_TRIES     100  /* ports tried from the default one when it is in use */
 
 #ifndef TC_DASHBOARD_DATADIR
 #define TC_DASHBOARD_DATADIR "/usr/local/share/traind/dashboard"
@@ -581,6 +589,295 @@ static enum MHD_Result api_stream(tc_dash *d, struct MHD_Connection *conn)
     return tc__dash_stream(d, conn, ids, n);
 }
 
+/* ---- connections: the request deadline and shedding ---- */
+
+/* libmicrohttpd's timeout is an idle timer that any byte resets, and its connection limit is
+ * first come, first served: a local user without the token could hold every connection by
+ * trickling a header a byte at a time. So the dashboard keeps its own table of connections:
+ * a request must be whole (request line, headers and any body) within TC_DASH_REQUEST_MS of
+ * the connection's accept, or of its request line on a kept-alive connection, whatever trickles
+ * in meanwhile; a connection that has not shown the token gets one reply and is closed; and when
+ * the table is full, the oldest connection that has not shown the token is shed to make room,
+ * never one that has while another has not. All clients are local, so it goes by the token, not
+ * by address. A guard thread cuts the connections whose deadline passed: it writes a 408 where
+ * the request was still arriving and shuts the socket down, which wakes the connection's own
+ * thread to close it; the record goes when libmicrohttpd says the connection closed, which is
+ * before it closes the socket, so a cut never reaches a descriptor reused since. */
+
+#define DASH_FD_RESERVE 64 /* descriptors kept for traind connections, files and the rest */
+#define DASH_SHED_SLACK 64 /* connections libmicrohttpd may hold past ours while cut ones close */
+
+enum { PH_REQUEST, PH_HANDLING, PH_IDLE };
+
+typedef struct guard_conn {
+    struct guard_conn *prev, *next; /* in accept order, oldest first */
+    int fd;
+    int phase;       /* PH_: its request arriving, being answered, or kept alive between two */
+    int token;       /* a request line of it has shown the token */
+    int nul;         /* its current request's URL holds %00 */
+    int cut;         /* shut down by the guard: its thread is closing it */
+    double deadline; /* monotonic ms, in PH_REQUEST and PH_IDLE */
+} guard_conn;
+
+typedef struct tc_guard {
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* on CLOCK_MONOTONIC: a deadline may be nearer, or stop */
+    guard_conn *head, *tail;
+    size_t live; /* connections in the table that are not cut */
+    size_t cap;  /* connections at once, at most */
+    int stop;
+    pthread_t thread;
+    long long timed_out, shed; /* for the closing line */
+} tc_guard;
+
+static const char body_408[] = "the request did not arrive whole within 5 seconds\n";
+static const char body_503[] =
+    "the dashboard is at its connection limit and this connection shows no token\n";
+
+/* Shuts c down (locked); where its request was still arriving (its thread is only reading
+ * then), a reply of status with body is written first. */
+static void guard_cut(tc_guard *g, guard_conn *c, const char *status, const char *body)
+{
+    char what[512];
+    int n;
+
+    if (c->cut)
+        return;
+    if (status != NULL && c->phase == PH_REQUEST && c->fd >= 0) {
+        n = snprintf(what, sizeof(what),
+                     "HTTP/1.1 %s\r\nConnection: close\r\nContent-Type: text/plain; "
+                     "charset=utf-8\r\nContent-Length: %zu\r\n\r\n%s",
+                     status, strlen(body), body);
+        if (n > 0 && (size_t)n < sizeof(what))
+            (void)!send(c->fd, what, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    if (c->fd >= 0)
+        shutdown(c->fd, SHUT_RDWR);
+    c->cut = 1;
+    g->live--;
+}
+
+/* The guard thread: cuts each connection whose deadline has passed, then sleeps until the
+ * nearest one. */
+static void *guard_main(void *arg)
+{
+    tc_guard *g = arg;
+
+    pthread_mutex_lock(&g->mu);
+    while (!g->stop) {
+        double now = td_mono_ms(), next = -1;
+        for (guard_conn *c = g->head; c != NULL; c = c->next) {
+            if (c->cut || c->phase == PH_HANDLING)
+                continue;
+            if (c->deadline <= now) {
+                if (c->phase == PH_REQUEST)
+                    g->timed_out++;
+                guard_cut(g, c, "408 Request Timeout", body_408);
+            } else if (next < 0 || c->deadline < next) {
+                next = c->deadline;
+            }
+        }
+        if (next < 0) {
+            pthread_cond_wait(&g->cv, &g->mu);
+        } else {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            double ms = next - now + 1;
+            ts.tv_sec += (time_t)(ms / 1000);
+            ts.tv_nsec += (long)((ms - (double)(long long)(ms / 1000) * 1000) * 1e6);
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+        }
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+/* A table for cap connections, and its thread. Returns 0, or an errno. */
+static int guard_start(tc_guard **out, size_t cap)
+{
+    tc_guard *g = calloc(1, sizeof(*g));
+    pthread_condattr_t ca;
+    int rc;
+
+    *out = NULL;
+    if (g == NULL)
+        return ENOMEM;
+    g->cap = cap;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&g->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if ((rc = pthread_create(&g->thread, NULL, guard_main, g)) != 0) {
+        pthread_cond_destroy(&g->cv);
+        pthread_mutex_destroy(&g->mu);
+        free(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
+/* Stops the thread and frees the table; call after libmicrohttpd has stopped. NULL is
+ * accepted. */
+static void guard_stop(tc_guard *g)
+{
+    if (g == NULL)
+        return;
+    pthread_mutex_lock(&g->mu);
+    g->stop = 1;
+    pthread_cond_signal(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    pthread_join(g->thread, NULL);
+    while (g->head != NULL) { /* none: libmicrohttpd said each one closed */
+        guard_conn *c = g->head;
+        g->head = c->next;
+        free(c);
+    }
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+}
+
+/* libmicrohttpd's word that a connection started or closed. */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **ctx,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    tc_guard *g = ((tc_dash *)cls)->guard;
+    guard_conn *c = *ctx;
+
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        int fd = ci != NULL ? ci->connect_fd : -1;
+        if ((c = calloc(1, sizeof(*c))) == NULL) {
+            if (fd >= 0)
+                shutdown(fd, SHUT_RDWR); /* no record, no deadline: not served */
+            return;
+        }
+        c->fd = fd;
+        c->phase = PH_REQUEST;
+        c->deadline = td_mono_ms() + TC_DASH_REQUEST_MS;
+        pthread_mutex_lock(&g->mu);
+        c->prev = g->tail;
+        if (g->tail != NULL)
+            g->tail->next = c;
+        else
+            g->head = c;
+        g->tail = c;
+        g->live++;
+        if (g->live > g->cap) {
+            /* The oldest that has not shown the token; this one at the latest. */
+            guard_conn *v = g->head;
+            while (v != NULL && (v->cut || v->token))
+                v = v->next;
+            if (v != NULL) {
+                guard_cut(g, v, "503 Service Unavailable", body_503);
+                g->shed++;
+            }
+        }
+        pthread_cond_signal(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        *ctx = c;
+        return;
+    }
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&g->mu);
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        g->head = c->next;
+    if (c->next != NULL)
+        c->next->prev = c->prev;
+    else
+        g->tail = c->prev;
+    if (!c->cut)
+        g->live--;
+    pthread_mutex_unlock(&g->mu);
+    free(c);
+    *ctx = NULL;
+}
+
+/* The connection's record, or NULL when it has none. */
+static guard_conn *guard_of(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+
+    return ci != NULL ? ci->socket_context : NULL;
+}
+
+static int same_secret(const char *a, const char *b, size_t len);
+
+/* A request line has arrived (uri is as sent, before any %-decoding): on a kept-alive
+ * connection its deadline starts now; the token, once shown, marks the connection. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    tc_dash *d = cls;
+    guard_conn *c = guard_of(conn);
+    size_t tlen = strlen(d->token);
+    int token = uri[0] == '/' && strlen(uri + 1) >= tlen && same_secret(uri + 1, d->token, tlen) &&
+                (uri[1 + tlen] == '/' || uri[1 + tlen] == '\0' || uri[1 + tlen] == '?');
+
+    if (c == NULL)
+        return NULL;
+    pthread_mutex_lock(&d->guard->mu);
+    if (c->phase != PH_REQUEST) {
+        c->phase = PH_REQUEST;
+        c->deadline = td_mono_ms() + TC_DASH_REQUEST_MS;
+        pthread_cond_signal(&d->guard->cv);
+    }
+    c->token |= token;
+    c->nul = strstr(uri, "%00") != NULL;
+    pthread_mutex_unlock(&d->guard->mu);
+    return NULL;
+}
+
+/* The request is whole and about to be answered: no deadline while it is (a live stream lasts
+ * as long as its page). Returns whether its URL held %00. */
+static int guard_answering(tc_dash *d, struct MHD_Connection *conn)
+{
+    guard_conn *c = guard_of(conn);
+    int nul = 0;
+
+    if (c == NULL)
+        return 0;
+    pthread_mutex_lock(&d->guard->mu);
+    if (!c->cut)
+        c->phase = PH_HANDLING;
+    nul = c->nul;
+    pthread_mutex_unlock(&d->guard->mu);
+    return nul;
+}
+
+/* A request has been answered: a connection that showed the token may wait DASH_IDLE_S for its
+ * next request, any other is closed. */
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    tc_dash *d = cls;
+    guard_conn *c = guard_of(conn);
+
+    (void)con_cls;
+    (void)toe;
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&d->guard->mu);
+    if (!c->token) {
+        guard_cut(d->guard, c, NULL, NULL);
+    } else if (!c->cut) {
+        c->phase = PH_IDLE;
+        c->deadline = td_mono_ms() + DASH_IDLE_S * 1000.0;
+        pthread_cond_signal(&d->guard->cv);
+    }
+    pthread_mutex_unlock(&d->guard->mu);
+}
+
 /* ---- routing ---- */
 
 /* Whether the first len bytes of a and b are equal, in time that does not depend on where
@@ -648,6 +945,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *con_cls = &seen;
         return MHD_YES;
     }
+    /* %00 would end the decoded path early: app.js%00../../etc/passwd is not app.js. */
+    if (guard_answering(d, conn))
+        return tc__dash_error(conn, MHD_HTTP_BAD_REQUEST, "the URL holds a NUL byte (%00)");
     if (*upload_size != 0)
         return tc__dash_error(conn, 413, "the dashboard takes no uploads");
     atomic_fetch_add(&d->served, 1);
@@ -665,6 +965,10 @@ static void on_log(void *cls, const char *fmt, va_list ap)
 
     (void)cls;
     vsnprintf(msg, sizeof(msg), fmt, ap);
+    /* A connection the guard cut, or a browser that left: one line each would let a flood of
+     * connections flood stderr too. */
+    if (strstr(msg, "detected connection closure") != NULL)
+        return;
     n = strlen(msg);
     while (n > 0 && msg[n - 1] == '\n')
         msg[--n] = '\0';
@@ -792,35 +1096,131 @@ static int check_traind(const char *socket)
     return rc;
 }
 
-/* Runs the server until SIGINT or SIGTERM. */
-static int serve(tc_dash *d, const struct sockaddr_storage *sa, const char *host,
-                 const sigset_t *stop)
+/* Raises the open-file limit to its hard limit and returns the connections the dashboard may
+ * hold: TC_DASH_MAX_CONNS, or fewer when each (its socket and, while it asks traind, a socket
+ * there) would not fit in the limit besides DASH_FD_RESERVE. */
+static size_t conn_cap(rlim_t *files)
+{
+    struct rlimit rl;
+    size_t cap = TC_DASH_MAX_CONNS;
+
+    *files = 0;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return cap;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t was = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            rl.rlim_cur = was;
+    }
+    *files = rl.rlim_cur;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < DASH_FD_RESERVE + 2 * (rlim_t)cap)
+        cap = rl.rlim_cur > DASH_FD_RESERVE + 32 ? (size_t)(rl.rlim_cur - DASH_FD_RESERVE) / 2 : 16;
+    return cap;
+}
+
+/* A listening socket on sa's address at its port or, when that one is in use, at one of the
+ * tries - 1 ports after it. Returns the socket with *port set, or -1 with errno set. */
+static int listen_on(const struct sockaddr_storage *sa, socklen_t salen, unsigned tries,
+                     unsigned *port)
+{
+    struct sockaddr_storage at = *sa;
+    in_port_t *p = sa->ss_family == AF_INET6 ? &((struct sockaddr_in6 *)&at)->sin6_port
+                                             : &((struct sockaddr_in *)&at)->sin_port;
+    unsigned first = ntohs(*p);
+    int one = 1, fd = -1, err = 0;
+
+    for (unsigned i = 0; i < tries && first + i <= 65535; i++) {
+        *p = htons((uint16_t)(first + i));
+        fd = socket(sa->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+            return -1;
+        /* SO_REUSEADDR lets a restarted dashboard take its port from connections in TIME_WAIT;
+         * it does not let two listen on one port (that would be SO_REUSEPORT). */
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (sa->ss_family == AF_INET6) /* [::]:PORT is IPv6 alone, as libmicrohttpd made it */
+            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+        if (bind(fd, (struct sockaddr *)&at, salen) == 0 && listen(fd, SOMAXCONN) == 0)
+            break;
+        err = errno;
+        close(fd);
+        fd = -1;
+        if (err != EADDRINUSE)
+            break;
+    }
+    if (fd < 0) {
+        errno = err;
+        return -1;
+    }
+    socklen_t len = sizeof(at);
+    if (getsockname(fd, (struct sockaddr *)&at, &len) == 0)
+        *port = ntohs(*p);
+    return fd;
+}
+
+/* Runs the server until SIGINT or SIGTERM. tries: the ports to try from sa's (1 when the
+ * address was named with --listen). */
+static int serve(tc_dash *d, const struct sockaddr_storage *sa, socklen_t salen, unsigned tries,
+                 const char *host, const sigset_t *stop)
 {
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_POLL | MHD_USE_ERROR_LOG |
                      (sa->ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
-    const union MHD_DaemonInfo *info;
+    unsigned want = ntohs(sa->ss_family == AF_INET6 ? ((const struct sockaddr_in6 *)sa)->sin6_port
+                                                    : ((const struct sockaddr_in *)sa)->sin_port);
     struct MHD_Daemon *mhd;
-    int pipefd[2], sig = 0;
-    unsigned port;
+    int pipefd[2], sig = 0, lfd, rc;
+    unsigned port = 0;
+    rlim_t files;
+    size_t cap = conn_cap(&files);
 
-    if (pipe2(pipefd, O_CLOEXEC) != 0)
+    lfd = listen_on(sa, salen, want == 0 ? 1 : tries, &port);
+    if (lfd < 0 && errno == EADDRINUSE && tries > 1)
+        return tc_err(TC_UNAVAILABLE,
+                      "dashboard: cannot listen on %s: ports %u to %u are all in use (--listen "
+                      "%s:0 takes any free port)",
+                      host, want, want + tries - 1 > 65535 ? 65535 : want + tries - 1, host);
+    if (lfd < 0)
+        return tc_err(TC_UNAVAILABLE, "dashboard: cannot listen on %s port %u: %s%s", host, want,
+                      strerror(errno),
+                      errno == EADDRINUSE ? " (another dashboard? port 0 takes any free port)"
+                                          : "");
+    if (port != want && want != 0)
+        fprintf(stderr, "trainctl: dashboard: port %u is in use (another dashboard?); using %u\n",
+                want, port);
+    if (cap < TC_DASH_MAX_CONNS)
+        fprintf(stderr,
+                "trainctl: dashboard: at most %zu connections at once: open files are limited "
+                "to %llu\n",
+                cap, (unsigned long long)files);
+    if ((rc = guard_start(&d->guard, cap)) != 0) {
+        close(lfd);
+        return tc_err(TC_FAILED, "dashboard: cannot start a thread: %s", strerror(rc));
+    }
+    if (pipe2(pipefd, O_CLOEXEC) != 0) {
+        close(lfd);
+        guard_stop(d->guard);
         return tc_err(TC_FAILED, "dashboard: pipe: %s", strerror(errno));
+    }
     d->stop_fd = pipefd[0];
-    /* The logger first, so that libmicrohttpd's own messages about the options use it too. */
+    /* The logger first, so that libmicrohttpd's own messages about the options use it too. Its
+     * connection limit is ours plus room for connections cut but not yet closed; its timeout
+     * (idle, reset by any byte) only bounds a request being answered: the guard bounds the rest. */
     mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, d, MHD_OPTION_EXTERNAL_LOGGER, on_log,
-                           NULL, MHD_OPTION_SOCK_ADDR, sa, MHD_OPTION_CONNECTION_LIMIT,
-                           (unsigned)TC_DASH_MAX_CONNS, MHD_OPTION_CONNECTION_TIMEOUT,
-                           (unsigned)DASH_IDLE_S, MHD_OPTION_END);
+                           NULL, MHD_OPTION_LISTEN_SOCKET, lfd, MHD_OPTION_CONNECTION_LIMIT,
+                           (unsigned)(cap + DASH_SHED_SLACK), MHD_OPTION_CONNECTION_TIMEOUT,
+                           (unsigned)DASH_IDLE_S, MHD_OPTION_NOTIFY_CONNECTION, on_connection, d,
+                           MHD_OPTION_URI_LOG_CALLBACK, on_uri, d, MHD_OPTION_NOTIFY_COMPLETED,
+                           on_completed, d, MHD_OPTION_END);
     if (mhd == NULL) {
         int err = errno;
+        close(lfd);
         close(pipefd[0]);
         close(pipefd[1]);
+        guard_stop(d->guard);
         return tc_err(TC_UNAVAILABLE, "dashboard: cannot listen on %s: %s", host,
                       err != 0 ? strerror(err) : "libmicrohttpd could not start");
     }
-    info = MHD_get_daemon_info(mhd, MHD_DAEMON_INFO_BIND_PORT);
-    port = info != NULL ? info->port : 0;
     printf("trainctl dashboard: http://%s%s%s:%u/%s/\n", sa->ss_family == AF_INET6 ? "[" : "", host,
            sa->ss_family == AF_INET6 ? "]" : "", port, d->token);
     if (is_loopback(sa))
@@ -843,10 +1243,17 @@ static int serve(tc_dash *d, const struct sockaddr_storage *sa, const char *host
     /* The stop pipe becomes readable for every live stream: they end, and their threads with
      * them, so that MHD_stop_daemon's joins do not wait for a keep-alive. */
     close(pipefd[1]);
-    MHD_stop_daemon(mhd);
+    MHD_stop_daemon(mhd); /* closes lfd */
     close(pipefd[0]);
-    fprintf(stderr, "trainctl: dashboard stopped (%s) after %lld requests\n", strsignal(sig),
-            (long long)atomic_load(&d->served));
+    pthread_mutex_lock(&d->guard->mu);
+    long long timed_out = d->guard->timed_out, shed = d->guard->shed;
+    pthread_mutex_unlock(&d->guard->mu);
+    fprintf(stderr,
+            "trainctl: dashboard stopped (%s) after %lld requests; %lld connections timed out, "
+            "%lld shed\n",
+            strsignal(sig), (long long)atomic_load(&d->served), timed_out, shed);
+    guard_stop(d->guard);
+    d->guard = NULL;
     return TC_OK;
 }
 
@@ -865,7 +1272,6 @@ int tc_dashboard(const tc_opts *o)
                       "--listen needs HOST:PORT with a numeric address (127.0.0.1:8080, "
                       "[::1]:8080, 0.0.0.0:8080) or localhost:PORT, not '%s'",
                       addr);
-    (void)salen;
     if ((d = calloc(1, sizeof(*d))) == NULL)
         return tc_err(TC_FAILED, "out of memory");
     d->socket = o->socket;
@@ -882,7 +1288,7 @@ int tc_dashboard(const tc_opts *o)
     sigaddset(&stop, SIGTERM);
     signal(SIGPIPE, SIG_IGN);
     pthread_sigmask(SIG_BLOCK, &stop, &old);
-    rc = serve(d, &sa, host, &stop);
+    rc = serve(d, &sa, salen, o->listen != NULL ? 1 : DASH_PORT_TRIES, host, &stop);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 out:
     free(d);

@@ -17,8 +17,13 @@
 
 #include "proto/proto.h"
 
-#define TC_DASH_TOKEN_BYTES  16    /* random bytes of the URL's token (32 hex digits) */
-#define TC_DASH_MAX_CONNS    48    /* HTTP connections (and so threads) at once */
+#define TC_DASH_TOKEN_BYTES 16 /* random bytes of the URL's token (32 hex digits) */
+#define TC_DASH_MAX_CONNS                                             \
+    2048 /* HTTP connections (and so threads) at once, fewer when the \
+          * open-file limit is lower (dashboard.c) */
+#define TC_DASH_REQUEST_MS                                                                    \
+    5000                           /* ms from a connection's accept (or the start of its next \
+                                    * request) to its request being whole */
 #define TC_DASH_MAX_STREAMS  16    /* live streams (each one traind connection) at once */
 #define TC_DASH_STREAM_JOBS  8     /* jobs one stream follows (a comparison of 8 runs) */
 #define TC_DASH_MAX_KEYS     64    /* metric names of one job a stream draws; more are counted */
@@ -38,9 +43,10 @@ typedef struct tc_dash {
     char token[2 * TC_DASH_TOKEN_BYTES + 1]; /* the URL's secret path segment, hex */
     char assets[4096];                       /* folder of index.html, app.js, style.css */
     char chartlib[4096];                     /* folder of dygraph.min.js and dygraph.min.css */
-    int stop_fd;         /* read end of a pipe that becomes readable when the server stops */
-    atomic_int streams;  /* shared: live streams open now */
-    atomic_llong served; /* shared: requests answered, for the closing line */
+    int stop_fd;            /* read end of a pipe that becomes readable when the server stops */
+    atomic_int streams;     /* shared: live streams open now */
+    atomic_llong served;    /* shared: requests answered, for the closing line */
+    struct tc_guard *guard; /* dashboard.c's table of connections, with its own lock */
 } tc_dash;
 
 /* ---- dashboard_conn.c: a connection to traind ---- */
