@@ -27,6 +27,7 @@ enum {
     TC_DATAERR = 65,     /* EX_DATAERR: the job file is not a valid job */
     TC_NOINPUT = 66,     /* EX_NOINPUT: the job file is missing or unreadable */
     TC_UNAVAILABLE = 69, /* EX_UNAVAILABLE: traind cannot be reached or went away */
+    TC_OSERR = 71,       /* EX_OSERR: the dashboard cannot listen (its port is taken) */
     TC_TEMPFAIL = 75,    /* EX_TEMPFAIL: traind said EBUSY (its store is locked by another
                           * process): the same request may succeed if tried again */
     TC_CANTCREAT = 73,   /* EX_CANTCREAT: plot or export cannot write its output file */

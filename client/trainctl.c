@@ -541,7 +541,8 @@ static void print_main_help(FILE *f)
           "Exit status: 0 success; 1 the job failed or was cancelled (watch), traind\n"
           "refused the request, the job would not fit (submit --dry-run), or plot found\n"
           "nothing to draw; 64 usage error; 65 invalid job file; 66 job file missing or\n"
-          "unreadable; 69 traind unreachable (or too old for submit --dry-run); 73 plot,\n"
+          "unreadable; 69 traind unreachable (or too old for submit --dry-run); 71 the\n"
+          "dashboard cannot listen (its port is taken); 73 plot,\n"
           "export or sensor cannot write its file; 75 traind busy, try again; 76\n"
           "protocol error; 77 permission denied; 78 the socket path is unusable; 130\n"
           "interrupted (watch, export).\n",

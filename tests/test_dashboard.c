@@ -402,10 +402,21 @@ static void check_failed_job(cdp *b, const dash *ds, int64_t id)
     cdp_eval_str(b, "document.querySelectorAll('#failure tr')[2].textContent", buf, sizeof(buf));
     assert_non_null(strstr(buf, "injected panic at step 5"));
     assert_true(buf[0] == '1');
+    /* the code by its name, not its number */
+    cdp_eval_str(b, "document.querySelectorAll('#failure tr')[2].children[1].textContent", buf,
+                 sizeof(buf));
+    assert_string_equal(buf, "EPANIC");
     cdp_eval_str(b, "document.querySelector('.job-title').textContent", buf, sizeof(buf));
     assert_string_equal(buf, hostile_name);
     cdp_wait(b, "document.querySelector('#log').textContent.includes('running on cpu:0,cpu:1')",
              WAIT_MS, "the log");
+    /* Once the stream has ended (the job's end asks for the log again) and no load runs, each
+     * line is there once: the page's first load and the end's no longer both start at 0. */
+    cdp_wait(b, "window.tdash.done === true && window.tdash.logBusy === false", WAIT_MS,
+             "the log's loads done");
+    assert_int_equal(cdp_eval_int(b, "document.querySelector('#log').textContent"
+                                     ".split('running on cpu:0,cpu:1').length - 1"),
+                     1);
     assert_int_equal(cdp_eval_int(b, "window.pwned === undefined"), 1);
 }
 
@@ -461,6 +472,42 @@ static void check_live_job(cdp *b, const dash *ds, int64_t id)
     snprintf(expr, sizeof(expr), "window.tdash.draws > %lld + 3", draws);
     cdp_wait(b, expr, WAIT_MS, "the charts redrawn");
     cdp_wait(b, js_chart_pixels, WAIT_MS, "the redrawn chart");
+    /* lr is constant (a constant schedule): its log axis is still labelled */
+    cdp_wait(b,
+             "document.querySelectorAll('.panel[data-key=\"lr\"] .dygraph-axis-label-y').length "
+             ">= 2",
+             WAIT_MS, "the constant lr's log axis labelled");
+}
+
+/* app.js's names of traind's error codes are common/td_errno.h's, every one. */
+static void test_dashboard_code_names(void **state)
+{
+    char path[512], line[512], want[64];
+    static char js[1 << 20];
+    FILE *f;
+    int n = 0;
+
+    (void)state;
+    snprintf(path, sizeof(path), "%s/client/dashboard/app.js", ts_env_or("TD_SOURCE_ROOT", "."));
+    f = fopen(path, "r");
+    assert_non_null(f);
+    js[fread(js, 1, sizeof(js) - 1, f)] = '\0';
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/common/td_errno.h", ts_env_or("TD_SOURCE_ROOT", "."));
+    f = fopen(path, "r");
+    assert_non_null(f);
+    while (fgets(line, sizeof(line), f) != NULL) {
+        char name[32];
+        int code;
+        if (sscanf(line, " X(%31[A-Z0-9_], %d,", name, &code) != 2)
+            continue;
+        snprintf(want, sizeof(want), "'%d': '%s'", code, name);
+        if (strstr(js, want) == NULL)
+            fail_msg("app.js's CODE_NAMES lacks %s", want);
+        n++;
+    }
+    fclose(f);
+    assert_true(n >= 20);
 }
 
 /* Both jobs on one chart. */
@@ -756,7 +803,7 @@ static void test_dashboard_slowloris(void **state)
 }
 
 /* Two dashboards without --listen both serve, the second on a port after the first's; a port
- * named with --listen that is taken fails (69), naming the port. */
+ * named with --listen that is taken fails (71, not traind's 69), naming the port. */
 static void test_dashboard_two(void **state)
 {
     const char *bin = ts_env_or("TRAINCTL_BIN", "build/client/trainctl");
@@ -779,7 +826,7 @@ static void test_dashboard_two(void **state)
     assert_int_equal(http_status(b.port, path), 200);
     snprintf(cmd, sizeof(cmd), "%s --socket %s dashboard --listen 127.0.0.1:%d 2>%s/taken.log", bin,
              d.sock, a.port, d.dir);
-    assert_int_equal(WEXITSTATUS(system(cmd)), 69);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 71);
     snprintf(cmd, sizeof(cmd), "%s/taken.log", d.dir);
     f = fopen(cmd, "r");
     assert_non_null(f);
@@ -1042,6 +1089,7 @@ int main(void)
         cmocka_unit_test_teardown(test_dashboard_slowloris, teardown),
         cmocka_unit_test_teardown(test_dashboard_two, teardown),
         cmocka_unit_test_teardown(test_dashboard_nul, teardown),
+        cmocka_unit_test(test_dashboard_code_names),
     };
     const struct CMUnitTest browser[] = {
         cmocka_unit_test_teardown(test_dashboard_live, teardown),

@@ -22,6 +22,18 @@ const LOG_FIRST_PAGES = 10; // pages of the log read at once when a job page ope
 const COLORS = ['#2f6fdf', '#e0672b', '#1f8f4e', '#b03fbf', '#c8a400', '#17a2b8', '#c83232', '#6b7385'];
 const STATES = ['queued', 'running', 'succeeded', 'failed', 'cancelled'];
 const LEVELS = { 3: 'err', 4: 'warning', 5: 'notice', 6: 'info', 7: 'debug' };
+// traind's error codes by number (common/td_errno.h; test_dashboard checks this list against
+// it): a failed device's code is shown by its name.
+const CODE_NAMES = {
+  '-4200': 'EINVAL', '-4201': 'ENOMEM', '-4202': 'EIO', '-4203': 'EPROTO', '-4204': 'E2BIG',
+  '-4205': 'ENOTFOUND', '-4206': 'EJOB', '-4207': 'EDATA', '-4208': 'ESHAPE', '-4209': 'ENAN',
+  '-4210': 'ESTORE', '-4211': 'EDISKFULL', '-4212': 'ECANCELLED', '-4213': 'EPANIC',
+  '-4214': 'ECUDA', '-4215': 'EPERM', '-4216': 'ESTATE', '-4217': 'EVERSION', '-4218': 'ECLOSED',
+  '-4219': 'EWORKERS', '-4220': 'EABORTED', '-4221': 'EBUSY', '-4222': 'EMPI',
+};
+function codeName(c) {
+  return CODE_NAMES[String(c)] || String(c);
+}
 
 // What the test reads.
 window.tdash = { draws: 0, series: {}, latency: [], opened: Date.now() / 1000, ready: false };
@@ -342,7 +354,7 @@ function jobView(main, ids, compare) {
       el('pre', {}, e.message || ''),
       devs.length ? el('table', {},
         el('tr', {}, byNode ? el('th', {}, 'node') : null, el('th', {}, 'device'), el('th', {}, 'code'), el('th', {}, 'message')),
-        devs.map(d => el('tr', {}, byNode ? el('td', {}, d.node_name || String(d.node)) : null, el('td', {}, String(d.device)), el('td', {}, String(d.code)), el('td', {}, d.message || '')))) : null));
+        devs.map(d => el('tr', {}, byNode ? el('td', {}, d.node_name || String(d.node)) : null, el('td', {}, String(d.device)), el('td', {}, codeName(d.code)), el('td', {}, d.message || '')))) : null));
   }
 
   async function loadInfo() {
@@ -410,6 +422,17 @@ function jobView(main, ids, compare) {
     return out;
   }
 
+  // The y axis's ticks: dygraphs' own, but where a log axis spans too little for them (a
+  // constant series: lr under a constant schedule), its ends and middle, so that it is labelled.
+  function yTicker(min, max, pixels, o, g, vals) {
+    const ticks = Dygraph.numericTicks(min, max, pixels, o, g, vals);
+    if (!opts.log || ticks.filter(t => t.label !== undefined && t.label !== '').length >= 2 ||
+        !(min > 0) || !(max > 0))
+      return ticks;
+    const mid = Math.sqrt(min * max);
+    return [min, mid, max].map(v => ({ v, label: fmtAxis(v) }));
+  }
+
   function draw(c) {
     const data = chartData(c.key);
     if (!data.length) return;
@@ -422,7 +445,7 @@ function jobView(main, ids, compare) {
       xlabel: opts.wall ? 'wall time' : 'step', legend: 'onmouseover', animatedZooms: false,
       axes: {
         x: { drawGrid: false },
-        y: { axisLabelFormatter: fmtAxis, valueFormatter: fmtValue, axisLabelWidth: 56 },
+        y: { axisLabelFormatter: fmtAxis, valueFormatter: fmtValue, axisLabelWidth: 56, ticker: yTicker },
       },
       gridLineColor: '#e6e8ee', axisLineColor: '#b8bfcc',
     };
@@ -575,9 +598,30 @@ function jobView(main, ids, compare) {
 
   // ---- the log ----
 
-  let logAfter = 0, logLines = 0;
+  let logAfter = 0, logLines = 0, logBusy = false, logAgain = null;
 
+  // One load at a time, each from where the last one stopped: a second ask while one runs
+  // (the job's end while the page's first load is under way) runs after it, never beside it
+  // from the same cursor, which showed the lines twice.
   async function loadLog(once) {
+    if (logBusy) {
+      logAgain = logAgain === null ? once : logAgain && once;
+      return;
+    }
+    logBusy = window.tdash.logBusy = true;
+    try {
+      await loadLogPages(once);
+    } finally {
+      logBusy = window.tdash.logBusy = false;
+    }
+    if (logAgain !== null && !stopped) {
+      const again = logAgain;
+      logAgain = null;
+      loadLog(again);
+    }
+  }
+
+  async function loadLogPages(once) {
     clearTimeout(logTimer);
     const id = ids[0];
     try {

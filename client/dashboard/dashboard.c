@@ -1176,15 +1176,14 @@ static int serve(tc_dash *d, const struct sockaddr_storage *sa, socklen_t salen,
 
     lfd = listen_on(sa, salen, want == 0 ? 1 : tries, &port);
     if (lfd < 0 && errno == EADDRINUSE && tries > 1)
-        return tc_err(TC_UNAVAILABLE,
+        return tc_err(TC_OSERR,
                       "dashboard: cannot listen on %s: ports %u to %u are all in use (--listen "
                       "%s:0 takes any free port)",
                       host, want, want + tries - 1 > 65535 ? 65535 : want + tries - 1, host);
     if (lfd < 0)
-        return tc_err(TC_UNAVAILABLE, "dashboard: cannot listen on %s port %u: %s%s", host, want,
-                      strerror(errno),
-                      errno == EADDRINUSE ? " (another dashboard? port 0 takes any free port)"
-                                          : "");
+        return tc_err(
+            TC_OSERR, "dashboard: cannot listen on %s port %u: %s%s", host, want, strerror(errno),
+            errno == EADDRINUSE ? " (another dashboard? port 0 takes any free port)" : "");
     if (port != want && want != 0)
         fprintf(stderr, "trainctl: dashboard: port %u is in use (another dashboard?); using %u\n",
                 want, port);
@@ -1218,7 +1217,7 @@ static int serve(tc_dash *d, const struct sockaddr_storage *sa, socklen_t salen,
         close(pipefd[0]);
         close(pipefd[1]);
         guard_stop(d->guard);
-        return tc_err(TC_UNAVAILABLE, "dashboard: cannot listen on %s: %s", host,
+        return tc_err(TC_OSERR, "dashboard: cannot listen on %s: %s", host,
                       err != 0 ? strerror(err) : "libmicrohttpd could not start");
     }
     printf("trainctl dashboard: http://%s%s%s:%u/%s/\n", sa->ss_family == AF_INET6 ? "[" : "", host,
