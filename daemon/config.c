@@ -31,6 +31,7 @@
 
 #define HELLO_TIMEOUT_MAX 3600.0   /* seconds: an hour */
 #define IDLE_TIMEOUT_MAX  604800.0 /* seconds: a week */
+#define WORK_TIMEOUT_MAX  604800.0 /* seconds: a week */
 
 typedef enum {
     K_SOCKET,
@@ -77,6 +78,10 @@ static const struct key_def {
      1024, "streams, at least 1"},
     {"limits", "max_exports_per_user", K_INT, offsetof(td_config, max_exports_per_user), 0, 1024,
      "exports, 0 for no limit"},
+    {"limits", "max_work_per_user", K_INT, offsetof(td_config, max_work_per_user), 0, 1024,
+     "requests, 0 for no limit"},
+    {"limits", "work_timeout_s", K_SECONDS_OR_0, offsetof(td_config, work_timeout_s), 0,
+     (int)WORK_TIMEOUT_MAX, "seconds a request may run, 0 for no limit"},
     {"server", "hello_timeout_s", K_SECONDS, offsetof(td_config, hello_timeout_s), 0,
      (int)HELLO_TIMEOUT_MAX, "seconds a new connection has to say hello"},
     {"server", "idle_timeout_s", K_SECONDS_OR_0, offsetof(td_config, idle_timeout_s), 0,
@@ -143,6 +148,8 @@ void td_config_defaults(td_config *cfg)
     cfg->max_conns_per_user = TD_MAX_CONNS_PER_USER;
     cfg->max_streams_per_conn = TD_MAX_STREAMS_PER_CONN;
     cfg->max_exports_per_user = TD_MAX_EXPORTS_PER_USER;
+    cfg->max_work_per_user = TD_MAX_WORK_PER_USER;
+    cfg->work_timeout_s = TD_WORK_TIMEOUT_S;
     cfg->max_queued_per_user = TD_MAX_QUEUED_PER_USER;
     cfg->hello_timeout_s = TD_HELLO_TIMEOUT_S;
     cfg->idle_timeout_s = TD_IDLE_TIMEOUT_S;

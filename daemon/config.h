@@ -17,6 +17,8 @@
         * out by filling max_connections */
 #define TD_MAX_STREAMS_PER_CONN 16    /* watch/metrics streams open at once on one connection */
 #define TD_MAX_EXPORTS_PER_USER 2     /* exports one uid may have in flight by default */
+#define TD_MAX_WORK_PER_USER    4     /* work requests one uid may have under way by default */
+#define TD_WORK_TIMEOUT_S       3600  /* seconds a work request may run by default */
 #define TD_MAX_QUEUED_PER_USER  1000  /* queued jobs one uid may have by default */
 #define TD_HELLO_TIMEOUT_S      5.0   /* seconds a new connection has to complete its hello */
 #define TD_IDLE_TIMEOUT_S       300.0 /* seconds a connection may sit idle after its hello */
@@ -74,6 +76,9 @@ typedef struct td_config {
     int max_conns_per_user;    /* connections one uid other than root may hold; 0 = unlimited */
     int max_streams_per_conn;  /* streams (watch, metrics) open at once on one connection */
     int max_exports_per_user;  /* exports one uid may have in flight; 0 = unlimited */
+    int max_work_per_user;     /* export, sample, classify, retrieve one uid may have under way
+                                * (queued or running); 0 = unlimited; root is exempt */
+    double work_timeout_s;     /* seconds one may run before it is stopped; 0 = no limit */
     double hello_timeout_s;    /* [server] seconds from accept to a completed hello */
     double idle_timeout_s;     /* [server] seconds without a request on a connection that has no
                                 * stream, export or sample under way; 0 = never closed for it */

@@ -42,6 +42,7 @@
 #include "daemon/prom.h"
 #include "daemon/rank.h"
 #include "daemon/server/server.h"
+#include "daemon/work.h"
 #include "common/td_clock.h"
 #include "common/td_log.h"
 
@@ -686,6 +687,9 @@ int main(int argc, char **argv)
     if (rc != 0)
         return rc;
     start_record(&t.started, &t.restarts);
+    /* The threadpool's size, before anything uses it: the work requests' lanes and the short
+     * work beside them (work.h). */
+    td_work_pool_size();
     t.loop = uv_default_loop();
     signal(SIGPIPE, SIG_IGN);
     /* A file-size limit then fails the write (EFBIG, reported as a full disk, with the older

@@ -26,6 +26,15 @@
 
 static unsigned export_serial; /* loop thread: tells concurrent exports' temp files apart */
 
+/* Whether w is to stop now, and why (td_work.cancel): its client gone, its time up, the
+ * daemon stopping. Threadpool thread. */
+static int work_stopped(const td_work *w)
+{
+    int why = atomic_load(&w->cancel);
+
+    return why != TD_WORK_GOING ? why : atomic_load(w->stop) ? TD_WORK_STOPPING : 0;
+}
+
 /* err's message, now prefixed: "job 3: " + what it said. */
 static int prefix_job(td_error_t *err, int64_t job)
 {
@@ -142,12 +151,9 @@ static void run_sample(td_work *w)
         w->rc = td_error_set(&w->err, TD_ENOMEM, "no memory for %zu bytes of text", cap);
         return;
     }
+    /* the lanes set w->cancel, when the client goes, the time is up or the daemon stops */
     w->rc = td_sample(&w->cfg, w->prompt != NULL ? w->prompt : "", w->tokens, w->temperature,
-                      w->seed, w->stop, w->text, cap, &w->err);
-    if (w->rc == TD_ECANCELLED) {
-        td_error_t why = w->err;
-        td_error_set(&w->err, w->rc, "%s: traind is stopping", why.msg);
-    }
+                      w->seed, &w->cancel, w->text, cap, &w->err);
     if (w->rc != 0)
         return;
     /* A text job writes exactly one byte per token, NUL included (the text is NUL-terminated
@@ -172,7 +178,7 @@ typedef struct shard_pass {
 
 static int stopping(void *ud)
 {
-    return atomic_load((const atomic_int *)ud);
+    return work_stopped(ud) != 0;
 }
 
 static void pass_close(shard_pass *p)
@@ -188,8 +194,7 @@ static void pass_close(shard_pass *p)
  * C. */
 static int pass_open(td_work *w, shard_pass *p)
 {
-    td_data_access as_user = {
-        .uid = w->uid, .gid = w->gid, .stop = stopping, .ud = (void *)w->stop};
+    td_data_access as_user = {.uid = w->uid, .gid = w->gid, .stop = stopping, .ud = w};
     td_sensor_expect want;
     td_error_t e = {0};
     int rc, fd = -1;
@@ -226,8 +231,8 @@ static int pass_embed(td_work *w, shard_pass *p, int64_t i, int n)
     size_t grid = (size_t)p->info.time_steps * p->info.channels;
     int rc;
 
-    if (atomic_load(w->stop))
-        return td_error_set(&w->err, TD_ECANCELLED, "traind is stopping");
+    if (work_stopped(w))
+        return td_error_set(&w->err, TD_ECANCELLED, "stopped after %lld windows", (long long)i);
     for (int r = 0; r < n; r++)
         if ((rc = td_sensor_read(p->s, i + r, p->grids + (size_t)r * grid, NULL, NULL, NULL,
                                  &w->err)) != 0)
@@ -389,6 +394,10 @@ static void on_work(uv_work_t *req)
 {
     td_work *w = req->data;
 
+    if (work_stopped(w)) {
+        w->rc = td_error_set(&w->err, TD_ECANCELLED, "stopped before it began");
+        return;
+    }
     if (!has_checkpoint(w->cfg.checkpoint_dir)) {
         w->rc = td_error_set(&w->err, TD_ENOTFOUND, "job %lld has no checkpoint yet",
                              (long long)w->job);
@@ -406,22 +415,242 @@ static void on_work(uv_work_t *req)
         prefix_job(&w->err, w->job);
 }
 
-/* Loop thread. */
-static void on_after_work(uv_work_t *req, int status)
-{
-    td_work *w = req->data;
+/* ---- the lanes ---- */
 
-    if (status != 0 && w->rc == 0)
-        w->rc =
-            td_error_set(&w->err, status, "job %lld: %s", (long long)w->job, uv_strerror(status));
+struct td_work_lanes {
+    uv_timer_t tick; /* first: the handle's data is the lanes; times works out, sees a stop */
+    uv_loop_t *loop;
+    const atomic_int *stop;
+    double timeout_s;
+    int cap[TD_NLANES];        /* threads a lane may hold */
+    int busy[TD_NLANES];       /* ... and holds now */
+    td_work *queue[TD_NLANES]; /* waiting, oldest first */
+    td_work *running;          /* on the threadpool */
+    int ticking, closed;
+};
+
+#define TD_WORK_TICK_MS 100 /* how often running works are looked at (a timeout, a stop) */
+
+static const char *kind_name(const td_work *w)
+{
+    return w->kind == TD_WORK_EXPORT || w->kind == TD_WORK_EXPORT_ST ? "export"
+           : w->kind == TD_WORK_SAMPLE                               ? "sample"
+           : w->kind == TD_WORK_CLASSIFY                             ? "classify"
+                                                                     : "retrieve";
+}
+
+int td_work_pool_size(void)
+{
+    const char *env = getenv("UV_THREADPOOL_SIZE");
+    char v[16];
+    int n = env != NULL ? atoi(env) : 0;
+
+    if (n > 0)
+        return n > 1024 ? 1024 : n; /* libuv's own bound */
+    snprintf(v, sizeof(v), "%d", TD_WORK_POOL);
+    setenv("UV_THREADPOOL_SIZE", v, 1);
+    return TD_WORK_POOL;
+}
+
+int td_work_lanes_new(td_work_lanes **out, uv_loop_t *loop, int pool, double timeout_s,
+                      const atomic_int *stop, td_error_t *err)
+{
+    td_work_lanes *l = calloc(1, sizeof(*l));
+    int spare = pool - TD_WORK_POOL_RESERVE;
+
+    *out = NULL;
+    if (l == NULL)
+        return td_error_set(err, TD_ENOMEM, "out of memory");
+    l->loop = loop;
+    l->stop = stop;
+    l->timeout_s = timeout_s;
+    /* a third of what is not reserved for exports, the rest for the model's work; one each
+     * at least, on the smallest pool too */
+    l->cap[TD_LANE_EXPORT] = spare / 3 > 0 ? spare / 3 : 1;
+    l->cap[TD_LANE_MODEL] = spare - l->cap[TD_LANE_EXPORT] > 0 ? spare - l->cap[TD_LANE_EXPORT] : 1;
+    uv_timer_init(loop, &l->tick);
+    l->tick.data = l;
+    *out = l;
+    return 0;
+}
+
+int td_work_lane_threads(const td_work_lanes *l, int lane)
+{
+    return l->cap[lane];
+}
+
+static void dispatch(td_work_lanes *l);
+static void tick(uv_timer_t *t);
+
+/* The work's end as the loop sees it: a stop (a work that stopped for it, or never began)
+ * becomes its error, with the reason, and the pool's own words ("stopped after 4096 windows")
+ * where there are any; a work that finished all the same keeps its result. Then its cb. */
+static void finish(td_work_lanes *l, td_work *w)
+{
+    int why = atomic_load(&w->cancel);
+    td_error_t was = w->err;
+    const char *detail = w->running && w->rc != 0 ? was.msg : "";
+
+    if (strncmp(detail, "job ", 4) == 0 && strstr(detail, ": ") != NULL)
+        detail = strstr(detail, ": ") + 2; /* on_work's "job 3: " again */
+
+    if (why == TD_WORK_GOING && atomic_load(l->stop))
+        why = TD_WORK_STOPPING;
+    if (why != TD_WORK_GOING && (w->rc == TD_ECANCELLED || !w->running)) {
+        if (why == TD_WORK_TIMEOUT)
+            td_error_set(&w->err, TD_ECANCELLED,
+                         "job %lld: %s stopped after %g s, the limit (work_timeout_s)%s%s",
+                         (long long)w->job, kind_name(w), l->timeout_s, detail[0] ? "; " : "",
+                         detail);
+        else
+            td_error_set(&w->err, TD_ECANCELLED, "job %lld: %s stopped: %s%s%s", (long long)w->job,
+                         kind_name(w),
+                         why == TD_WORK_GONE ? "its client is gone" : "traind is stopping",
+                         detail[0] ? "; " : "", detail);
+        w->rc = TD_ECANCELLED;
+    }
     w->cb(w);
 }
 
-int td_work_start(td_work *w, uv_loop_t *loop, td_work_cb cb)
+/* Loop thread: the threadpool is done with w. */
+static void on_after_work(uv_work_t *req, int status)
 {
+    td_work *w = req->data;
+    td_work_lanes *l = w->lanes;
+
+    for (td_work **p = &l->running; *p != NULL; p = &(*p)->qnext)
+        if (*p == w) {
+            *p = w->qnext;
+            break;
+        }
+    l->busy[w->lane]--;
+    if (status != 0 && w->rc == 0)
+        w->rc =
+            td_error_set(&w->err, status, "job %lld: %s", (long long)w->job, uv_strerror(status));
+    finish(l, w);
+    dispatch(l);
+}
+
+/* Running works of uid in lane. */
+static int running_of(const td_work_lanes *l, int lane, int64_t uid)
+{
+    int n = 0;
+
+    for (const td_work *w = l->running; w != NULL; w = w->qnext)
+        n += w->lane == lane && w->uid == uid;
+    return n;
+}
+
+/* Hands the threadpool the next works of each lane while it has threads: the queued work of
+ * the uid with the fewest running in the lane, the oldest among equals. */
+static void dispatch(td_work_lanes *l)
+{
+    for (int lane = 0; lane < TD_NLANES; lane++)
+        while (!l->closed && l->busy[lane] < l->cap[lane] && l->queue[lane] != NULL) {
+            td_work **pick = &l->queue[lane], *w;
+            int fewest = running_of(l, lane, (*pick)->uid);
+            for (td_work **p = &(*pick)->qnext; *p != NULL && fewest > 0; p = &(*p)->qnext) {
+                int n = running_of(l, lane, (*p)->uid);
+                if (n < fewest) {
+                    fewest = n;
+                    pick = p;
+                }
+            }
+            w = *pick;
+            *pick = w->qnext;
+            w->qnext = l->running;
+            l->running = w;
+            w->running = 1;
+            w->started_ms = uv_now(l->loop);
+            l->busy[lane]++;
+            if (uv_queue_work(l->loop, &w->req, on_work, on_after_work) != 0) {
+                l->running = w->qnext; /* the pool refused (never, in practice): answered now */
+                l->busy[lane]--;
+                w->running = 0;
+                w->rc = td_error_set(&w->err, TD_EBUSY, "job %lld: the threadpool refused the %s",
+                                     (long long)w->job, kind_name(w));
+                w->cb(w);
+            }
+        }
+    if (!l->closed && !l->ticking && (l->running != NULL || l->queue[0] || l->queue[1])) {
+        uv_timer_start(&l->tick, tick, TD_WORK_TICK_MS, TD_WORK_TICK_MS);
+        l->ticking = 1;
+    } else if (l->ticking && l->running == NULL && !l->queue[0] && !l->queue[1]) {
+        uv_timer_stop(&l->tick);
+        l->ticking = 0;
+    }
+}
+
+/* Queued works whose client went (or all, stopping) are answered without running. */
+static void drop_queued(td_work_lanes *l, int all)
+{
+    for (int lane = 0; lane < TD_NLANES; lane++)
+        for (td_work **p = &l->queue[lane]; *p != NULL;) {
+            td_work *w = *p;
+            if (all || atomic_load(&w->cancel) != TD_WORK_GOING) {
+                *p = w->qnext;
+                if (all && atomic_load(&w->cancel) == TD_WORK_GOING)
+                    atomic_store(&w->cancel, TD_WORK_STOPPING);
+                finish(l, w);
+            } else {
+                p = &w->qnext;
+            }
+        }
+}
+
+/* Every TD_WORK_TICK_MS while works run or wait: a running work past the timeout, or every
+ * one once the daemon stops, is told to stop; the queued ones of gone clients are answered. */
+static void tick(uv_timer_t *t)
+{
+    td_work_lanes *l = t->data;
+    uint64_t now = uv_now(l->loop);
+    int stop = atomic_load(l->stop);
+
+    for (td_work *w = l->running; w != NULL; w = w->qnext)
+        if (stop)
+            atomic_store(&w->cancel, TD_WORK_STOPPING);
+        else if (l->timeout_s > 0 && atomic_load(&w->cancel) == TD_WORK_GOING &&
+                 (double)(now - w->started_ms) > l->timeout_s * 1e3)
+            atomic_store(&w->cancel, TD_WORK_TIMEOUT);
+    drop_queued(l, stop);
+    dispatch(l);
+}
+
+void td_work_queue(td_work_lanes *l, td_work *w, td_work_cb cb)
+{
+    td_work **p;
+
     w->cb = cb;
     w->req.data = w;
-    return uv_queue_work(loop, &w->req, on_work, on_after_work);
+    w->lanes = l;
+    w->lane =
+        w->kind == TD_WORK_EXPORT || w->kind == TD_WORK_EXPORT_ST ? TD_LANE_EXPORT : TD_LANE_MODEL;
+    w->qnext = NULL;
+    for (p = &l->queue[w->lane]; *p != NULL; p = &(*p)->qnext)
+        ;
+    *p = w;
+    dispatch(l);
+}
+
+void td_work_cancel(td_work *w)
+{
+    atomic_store(&w->cancel, TD_WORK_GONE);
+}
+
+void td_work_lanes_close(td_work_lanes *l)
+{
+    if (l == NULL || l->closed)
+        return;
+    for (td_work *w = l->running; w != NULL; w = w->qnext)
+        atomic_store(&w->cancel, TD_WORK_STOPPING);
+    drop_queued(l, 1);
+    l->closed = 1;
+    uv_close((uv_handle_t *)&l->tick, NULL);
+}
+
+void td_work_lanes_free(td_work_lanes *l)
+{
+    free(l);
 }
 
 void td_work_free(td_work *w)

@@ -9,6 +9,7 @@
 #ifndef TD_WORK_H
 #define TD_WORK_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -43,6 +44,15 @@ typedef struct td_work_hit {
 } td_work_hit;
 
 typedef struct td_work td_work;
+typedef struct td_work_lanes td_work_lanes;
+
+/* Why a work stopped before its end (td_work.cancel). */
+enum {
+    TD_WORK_GOING = 0,
+    TD_WORK_GONE = 1,    /* its client hung up or closed the connection: nothing is sent */
+    TD_WORK_TIMEOUT = 2, /* it ran past [limits] work_timeout_s */
+    TD_WORK_STOPPING = 3 /* the daemon is stopping */
+};
 
 /* Called on the loop thread when the work has run (or failed): rc, err and the results. */
 typedef void (*td_work_cb)(td_work *w);
@@ -62,7 +72,7 @@ struct td_work {
     int tokens;              /* sample: 1 to TD_SAMPLE_MAX_TOKENS */
     float temperature;       /* sample: >= 0, 0 is greedy */
     uint64_t seed;           /* sample */
-    const atomic_int *stop;  /* the daemon's work_stop, set by td_work_new: a sample stops early
+    const atomic_int *stop;  /* the daemon's work_stop, set by td_work_new: an embedding pass stops
                               * when the daemon stops */
     int64_t uid, gid;        /* classify, retrieve: the requester, whose rights open data */
     char *data;              /* classify, retrieve: the shard's absolute path (malloc'd) */
@@ -85,7 +95,45 @@ struct td_work {
     int nhits;
 
     td_work_cb cb;
+
+    /* the lanes' (td_work_queue): set on the loop thread, read by the work between batches
+     * of windows and between tokens; TD_WORK_GOING, or why it stops */
+    atomic_int cancel;
+    td_work_lanes *lanes;
+    int lane;            /* TD_LANE_ */
+    int running;         /* handed to the threadpool */
+    uint64_t started_ms; /* uv_now when it was */
+    td_work *qnext;      /* its lane's queue, or the lanes' running list */
 };
+
+/* The threadpool's size: UV_THREADPOOL_SIZE as the environment sets it, else TD_WORK_POOL
+ * threads, which this sets for libuv; call before the loop's first use of the pool. */
+#define TD_WORK_POOL         8
+#define TD_WORK_POOL_RESERVE 2 /* threads no lane takes: submit's checks, the launcher, uv_fs */
+int td_work_pool_size(void);
+
+/* Lanes in front of the threadpool: exports have a lane of their own, so that no number of
+ * long model requests (classify, retrieve, sample) holds them up, and model requests another;
+ * together they leave TD_WORK_POOL_RESERVE threads free. Within a lane the next work taken is
+ * that of the uid with the fewest of its works running there (the oldest among equals), so one
+ * user's many requests share the lane with another's one. A work that runs past timeout_s (0:
+ * none) is stopped; once *stop is set (the daemon stopping) every one is. Loop thread. */
+enum { TD_LANE_MODEL = 0, TD_LANE_EXPORT = 1, TD_NLANES = 2 };
+int td_work_lanes_new(td_work_lanes **out, uv_loop_t *loop, int pool, double timeout_s,
+                      const atomic_int *stop, td_error_t *err);
+/* Threads each lane may hold at once. */
+int td_work_lane_threads(const td_work_lanes *l, int lane);
+/* Queues w in its lane; it runs as soon as the lane has a thread for it, and cb comes back on
+ * the loop thread once it ran, or once it was stopped before it began. Borrows w until cb. */
+void td_work_queue(td_work_lanes *l, td_work *w, td_work_cb cb);
+/* w's client has gone: it stops at its next check (between windows' batches, between
+ * tokens), or, still queued, never starts; its cb still comes. */
+void td_work_cancel(td_work *w);
+/* Stops every work (queued ones get their cb with TD_ECANCELLED now, running ones stop at
+ * their next check and get theirs when they do) and closes the lanes' timer. */
+void td_work_lanes_close(td_work_lanes *l);
+/* After the loop has run to its end (every cb has come). Accepts NULL. */
+void td_work_lanes_free(td_work_lanes *l);
 
 /* Makes a work item for job on behalf of uid: its config (td_daemon_job_config: the job in
  * memory, or else the spec the store keeps, with checkpoint_dir where every run keeps them);
@@ -98,10 +146,6 @@ struct td_work {
  * td_work_free(). */
 int td_work_new(td_work **out, td_daemon *d, const char *state_dir, td_work_kind kind, int64_t job,
                 int64_t uid, td_error_t *err);
-
-/* Queues w on loop's threadpool; cb gets it back on the loop thread. Borrows w until cb.
- * Returns 0, or a libuv code, and then cb is never called. */
-int td_work_start(td_work *w, uv_loop_t *loop, td_work_cb cb);
 
 /* Closes the export's file, frees the prompt, the text, the labels, the hits and w. Accepts NULL.
  * Never while w is queued (between td_work_start() and its callback). */

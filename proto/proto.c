@@ -1064,3 +1064,8 @@ void td_proto_write_error(td_pw *w, int64_t id, int code, const char *message)
     td_pw_map_close(w);
     td_pw_finish(w, &frame, &flen);
 }
+
+size_t td_proto_reader_buffered(const td_proto_reader *r)
+{
+    return r->wpos - r->rpos;
+}

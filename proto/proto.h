@@ -76,6 +76,9 @@ int td_proto_reader_feed(td_proto_reader *r, const void *data, size_t len);
  * the same error; the caller replies with an error frame and closes the connection. */
 int td_proto_reader_next(td_proto_reader *r, td_proto_frame **out, td_error_t *err);
 
+/* Bytes fed and not yet taken as frames: what a reader holds. */
+size_t td_proto_reader_buffered(const td_proto_reader *r);
+
 /* Decodes one frame body (without prefix) with the same checks, against TD_PROTO_MAX_FRAME.
  * Returns 0 and sets *out (caller frees), or a negative code with err set and *out NULL.
  * Used by fuzz tests and by anyone holding a stored message (the daemon keeps submitted job

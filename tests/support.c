@@ -574,3 +574,57 @@ void ts_watch_to_end(ts_client *c, int64_t id, ts_watched *out)
     }
     fail_msg("connection closed before the end of the watch");
 }
+
+/* A connection to sock made by a child running as uid/gid, handed back over a socket pair:
+ * the daemon sees uid (SO_PEERCRED is the connecting process's), the test holds the
+ * descriptor. -1 when the child could not connect. */
+int ts_connect_as(const char *sock, uid_t uid, gid_t gid)
+{
+    int sv[2], fd = -1, status;
+    char byte = 0, cbuf[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    pid_t pid;
+
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        int s;
+        close(sv[0]);
+        if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0)
+            _exit(2);
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
+        s = socket(AF_UNIX, SOCK_STREAM, 0);
+        if (s < 0 || connect(s, (struct sockaddr *)&sa, sizeof(sa)) != 0)
+            _exit(3);
+        mh.msg_control = cbuf;
+        mh.msg_controllen = sizeof(cbuf);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &s, sizeof(int));
+        _exit(sendmsg(sv[1], &mh, 0) == 1 ? 0 : 4);
+    }
+    close(sv[1]);
+    mh.msg_control = cbuf;
+    mh.msg_controllen = sizeof(cbuf);
+    if (recvmsg(sv[0], &mh, 0) == 1) {
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        if (cm != NULL && cm->cmsg_type == SCM_RIGHTS)
+            memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+    }
+    close(sv[0]);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return fd;
+}
+
+/* Lets every user reach the daemon's socket (the tests run as root; other users' connections
+ * are made by children that drop to them). */
+void ts_open_socket(const ts_daemon *d)
+{
+    assert_int_equal(chmod(d->dir, 0711), 0);
+    assert_int_equal(chmod(d->sock, 0666), 0);
+}

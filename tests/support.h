@@ -60,6 +60,9 @@ const char *ts_env_or(const char *name, const char *dflt);
 int ts_kill_leftover(void **state);
 const char *ts_bin_for_user(const char *bin, uid_t uid, gid_t gid);
 int ts_can_connect(const char *sock);
+/* A connection to sock made as uid/gid by a child, its descriptor handed back (-1 when the
+ * child could not connect); and every user let in to d's socket. */
+int ts_connect_as(const char *sock, uid_t uid, gid_t gid);
 
 /* A traind of the tests' own. */
 void ts_daemon_start(ts_daemon *d, const char *devices);
@@ -68,6 +71,7 @@ void ts_daemon_start_conf(ts_daemon *d, const char *devices, const char *conf);
 int ts_daemon_stop(ts_daemon *d);
 void ts_daemon_kill9(ts_daemon *d);
 int ts_log_count(const ts_daemon *d, const char *needle);
+void ts_open_socket(const ts_daemon *d);
 void ts_wait_log(const ts_daemon *d, const char *needle, int count, int timeout_s);
 
 /* The connection. ts_client_recv's frame: caller frees with td_proto_frame_free(). */

@@ -159,60 +159,6 @@ static void client_on(ts_client *c, int fd)
     c->next_id = 1;
 }
 
-/* A connection to sock made by a child running as uid/gid, handed back over a socket pair:
- * the daemon sees uid (SO_PEERCRED is the connecting process's), the test holds the
- * descriptor. -1 when the child could not connect. */
-static int connect_as(const char *sock, uid_t uid, gid_t gid)
-{
-    int sv[2], fd = -1, status;
-    char byte = 0, cbuf[CMSG_SPACE(sizeof(int))];
-    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    pid_t pid;
-
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-    pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        struct sockaddr_un sa = {.sun_family = AF_UNIX};
-        int s;
-        close(sv[0]);
-        if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0)
-            _exit(2);
-        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
-        s = socket(AF_UNIX, SOCK_STREAM, 0);
-        if (s < 0 || connect(s, (struct sockaddr *)&sa, sizeof(sa)) != 0)
-            _exit(3);
-        mh.msg_control = cbuf;
-        mh.msg_controllen = sizeof(cbuf);
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &s, sizeof(int));
-        _exit(sendmsg(sv[1], &mh, 0) == 1 ? 0 : 4);
-    }
-    close(sv[1]);
-    mh.msg_control = cbuf;
-    mh.msg_controllen = sizeof(cbuf);
-    if (recvmsg(sv[0], &mh, 0) == 1) {
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-        if (cm != NULL && cm->cmsg_type == SCM_RIGHTS)
-            memcpy(&fd, CMSG_DATA(cm), sizeof(int));
-    }
-    close(sv[0]);
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    return fd;
-}
-
-/* Lets every user reach the daemon's socket (the tests run as root; other users' connections
- * are made by children that drop to them). */
-static void open_socket(const ts_daemon *d)
-{
-    assert_int_equal(chmod(d->dir, 0711), 0);
-    assert_int_equal(chmod(d->sock, 0666), 0);
-}
-
 /* Whether this test can act as other users: it runs as root and nobody exists. */
 typedef struct user {
     uid_t uid;
@@ -530,15 +476,15 @@ static void test_connections_per_user(void **state)
 
     fresh_dir(&d);
     ts_daemon_start_conf(&d, "cpu:1", "[limits]\nmax_connections = 80\n");
-    open_socket(&d);
+    ts_open_socket(&d);
     for (int i = 0; i < PER_USER; i++) {
-        fd = connect_as(d.sock, nobody.uid, nobody.gid);
+        fd = ts_connect_as(d.sock, nobody.uid, nobody.gid);
         assert_true(fd >= 0);
         client_on(&held[i], fd);
         say_hello(&held[i]);
     }
     for (int i = 0; i < 3; i++) {
-        fd = connect_as(d.sock, nobody.uid, nobody.gid);
+        fd = ts_connect_as(d.sock, nobody.uid, nobody.gid);
         assert_true(fd >= 0);
         client_on(&c, fd);
         assert_int_equal(recv_within(&c, 5000, &f), 1);
@@ -551,7 +497,7 @@ static void test_connections_per_user(void **state)
         ts_client_close(&c);
     }
     /* Another user still gets in. */
-    fd = connect_as(d.sock, other.uid, other.gid);
+    fd = ts_connect_as(d.sock, other.uid, other.gid);
     assert_true(fd >= 0);
     client_on(&c, fd);
     say_hello(&c);
@@ -567,7 +513,7 @@ static void test_connections_per_user(void **state)
     assert_int_equal(td_pv_len(td_pv_get(td_proto_frame_root(f), "clients")), PER_USER + MAX);
     td_proto_frame_free(f);
     /* ...while anyone else is now over max_connections. */
-    fd = connect_as(d.sock, other.uid, other.gid);
+    fd = ts_connect_as(d.sock, other.uid, other.gid);
     assert_true(fd >= 0);
     client_on(&c, fd);
     assert_int_equal(recv_within(&c, 5000, &f), 1);
@@ -981,11 +927,11 @@ static void test_logs_owner_or_root(void **state)
     int fd;
 
     ts_daemon_start(&d, "cpu:1");
-    open_socket(&d);
+    ts_open_socket(&d);
     ts_connect_hello(&c, d.sock);
     job = submit(&c, "root's", 5, NULL, 0);
     ts_wait_state(&c, job, "succeeded", 60);
-    fd = connect_as(d.sock, nobody.uid, nobody.gid);
+    fd = ts_connect_as(d.sock, nobody.uid, nobody.gid);
     assert_true(fd >= 0);
     client_on(&other, fd);
     say_hello(&other);

@@ -268,13 +268,17 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     want_read(c);
 }
 
-/* Reads from c while it may: not while it is held (replies keep the order of requests), nor
- * while its unsent replies are over the high-water mark (paused: a client that sends requests
- * and never reads the replies gets no more of them), nor once it is closing. What it sends
- * meanwhile waits in the socket. */
+/* Reads from c while it may: not while its unsent replies are over the high-water mark
+ * (paused: a client that sends requests and never reads the replies gets no more of them),
+ * nor once it is closing. While it is held (replies keep the order of requests) it goes on
+ * reading, so that a client that hangs up is seen at once and its work stopped, but only
+ * until TD_CONN_HELD_READ_MAX bytes of its next requests wait in the reader (served once the
+ * hold is let go); the rest waits in the socket. */
 static void want_read(td_conn *c)
 {
-    int want = c->holds == 0 && !c->paused, rc;
+    int want = !c->paused &&
+               (c->holds == 0 || td_proto_reader_buffered(c->reader) < TD_CONN_HELD_READ_MAX),
+        rc;
 
     if (c->closing || want == c->reading) /* a closing handle has stopped reading already */
         return;

@@ -27,6 +27,8 @@
     (256 << 10)                      /* bytes queued to a client before its producers pause \
                                       * and its requests wait */
 #define TD_CONN_LOW_WATER (64 << 10) /* bytes queued below which they resume */
+/* bytes of a held connection's next requests read ahead (so that its hang-up is seen) */
+#define TD_CONN_HELD_READ_MAX (64 << 10)
 
 typedef struct td_conn td_conn;
 typedef struct td_conns td_conns;

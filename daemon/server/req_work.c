@@ -46,6 +46,21 @@ static int is_export(const td_work *w)
     return w->kind == TD_WORK_EXPORT || w->kind == TD_WORK_EXPORT_ST;
 }
 
+/* While the work runs (or waits for its lane): the connection's going stops it. Nothing to
+ * pump; the drop tells the work, which stops at its next check and comes back to
+ * on_work_done, where q goes. */
+static void run_pump(td_producer *p)
+{
+    (void)p;
+}
+
+static void run_drop(td_producer *p)
+{
+    td_work_cancel(((work_req *)p)->w);
+}
+
+static const td_producer_ops run_ops = {.pump = run_pump, .drop = run_drop};
+
 /* The work is answered, or its connection gone: q leaves the server's list and goes, with its
  * work, and the connection's hold is let go (which may free a closed connection). */
 static void req_end(work_req *q)
@@ -219,9 +234,14 @@ static void on_work_done(td_work *w)
     td_conn *c = q->c;
 
     if (td_conn_closing(c)) {
+        if (w->rc == TD_ECANCELLED)
+            td_log_info("client pid %lld uid %lld: %s after %.1f s", (long long)td_conn_pid(c),
+                        (long long)td_conn_uid(c), w->err.msg,
+                        (uv_now(q->s->loop) - w->started_ms) / 1e3);
         req_end(q);
         return;
     }
+    td_conn_detach(&q->p);
     if (w->rc != 0) {
         td_log_info("client pid %lld: %s refused: %s", (long long)td_conn_pid(c), work_name(w),
                     w->err.msg);
@@ -243,13 +263,37 @@ static void on_work_done(td_work *w)
     xfer_pump(&q->p);
 }
 
-/* Runs w on the threadpool for c, which is held until w is answered (so that replies keep the
- * order of requests). Takes w. */
+/* Work requests uid has under way on every open connection, queued or running. */
+static int works_of(const td_server *s, int64_t uid)
+{
+    int n = 0;
+
+    for (const work_req *q = s->works; q != NULL; q = q->next)
+        n += !td_conn_closing(q->c) && td_conn_uid(q->c) == uid;
+    return n;
+}
+
+/* Runs w in its lane of the threadpool for c, which is held until w is answered (so that
+ * replies keep the order of requests), past max_work_per_user refused (root is exempt). Takes
+ * w. */
 static void work_start(td_server *s, td_conn *c, td_work *w, int64_t id)
 {
-    work_req *q = calloc(1, sizeof(*q));
-    int rc;
+    int max = s->cfg.max_work_per_user;
+    work_req *q;
+    char msg[200];
 
+    if (max > 0 && td_conn_uid(c) != 0 && works_of(s, td_conn_uid(c)) >= max) {
+        snprintf(msg, sizeof(msg),
+                 "uid %lld has %d requests under way (export, sample, classify, retrieve), the "
+                 "limit (max_work_per_user); wait for one to finish",
+                 (long long)td_conn_uid(c), max);
+        td_log_info("client pid %lld: %s of job %lld refused: %s", (long long)td_conn_pid(c),
+                    work_name(w), (long long)w->job, msg);
+        td_conn_error(c, id, TD_E2BIG, msg);
+        td_work_free(w);
+        return;
+    }
+    q = calloc(1, sizeof(*q));
     if (q == NULL) {
         td_conn_error(c, id, TD_ENOMEM, "out of memory");
         td_work_free(w);
@@ -260,18 +304,15 @@ static void work_start(td_server *s, td_conn *c, td_work *w, int64_t id)
     q->w = w;
     w->ud = q;
     w->req_id = id;
-    rc = td_work_start(w, s->loop, on_work_done);
-    if (rc != 0) {
-        td_conn_error(c, id, rc, uv_strerror(rc));
-        td_work_free(w);
-        free(q);
-        return;
-    }
+    w->uid = td_conn_uid(c);
+    w->gid = td_conn_gid(c);
     td_log_info("client pid %lld uid %lld: %s of job %lld", (long long)td_conn_pid(c),
                 (long long)td_conn_uid(c), work_name(w), (long long)w->job);
     q->next = s->works;
     s->works = q;
     td_conn_hold(c);
+    td_conn_attach(c, &q->p, &run_ops);
+    td_work_queue(s->lanes, w, on_work_done);
 }
 
 /* Exports uid has under way on every open connection: each holds a temporary file as large

@@ -327,6 +327,12 @@ int td_server_new(td_server **out, uv_loop_t *loop, const td_config *cfg, td_dae
                            .max_conns_per_user = cfg->max_conns_per_user,
                            .hello_timeout_s = cfg->hello_timeout_s,
                            .idle_timeout_s = cfg->idle_timeout_s};
+    rc = td_work_lanes_new(&s->lanes, loop, td_work_pool_size(), cfg->work_timeout_s,
+                           td_daemon_stop_flag(d), err);
+    if (rc != 0) {
+        free(s);
+        return rc;
+    }
     rc = td_conns_new(&s->conns, loop, &lim, on_frame, s, err);
     if (rc == 0)
         rc = listen_socket(s, err);
@@ -348,6 +354,7 @@ int td_server_close(td_server *s, int keep_listener)
     uv_os_fd_t fd = -1;
     int kept = -1;
 
+    td_work_lanes_close(s->lanes);
     td_conns_close(s->conns);
     if (!s->listening)
         return -1;
@@ -370,6 +377,7 @@ void td_server_free(td_server *s)
     if (s == NULL)
         return;
     td_conns_free(s->conns);
+    td_work_lanes_free(s->lanes);
     td_pw_free(&s->scratch);
     free(s->keys.names);
     free(s);

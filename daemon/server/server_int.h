@@ -9,6 +9,7 @@
 #define TD_SERVER_INT_H
 
 #include "daemon/server/connection.h"
+#include "daemon/work.h"
 #include "daemon/server/server.h"
 
 #define TD_REPLY_BUDGET                                                                 \
@@ -40,8 +41,9 @@ struct td_server {
     uint64_t gen;  /* counts td_server_job_changed calls: a job's metric names may have grown */
     key_set keys;  /* the job's metric names, as of gen */
     td_pw scratch; /* a list or logs page before it is known how much of it fits */
-    td_stream *streams; /* every connection's, newest first (req_streams.c) */
-    work_req *works;    /* every connection's export, sample, classify or retrieve */
+    td_stream *streams;   /* every connection's, newest first (req_streams.c) */
+    work_req *works;      /* every connection's export, sample, classify or retrieve */
+    td_work_lanes *lanes; /* the threadpool's lanes the works run in (work.h) */
 };
 
 /* A request's handler: answers request id of c, whose frame's root map is root (borrowed
