@@ -233,6 +233,26 @@ static json_t *sensorlm_config(const json_t *meta, int64_t job)
         (json_int_t)job, "step", meta_int(meta, "step"));
 }
 
+/* An mlp export's config: its layers, activation and the inputs' scale and offset. */
+static json_t *mlp_config(const json_t *meta, int64_t job)
+{
+    const char *layers = json_string_value(json_object_get(meta, "layers"));
+    const char *scale = json_string_value(json_object_get(meta, "input.scale"));
+    const char *offset = json_string_value(json_object_get(meta, "input.offset"));
+    json_t *list = json_array();
+
+    for (const char *p = layers; p != NULL && *p != '\0' && list != NULL;) {
+        char *end;
+        json_array_append_new(list, json_integer(strtoll(p, &end, 10)));
+        p = *end == ',' ? end + 1 : NULL;
+    }
+    return json_pack("{s:s,s:o,s:o,s:{s:f,s:f},s:{s:I,s:o}}", "model_type", "traind-mlp", "layers",
+                     list, "activation", meta_str(meta, "activation"), "input", "scale",
+                     scale != NULL ? strtod(scale, NULL) : 0.0, "offset",
+                     offset != NULL ? strtod(offset, NULL) : 0.0, "traind", "job", (json_int_t)job,
+                     "step", meta_int(meta, "step"));
+}
+
 /* Writes dir/config.json for the safetensors file dir/model.safetensors just written, as
  * config.json.tmp renamed over it. */
 static int write_config(const char *dir, const char *model, int64_t job)
@@ -248,6 +268,8 @@ static int write_config(const char *dir, const char *model, int64_t job)
         cfg = gpt_config(meta, job);
     else if (kind != NULL && strcmp(kind, "sensorlm") == 0)
         cfg = sensorlm_config(meta, job);
+    else if (kind != NULL && strcmp(kind, "mlp") == 0)
+        cfg = mlp_config(meta, job);
     else
         rc = tc_err(TC_PROTOCOL, "%s: a model of kind '%s', which has no config.json", model,
                     kind != NULL ? kind : "?");

@@ -57,10 +57,6 @@ static int check_kind(const td_train_config *cfg, td_work_kind kind, int64_t job
         return td_error_set(err, TD_EINVAL, "job %lld is %s job; only gpt jobs %s", (long long)job,
                             model_name(m),
                             kind == TD_WORK_EXPORT ? "export to llm.c files" : "can be sampled");
-    if (kind == TD_WORK_EXPORT_ST && m != TD_MODEL_GPT && m != TD_MODEL_SENSORLM)
-        return td_error_set(err, TD_EINVAL,
-                            "job %lld is %s job; only gpt and sensorlm jobs export to safetensors",
-                            (long long)job, model_name(m));
     if ((kind == TD_WORK_CLASSIFY || kind == TD_WORK_RETRIEVE) && m != TD_MODEL_SENSORLM)
         return td_error_set(err, TD_EINVAL, "job %lld is %s job; only sensorlm jobs %s",
                             (long long)job, model_name(m),

@@ -128,6 +128,60 @@ class TestExportDir(unittest.TestCase):
         self.assertEqual(r.returncode, 64)
         self.assertIn(b"is a directory", r.stderr)
 
+    def test_mlp_dir_scores_as_the_job_did(self):
+        fm = "/usr/share/datasets/fashion-mnist"
+        if not os.path.exists(fm + "/t10k-images-idx3-ubyte.gz"):
+            self.skipTest("dataset-fashion-mnist is not installed")
+        jid = submit({
+            "name": "hfmlp",
+            "model": {"kind": "mlp", "layers": [784, 32, 10]},
+            "data": {"kind": "idx",
+                     "train": {"images": fm + "/train-images-idx3-ubyte.gz",
+                               "labels": fm + "/train-labels-idx1-ubyte.gz"},
+                     "test": {"images": fm + "/t10k-images-idx3-ubyte.gz",
+                              "labels": fm + "/t10k-labels-idx1-ubyte.gz"}},
+            "optim": {"lr": 3e-3}, "batch_size": 64, "max_steps": 200, "eval_every": 200,
+            "seed": 4,
+        })
+        out = os.path.join(D.dir, "mlp-model") + "/"
+        D.tc("export", str(jid), "-o", out)
+        with open(out + "config.json") as f:
+            cfg = json.load(f)
+        self.assertEqual(cfg["model_type"], "traind-mlp")
+        self.assertEqual(cfg["layers"], [784, 32, 10])
+        self.assertEqual(cfg["activation"], "relu")
+        self.assertAlmostEqual(cfg["input"]["scale"], 1 / 255)
+        self.assertEqual(cfg["input"]["offset"], 0)
+        self.assertEqual(cfg["traind"], {"job": jid, "step": 200})
+        # the directory alone, in numpy, on the test split, against the job's own accuracy
+        import gzip
+        import struct
+        import numpy as np
+        with open(out + "model.safetensors", "rb") as f:
+            buf = f.read()
+        (n,) = struct.unpack("<Q", buf[:8])
+        head = json.loads(buf[8:8 + n])
+        data = buf[8 + n:]
+        w = {}
+        for name, t in head.items():
+            if name != "__metadata__":
+                b, e = t["data_offsets"]
+                w[name] = np.frombuffer(data[b:e], dtype="<f4").reshape(t["shape"]).astype(np.float64)
+        with gzip.open(fm + "/t10k-images-idx3-ubyte.gz") as f:
+            x = np.frombuffer(f.read()[16:], dtype=np.uint8).reshape(-1, 784)
+        with gzip.open(fm + "/t10k-labels-idx1-ubyte.gz") as f:
+            y = np.frombuffer(f.read()[8:], dtype=np.uint8)
+        h = x * cfg["input"]["scale"] + cfg["input"]["offset"]
+        nl = len(cfg["layers"]) - 1
+        for layer in range(nl):
+            h = h @ w["layers.%d.weight" % layer].T + w["layers.%d.bias" % layer]
+            if layer + 1 < nl:
+                h = np.maximum(h, 0)
+        ours = float((h.argmax(1) == y).mean())
+        st = json.loads(D.tc("status", str(jid), "--json").stdout)
+        self.assertLessEqual(abs(ours - st["metrics"]["test_accuracy"]), 2e-4,
+                             "numpy %.4f, traind %.4f" % (ours, st["metrics"]["test_accuracy"]))
+
     def test_sensorlm_dir_config_has_every_dimension(self):
         data = os.path.join(D.dir, "synth")
         r = subprocess.run([TRAINCTL, "sensor", "synth", "-o", data, "--days", "40", "--seed",

@@ -613,6 +613,8 @@ int td__train_load_gpt(const td_train_config *cfg, td_gpt *m, td_params *p, int6
  * channels' mean, then their std; caller frees with free(), also after an error) the
  * statistics the job normalised windows with. Errors as td__train_load_gpt's; TD_EINVAL for a
  * job that is not sensorlm. */
+int td__train_load_mlp(const td_train_config *cfg, td_mlp *m, td_params *p, int64_t *step,
+                       td_error_t *err);
 int td__train_load_sensorlm(const td_train_config *cfg, td_sensorlm *m, td_params *p, int64_t *step,
                             float **norm, td_error_t *err);
 

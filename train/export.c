@@ -60,11 +60,24 @@ static int export_sensorlm(const td_train_config *cfg, const char *out_path, td_
     return rc;
 }
 
+static int export_mlp(const td_train_config *cfg, const char *out_path, td_error_t *err)
+{
+    td_mlp m = {0};
+    td_params p = {0};
+    int64_t step = 0;
+    int rc = td__train_load_mlp(cfg, &m, &p, &step, err);
+
+    if (rc == 0)
+        rc = td_weights_mlp_save_st(out_path, &m, step, err);
+    td_params_free(&p);
+    return rc;
+}
+
 int td_export_safetensors(const td_train_config *cfg, const char *out_path, td_error_t *err)
 {
     if (cfg->model == TD_MODEL_GPT)
         return export_gpt(cfg, out_path, err);
     if (cfg->model == TD_MODEL_SENSORLM)
         return export_sensorlm(cfg, out_path, err);
-    return td_error_set(err, TD_EINVAL, "only gpt and sensorlm jobs export to safetensors");
+    return export_mlp(cfg, out_path, err);
 }

@@ -155,3 +155,20 @@ int td__train_load_sensorlm(const td_train_config *cfg, td_sensorlm *m, td_param
         return td_error_set(err, TD_ENOMEM, "no memory for a model's window statistics");
     return load_latest(cfg, sec, td__train_ckpt_sections(p, *norm, d.C, sec), step, err);
 }
+
+/* For export: an mlp job's model as of its latest checkpoint, with its moments and step. */
+int td__train_load_mlp(const td_train_config *cfg, td_mlp *m, td_params *p, int64_t *step,
+                       td_error_t *err)
+{
+    td_ckpt_section sec[4];
+
+    if (cfg->model != TD_MODEL_MLP)
+        return td_error_set(err, TD_EINVAL, "not an mlp job");
+    if (cfg->checkpoint_dir[0] == '\0')
+        return td_error_set(err, TD_ENOTFOUND, "the job has no checkpoint directory");
+    if (td_mlp_declare(m, p, cfg->layers, cfg->n_layers) != 0)
+        return td_error_set(err, TD_EINVAL, "the job's layers cannot make an mlp");
+    if (td_params_alloc(p, td_optim_moments(cfg)) != 0)
+        return td_error_set(err, TD_ENOMEM, "no memory for %zu parameters", p->n);
+    return load_latest(cfg, sec, td__train_ckpt_sections(p, NULL, 0, sec), step, err);
+}

@@ -532,3 +532,38 @@ int td_weights_slm_save_st(const char *path, const td_sensorlm *m, const float *
     free(t);
     return rc;
 }
+
+int td_weights_mlp_save_st(const char *path, const td_mlp *m, int64_t step, td_error_t *err)
+{
+    named t[2 * TD_MAX_LAYERS];
+    char layers[16 * TD_MAX_LAYERS], scale[32], steps[24];
+    const char *meta[2 * 7];
+    size_t used = 0;
+    int n = 0, k = 0;
+
+    memset(t, 0, sizeof(t));
+    for (int l = 0; l + 1 < m->n_sizes; l++)
+        for (int j = 0; j < 2; j++, n++) {
+            const td_tensor *x = j == 0 ? &m->w[l] : &m->b[l];
+            snprintf(t[n].st.name, sizeof(t[n].st.name), "layers.%d.%s", l,
+                     j == 0 ? "weight" : "bias");
+            t[n].st.ndim = x->ndim;
+            for (int d = 0; d < x->ndim; d++)
+                t[n].st.shape[d] = x->shape[d];
+            t[n].st.src = x->data;
+            t[n].n = x->n;
+        }
+    for (int l = 0; l < m->n_sizes && used < sizeof(layers); l++)
+        used += (size_t)snprintf(layers + used, sizeof(layers) - used, "%s%d", l ? "," : "",
+                                 m->sizes[l]);
+    snprintf(scale, sizeof(scale), "%.17g", 1.0 / 255.0);
+    snprintf(steps, sizeof(steps), "%lld", (long long)step);
+    meta[k++] = "format", meta[k++] = "pt";
+    meta[k++] = "traind.model", meta[k++] = "mlp";
+    meta[k++] = "layers", meta[k++] = layers;
+    meta[k++] = "activation", meta[k++] = "relu";
+    meta[k++] = "input.scale", meta[k++] = scale;
+    meta[k++] = "input.offset", meta[k++] = "0";
+    meta[k++] = "step", meta[k++] = steps;
+    return save_st(path, t, n, meta, k / 2, err);
+}

@@ -58,6 +58,12 @@ int td_weights_slm_check(const char *path, const td_sensorlm *m, td_error_t *err
 /* td_weights_slm_check, then reads every parameter into m (allocated: td_params_alloc). */
 int td_weights_slm_load(const char *path, td_sensorlm *m, td_error_t *err);
 
+/* Writes an mlp as safetensors: layers.N.weight (out, in) and layers.N.bias for each Linear
+ * N, with metadata format "pt", traind.model "mlp", layers ("784,256,10"), activation "relu",
+ * input.scale (1/255 as %.17g: the pixels' bytes times it are the inputs), input.offset "0"
+ * and step. */
+int td_weights_mlp_save_st(const char *path, const td_mlp *m, int64_t step, td_error_t *err);
+
 /* Writes m with its statistics norm (2*C floats: the means, then the stds) and step as
  * safetensors, as td_weights_gpt_save_st. */
 int td_weights_slm_save_st(const char *path, const td_sensorlm *m, const float *norm, int64_t step,
