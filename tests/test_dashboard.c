@@ -479,6 +479,57 @@ static void check_live_job(cdp *b, const dash *ds, int64_t id)
              WAIT_MS, "the constant lr's log axis labelled");
 }
 
+/* GET path over HTTP/1.0: the whole reply (head and body, to the close) into buf. */
+static void http_body(int port, const char *path, char *buf, size_t size)
+{
+    char req[512];
+    int fd = http_connect(port);
+    size_t n = 0;
+    ssize_t got;
+
+    snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+    assert_int_equal(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+    while (n + 1 < size && (got = read(fd, buf + n, size - 1 - n)) > 0)
+        n += (size_t)got;
+    buf[n] = '\0';
+    close(fd);
+}
+
+/* The job list by labels, as trainctl's --selector: api/jobs?labels=team=vision lists only the
+ * jobs with them; a selector that is not NAME=VALUE is a 400 saying so. */
+static void test_dashboard_labels(void **state)
+{
+    char errlog[400], path[256], cmd[1200], body[65536];
+    const char *tc = ts_env_or("TRAINCTL_BIN", "build/client/trainctl");
+    ts_daemon d;
+    ts_client c;
+    dash ds;
+
+    (void)state;
+    ts_daemon_start(&d, "cpu:1");
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof(cmd),
+                 "%s --socket %s submit %s/examples/fashion-mnist-mlp.json --set max_steps=1 "
+                 "--set 'labels={\"team\":\"%s\"}' >/dev/null",
+                 tc, d.sock, ts_env_or("TD_SOURCE_ROOT", "."), i == 0 ? "vision" : "nlp");
+        assert_int_equal(system(cmd), 0);
+    }
+    ts_connect_hello(&c, d.sock);
+    ts_wait_state(&c, 2, "succeeded", 120);
+    snprintf(errlog, sizeof(errlog), "%s/dashboard.log", d.dir);
+    dash_start(&ds, d.sock, "127.0.0.1:0", errlog);
+    snprintf(path, sizeof(path), "/%s/api/jobs?labels=team%%3Dvision", ds.token);
+    http_body(ds.port, path, body, sizeof(body));
+    assert_non_null(strstr(body, "200 OK"));
+    assert_non_null(strstr(body, "\"id\":1,"));
+    assert_null(strstr(body, "\"id\":2,"));
+    snprintf(path, sizeof(path), "/%s/api/jobs?labels=team", ds.token);
+    assert_int_equal(http_status(ds.port, path), 400);
+    dash_stop(&ds);
+    ts_client_close(&c);
+    assert_int_equal(ts_daemon_stop(&d), 0);
+}
+
 /* app.js's names of traind's error codes are common/td_errno.h's, every one. */
 static void test_dashboard_code_names(void **state)
 {
@@ -1090,6 +1141,7 @@ int main(void)
         cmocka_unit_test_teardown(test_dashboard_two, teardown),
         cmocka_unit_test_teardown(test_dashboard_nul, teardown),
         cmocka_unit_test(test_dashboard_code_names),
+        cmocka_unit_test_teardown(test_dashboard_labels, teardown),
     };
     const struct CMUnitTest browser[] = {
         cmocka_unit_test_teardown(test_dashboard_live, teardown),

@@ -150,7 +150,7 @@ function route() {
 
 // ---- the job list ----
 
-const listState = { states: new Set(), name: '', cursors: [0], selected: new Set() };
+const listState = { states: new Set(), name: '', labels: '', cursors: [0], selected: new Set() };
 
 function listView(main) {
   let timer = null, stopped = false;
@@ -166,6 +166,9 @@ function listView(main) {
   });
   const name = el('input', { type: 'text', placeholder: 'name pattern (* ? [a-z])', value: listState.name, size: 24 });
   name.addEventListener('change', () => { listState.name = name.value.trim(); listState.cursors = [0]; load(); });
+  // labels, as trainctl's --selector: team=vision,env=prod (every one must match)
+  const labels = el('input', { type: 'text', id: 'selector', placeholder: 'labels: team=vision,...', value: listState.labels, size: 24 });
+  labels.addEventListener('change', () => { listState.labels = labels.value.trim(); listState.cursors = [0]; load(); });
   const compare = el('button', { class: 'primary', id: 'compare' }, 'Compare selected');
   compare.addEventListener('click', () => {
     const ids = [...listState.selected].sort((a, b) => a - b).slice(0, 8);
@@ -180,7 +183,7 @@ function listView(main) {
   const err = el('div');
   main.append(
     el('h1', {}, 'Jobs'),
-    el('div', { class: 'toolbar' }, el('span', { class: 'muted' }, 'state:'), stateBoxes, name, compare),
+    el('div', { class: 'toolbar' }, el('span', { class: 'muted' }, 'state:'), stateBoxes, name, labels, compare),
     err,
     el('table', { class: 'jobs', id: 'jobs' },
       el('thead', {}, el('tr', {}, ['', 'ID', 'Name', 'Owner', 'State', 'Step', 'ETA', 'Devices', 'Loss'].map(t => el('th', {}, t)))),
@@ -220,6 +223,7 @@ function listView(main) {
     const q = new URLSearchParams({ after, limit: 50, newest: 1 });
     if (listState.states.size) q.set('states', [...listState.states].join(','));
     if (listState.name) q.set('name', listState.name);
+    if (listState.labels) q.set('labels', listState.labels);
     try {
       const page = await getJSON('api/jobs?' + q);
       if (stopped || mine !== seq) return;

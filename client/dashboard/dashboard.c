@@ -435,11 +435,13 @@ static int parse_states(const char *s, char names[5][16])
     return n;
 }
 
-/* GET api/jobs?after=N&limit=N&states=a,b&name=PATTERN&newest=1: one page of traind's list,
- * {"jobs": [...], "more": bool, "next": int}. */
+/* GET api/jobs?after=N&limit=N&states=a,b&name=PATTERN&labels=K=V,K=V&newest=1: one page of
+ * traind's list, {"jobs": [...], "more": bool, "next": int}. */
 static enum MHD_Result api_jobs(tc_dash *d, struct MHD_Connection *conn)
 {
     const char *name = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "name");
+    const char *labels = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "labels");
+    char why[200];
     const char *newest = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "newest");
     char states[5][16];
     int64_t after, limit, next = 0;
@@ -459,14 +461,20 @@ static enum MHD_Result api_jobs(tc_dash *d, struct MHD_Connection *conn)
         return tc__dash_error(conn, 400,
                               "states: each must be queued, running, succeeded, failed or "
                               "cancelled");
+    if (labels != NULL && labels[0] == '\0')
+        labels = NULL;
+    if (labels != NULL && tc_selector_check(labels, why, sizeof(why)) != 0)
+        return tc__dash_error(conn, 400, why);
     if (open_traind(d, conn, &c, &ret) != 0)
         return ret;
-    if (!tc__dconn_has(c, "list_pages")) {
+    if (!tc__dconn_has(c, "list_pages") || (labels != NULL && !tc__dconn_has(c, "labels"))) {
         tc__dconn_close(c);
-        return tc__dash_error(conn, 502, "this traind is too old to list jobs in pages");
+        return tc__dash_error(conn, 502,
+                              labels != NULL ? "this traind is too old to select jobs by labels"
+                                             : "this traind is too old to list jobs in pages");
     }
     int has_name = name != NULL && name[0] != '\0';
-    w = tc__dconn_begin(c, "list", 5 + (nstates > 0) + has_name, NULL);
+    w = tc__dconn_begin(c, "list", 5 + (nstates > 0) + has_name + (labels != NULL), NULL);
     td_pw_str(w, "after");
     td_pw_int(w, after);
     td_pw_str(w, "limit");
@@ -483,6 +491,8 @@ static enum MHD_Result api_jobs(tc_dash *d, struct MHD_Connection *conn)
         td_pw_str(w, "name");
         td_pw_str(w, name);
     }
+    if (labels != NULL)
+        tc_pw_selector(w, labels);
     if (call(c, conn, "jobs", &f, &ret) == 0) {
         const td_pval *root = td_proto_frame_root(f), *jobs = td_pv_get(root, "jobs");
         td_pv_bool(td_pv_get(root, "more"), &more);
