@@ -27,6 +27,7 @@
 
 #include "common/td_log.h"
 #include "common/td_text.h"
+#include "common/td_tsan.h"
 #include "daemon/launch.h"
 #include "proto/proto.h"
 
@@ -908,8 +909,12 @@ void td_launch_close(td_launch *l)
     reader_stop(l);
     uv_close((uv_handle_t *)&l->async, on_closed);
     uv_close((uv_handle_t *)&l->timer, on_closed);
-    if (l->have_pipe)
+    if (l->have_pipe) {
+        uv_os_fd_t fd;
+        if (uv_fileno((uv_handle_t *)&l->err_pipe, &fd) == 0)
+            td_tsan_fd_closing(fd);
         uv_close((uv_handle_t *)&l->err_pipe, on_closed);
+    }
     if (l->have_proc)
         uv_close((uv_handle_t *)&l->proc, on_closed);
 }

@@ -14,6 +14,7 @@
 
 #include "daemon/server/connection.h"
 #include "common/td_log.h"
+#include "common/td_tsan.h"
 
 #define TD_SWEEP_MAX_MS 1000 /* the sweep timer's period, at most... */
 #define TD_SWEEP_MIN_MS 20   /* ...and at least */
@@ -199,9 +200,13 @@ static void on_conn_closed(uv_handle_t *h)
 
 void td_conn_close(td_conn *c)
 {
+    uv_os_fd_t fd;
+
     if (c->closing)
         return;
     c->closing = 1;
+    if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0)
+        td_tsan_fd_closing(fd);
     uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
 }
 
