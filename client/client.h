@@ -41,6 +41,8 @@ enum {
 #define TC_REPLY_TIMEOUT_MS  60000 /* ms a request waits for a byte of its reply */
 #define TC_SAMPLE_MAX_TOKENS 4096  /* tokens one sample may ask for (PROTOCOL.md) */
 #define TC_RETRIEVE_MAX_TOP  100   /* windows one retrieve may ask for (PROTOCOL.md) */
+#define TC_PROBE_MAX_SHOTS   16    /* rows one probe may ask for (PROTOCOL.md) */
+#define TC_PROBE_MAX_K       65536 /* windows a class one probe row may take (PROTOCOL.md) */
 #define TC_LS_NAME_GLOB_MAX  255   /* bytes of list's name pattern (PROTOCOL.md, "list") */
 
 typedef struct tc_row tc_row;
@@ -83,8 +85,11 @@ typedef struct tc_opts {
     const char *listen; /* --listen HOST:PORT, or NULL for 127.0.0.1:8080 */
     /* prune */
     double older_than; /* --older-than in seconds, or -1 */
-    /* classify, retrieve, export (tools.c, interop.c) */
-    const char *data;          /* --data SHARD */
+    /* classify, retrieve, probe, export (tools.c, interop.c) */
+    const char *data;                  /* --data SHARD (probe: the train shard) */
+    const char *eval;                  /* probe: --eval SHARD, the valid shard */
+    int64_t shots[TC_PROBE_MAX_SHOTS]; /* probe: --shots, 0 for all */
+    int nshots;                        /* ... how many; 0: traind's default (1, 5, 10, all) */
     const char *labels;        /* classify: --labels as given ("rest,run=running day"), or NULL */
     const char *query;         /* retrieve: --query */
     int64_t top;               /* retrieve: --top, or -1 (traind's default, 5) */
@@ -300,6 +305,7 @@ int tc_export(const tc_opts *o);
 int tc_sample(const tc_opts *o);
 int tc_classify(const tc_opts *o); /* tools.c */
 int tc_retrieve(const tc_opts *o);
+int tc_probe(const tc_opts *o);
 /* verbs_history.c: deleting ended jobs (rm: at most TC_RM_MAX_JOBS at once, PROTOCOL.md's
  * limit). */
 #define TC_RM_MAX_JOBS 1000

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <pwd.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,10 +17,10 @@
 
 #include "client/client.h"
 
-/* Flags a verb may accept. F_FORMAT, F_OUTFILE and F_OUTPATH share the names -o and --output:
- * a read verb takes an output format there (-o json, as kubectl does), plot the chart to
- * write, export the model file to write. F_SINCE and F_CREATED share --since: watch's is a
- * step, ls's a time. */
+/* Flags a verb may accept, bits of a uint64_t (an enum holds the first 31; the later ones are
+ * macros). F_FORMAT, F_OUTFILE and F_OUTPATH share the names -o and --output: a read verb takes
+ * an output format there (-o json, as kubectl does), plot the chart to write, export the model
+ * file to write. F_SINCE and F_CREATED share --since: watch's is a step, ls's a time. */
 enum {
     F_SET = 1,
     F_SINCE = 2,
@@ -42,7 +43,7 @@ enum {
     F_LIMIT = 1 << 18,
     F_PANELS = 1 << 19,
     F_LOG = 1 << 20,
-    F_DATA = 1 << 21,          /* classify, retrieve */
+    F_DATA = 1 << 21,          /* classify, retrieve, probe */
     F_LABELS = 1 << 22,        /* classify */
     F_QUERY = 1 << 23,         /* retrieve */
     F_LISTEN = 1 << 24,        /* dashboard */
@@ -53,7 +54,9 @@ enum {
     F_LS_FORMAT = 1 << 29,     /* ls */
     F_FOLLOW = 1 << 30         /* logs */
 };
-#define F_SELECTOR (1u << 31) /* ls, cancel, prune */
+#define F_SELECTOR (1ull << 31) /* ls, cancel, prune */
+#define F_EVAL     (1ull << 32) /* probe */
+#define F_SHOTS    (1ull << 33) /* probe */
 
 /* The positional arguments a verb takes. */
 enum { ARG_NONE, ARG_JOB, ARG_JOBS, ARG_FILE, ARG_SHELL };
@@ -62,7 +65,7 @@ enum { ARG_NONE, ARG_JOB, ARG_JOBS, ARG_FILE, ARG_SHELL };
  * tc_flag_desc's, read by the completion scripts) and one line for those scripts. */
 typedef struct flag {
     const char *name;
-    unsigned bit;
+    uint64_t bit;
     const char *value;
     const char *desc;
 } flag;
@@ -98,6 +101,8 @@ static const flag flags[] = {
     {"--labels", F_LABELS, "TEXT", "the labels (NAME or NAME=PROMPT, comma-separated)"},
     {"--query", F_QUERY, "TEXT", "the text to find windows for"},
     {"--top", F_TOP, "N", "how many windows (1 to 100)"},
+    {"--eval", F_EVAL, "FILE", "the sensor shard the probes are judged on"},
+    {"--shots", F_SHOTS, "TEXT", "train windows a class, each row (1,5,10,all)"},
     {"--format", F_EXPORT_FORMAT, "FORMAT", "llmc or safetensors"},
     {"--format", F_LS_FORMAT, "FIELDS", "the columns (id,name,user,state,...)"},
     {"--sort", F_SORT, "FIELD", "order by this column (-FIELD: descending)"},
@@ -110,7 +115,7 @@ static const flag flags[] = {
 typedef struct verb {
     const char *name;
     int (*run)(const tc_opts *o);
-    unsigned flags; /* the F_ bits it accepts */
+    uint64_t flags; /* the F_ bits it accepts */
     int arg;        /* ARG_ */
     const char *usage;
     const char *brief; /* one line for trainctl --help */
@@ -491,6 +496,32 @@ static const verb verbs[] = {
                 "                \"results\":[{\"index\",\"score\",\"caption\"}]}\n" TC_HELP_JSON,
     },
     {
+        .name = "probe",
+        .run = tc_probe,
+        .flags = F_DATA | F_EVAL | F_SHOTS | F_JSON | F_FORMAT,
+        .arg = ARG_JOB,
+        .usage = "trainctl probe JOB --data TRAIN --eval VALID [--shots 1,5,10,all] [-o json]",
+        .brief = "few-shot: fit linear probes on a sensorlm job's embeddings, score them",
+        .help = "Embeds every window of the sensor shards TRAIN and VALID with the latest\n"
+                "checkpoint of job JOB, a sensorlm job, and for each shot count k fits a\n"
+                "linear classifier (multinomial logistic regression, L2 1e-4 on the\n"
+                "weights, at most 1000 L-BFGS iterations) on the unit sensor embeddings of\n"
+                "the first k windows of each class of TRAIN, in file order; prints each\n"
+                "fit's accuracy and macro-F1 on VALID's windows. A class with fewer than k\n"
+                "windows gives all it has (SHORT counts them; a note names them). Both\n"
+                "shards need the same labels. traind opens them with your rights.\n\n"
+                "  --data TRAIN  the labelled sensor shard the probes are fitted on\n"
+                "  --eval VALID  the labelled sensor shard they are judged on\n"
+                "  --shots K,K   the rows: windows a class, 1 to 65536, or all; at most 16.\n"
+                "                Default 1,5,10,all\n"
+                "  --json        one JSON object: {\"job\",\"data\",\"eval\",\"step\",\n"
+                "                \"embed_dim\",\"train_windows\",\"valid_windows\",\"l2\",\n"
+                "                \"max_iterations\",\"labels\":[{\"name\",\"train\",\"valid\"}],\n"
+                "                \"results\":[{\"shots\" (0: all),\"windows\",\"short\",\n"
+                "                \"accuracy\",\"macro_f1\",\"iterations\",\"converged\",\n"
+                "                \"loss\"}]}\n" TC_HELP_JSON,
+    },
+    {
         .name = "dashboard",
         .run = tc_dashboard,
         .flags = F_LISTEN,
@@ -604,7 +635,7 @@ static int valid_key(const char *arg)
 
 /* The flag named arg (len bytes): the one among the accepted bits when a name has several
  * meanings, else any, so that the caller can say it is not an option here. */
-static const flag *find_flag(const char *arg, size_t len, unsigned accepted)
+static const flag *find_flag(const char *arg, size_t len, uint64_t accepted)
 {
     const flag *any = NULL;
     size_t i;
@@ -805,6 +836,32 @@ static int store_name(const verb *v, const char *val, tc_opts *o)
     return TC_OK;
 }
 
+/* probe --shots: 1 to TC_PROBE_MAX_SHOTS comma-separated counts, each 1 to TC_PROBE_MAX_K or
+ * "all" (0). */
+static int store_shots(const verb *v, const char *val, tc_opts *o)
+{
+    const char *p = val;
+
+    o->nshots = 0;
+    for (;;) {
+        size_t len = strcspn(p, ",");
+        char item[16];
+        int64_t k = -1;
+        if (o->nshots == TC_PROBE_MAX_SHOTS)
+            return usage_error(v, "--shots: at most %d counts", TC_PROBE_MAX_SHOTS);
+        snprintf(item, sizeof(item), "%.*s", (int)(len < sizeof(item) ? len : sizeof(item) - 1), p);
+        if (len < sizeof(item) && strcmp(item, "all") == 0)
+            k = 0;
+        else if (len >= sizeof(item) || parse_count(item, &k) != 0 || k < 1 || k > TC_PROBE_MAX_K)
+            return usage_error(v, "--shots needs counts from 1 to %d or all (1,5,10,all), not '%s'",
+                               TC_PROBE_MAX_K, val);
+        o->shots[o->nshots++] = k;
+        if (p[len] == '\0')
+            return TC_OK;
+        p += len + 1;
+    }
+}
+
 /* Stores one flag's value into o. */
 static int store_flag(const verb *v, const flag *fl, const char *val, tc_opts *o)
 {
@@ -921,6 +978,13 @@ static int store_flag(const verb *v, const flag *fl, const char *val, tc_opts *o
             return usage_error(v, "--query needs some text");
         o->query = val;
         break;
+    case F_EVAL:
+        if (val[0] == '\0')
+            return usage_error(v, "--eval needs a file name");
+        o->eval = val;
+        break;
+    case F_SHOTS:
+        return store_shots(v, val, o);
     case F_TOP:
         if (parse_count(val, &o->top) != 0 || o->top < 1 || o->top > TC_RETRIEVE_MAX_TOP)
             return usage_error(v, "--top needs a number from 1 to %d, not '%s'",
@@ -1051,6 +1115,8 @@ static int parse_verb_args(const verb *v, int argc, char **argv, int first, tc_o
         return usage_error(v, "missing --data SHARD (the sensor shard)");
     if ((v->flags & F_QUERY) && o->query == NULL)
         return usage_error(v, "missing --query TEXT");
+    if ((v->flags & F_EVAL) && o->eval == NULL)
+        return usage_error(v, "missing --eval SHARD (the sensor shard to judge the probes on)");
     return TC_OK;
 }
 

@@ -76,8 +76,8 @@ typedef struct td_config {
     int max_conns_per_user;    /* connections one uid other than root may hold; 0 = unlimited */
     int max_streams_per_conn;  /* streams (watch, metrics) open at once on one connection */
     int max_exports_per_user;  /* exports one uid may have in flight; 0 = unlimited */
-    int max_work_per_user;     /* export, sample, classify, retrieve one uid may have under way
-                                * (queued or running); 0 = unlimited; root is exempt */
+    int max_work_per_user;     /* export, sample, classify, retrieve, probe one uid may have
+                                * under way (queued or running); 0 = unlimited; root is exempt */
     double work_timeout_s;     /* seconds one may run before it is stopped; 0 = no limit */
     double hello_timeout_s;    /* [server] seconds from accept to a completed hello */
     double idle_timeout_s;     /* [server] seconds without a request on a connection that has no

@@ -1,10 +1,10 @@
-/* Export, sample, classify and retrieve on libuv's threadpool (work.h): the loop thread
+/* Export, sample, classify, retrieve and probe on libuv's threadpool (work.h): the loop thread
  * rebuilds the job's config and queues the work; a threadpool thread writes the model file
  * (llm.c or safetensors) to a temp file under the state directory (then opens and unlinks it,
  * so that the bytes live only as long as the descriptor the loop thread streams them from),
- * generates the sample, or embeds a sensor shard's windows (opened with the requester's
- * rights) against label prompts or a query; the loop thread gets the result back in the done
- * callback. */
+ * generates the sample, embeds a sensor shard's windows (opened with the requester's rights)
+ * against label prompts or a query, or embeds two shards and fits linear probes on one judged
+ * on the other (train/probe.h); the loop thread gets the result back in the done callback. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "train/data.h"
+#include "train/probe.h"
 #include "train/sensor.h"
 #include "daemon/work.h"
 
@@ -57,10 +58,13 @@ static int check_kind(const td_train_config *cfg, td_work_kind kind, int64_t job
         return td_error_set(err, TD_EINVAL, "job %lld is %s job; only gpt jobs %s", (long long)job,
                             model_name(m),
                             kind == TD_WORK_EXPORT ? "export to llm.c files" : "can be sampled");
-    if ((kind == TD_WORK_CLASSIFY || kind == TD_WORK_RETRIEVE) && m != TD_MODEL_SENSORLM)
+    if ((kind == TD_WORK_CLASSIFY || kind == TD_WORK_RETRIEVE || kind == TD_WORK_PROBE) &&
+        m != TD_MODEL_SENSORLM)
         return td_error_set(err, TD_EINVAL, "job %lld is %s job; only sensorlm jobs %s",
                             (long long)job, model_name(m),
-                            kind == TD_WORK_CLASSIFY ? "classify" : "retrieve");
+                            kind == TD_WORK_CLASSIFY   ? "classify"
+                            : kind == TD_WORK_RETRIEVE ? "retrieve"
+                                                       : "can be probed");
     return 0;
 }
 
@@ -185,15 +189,30 @@ static void pass_close(shard_pass *p)
     free(p->emb);
 }
 
-/* The job's model from its latest checkpoint and the shard, opened with the requester's rights
- * (data.h: the kernel checks the open as it would theirs) and checked against the model's T and
- * C. */
-static int pass_open(td_work *w, shard_pass *p)
+/* Opens the shard at path (what: the request's field, for messages) with the requester's
+ * rights, checked against want, into *out. Inside td_data_access_begin. */
+static int open_shard(td_work *w, const char *what, const char *path, const td_sensor_expect *want,
+                      td_sensor **out)
+{
+    td_error_t e = {0};
+    int rc, fd = -1;
+
+    rc = td_data_open_file(path, &fd, &e);
+    if (rc == 0)
+        rc = td_sensor_open_fd(out, fd, path, want, &e);
+    if (rc != 0)
+        td_error_set(&w->err, rc, "%s: %s", what, e.msg);
+    return rc;
+}
+
+/* The job's model from its latest checkpoint and the shard (w->data; with eval not NULL also
+ * that one, into *eval), opened with the requester's rights (data.h: the kernel checks the open
+ * as it would theirs) and checked against the model's T and C. */
+static int pass_open(td_work *w, shard_pass *p, td_sensor **eval)
 {
     td_data_access as_user = {.uid = w->uid, .gid = w->gid, .stop = stopping, .ud = w};
     td_sensor_expect want;
-    td_error_t e = {0};
-    int rc, fd = -1;
+    int rc;
 
     memset(p, 0, sizeof(*p));
     rc = td_data_access_begin(&as_user, &w->err);
@@ -203,11 +222,9 @@ static int pass_open(td_work *w, shard_pass *p)
     if (rc == 0) {
         td_sensorlm_embedder_info(p->e, &p->info);
         want = (td_sensor_expect){.T = p->info.time_steps, .C = p->info.channels};
-        rc = td_data_open_file(w->data, &fd, &e);
-        if (rc == 0)
-            rc = td_sensor_open_fd(&p->s, fd, w->data, &want, &e);
-        if (rc != 0)
-            td_error_set(&w->err, rc, "data: %s", e.msg);
+        rc = open_shard(w, "data", w->data, &want, &p->s);
+        if (rc == 0 && eval != NULL)
+            rc = open_shard(w, "eval", w->eval, &want, eval);
     }
     td_data_access_end();
     if (rc != 0)
@@ -221,8 +238,10 @@ static int pass_open(td_work *w, shard_pass *p)
     return 0;
 }
 
-/* Windows [i, i + n) of the shard, n <= p->rows, into p->emb. */
-static int pass_embed(td_work *w, shard_pass *p, int64_t i, int n)
+/* Windows [i, i + n) of shard s, n <= p->rows, into p->emb, and (labels not NULL) their labels
+ * into labels[0..n). */
+static int pass_embed(td_work *w, shard_pass *p, const td_sensor *s, int64_t i, int n,
+                      int32_t *labels)
 {
     size_t grid = (size_t)p->info.time_steps * p->info.channels;
     int rc;
@@ -230,8 +249,8 @@ static int pass_embed(td_work *w, shard_pass *p, int64_t i, int n)
     if (work_stopped(w))
         return td_error_set(&w->err, TD_ECANCELLED, "stopped after %lld windows", (long long)i);
     for (int r = 0; r < n; r++)
-        if ((rc = td_sensor_read(p->s, i + r, p->grids + (size_t)r * grid, NULL, NULL, NULL,
-                                 &w->err)) != 0)
+        if ((rc = td_sensor_read(s, i + r, p->grids + (size_t)r * grid, NULL, NULL,
+                                 labels != NULL ? &labels[r] : NULL, &w->err)) != 0)
             return rc;
     return td_sensorlm_embed_windows(p->e, p->grids, n, p->emb, &w->err);
 }
@@ -287,7 +306,7 @@ static void run_classify(td_work *w)
     int64_t end;
     int E;
 
-    if ((w->rc = pass_open(w, &p)) != 0 || (w->rc = resolve_labels(w, p.s)) != 0)
+    if ((w->rc = pass_open(w, &p, NULL)) != 0 || (w->rc = resolve_labels(w, p.s)) != 0)
         goto out;
     E = p.info.embed_dim;
     end = w->first + w->limit < w->windows ? w->first + w->limit : w->windows;
@@ -302,7 +321,7 @@ static void run_classify(td_work *w)
         goto out;
     for (int64_t i = w->first; i < end; i += p.rows) {
         int n = end - i < p.rows ? (int)(end - i) : p.rows;
-        if ((w->rc = pass_embed(w, &p, i, n)) != 0)
+        if ((w->rc = pass_embed(w, &p, p.s, i, n, NULL)) != 0)
             goto out;
         for (int r = 0; r < n; r++) {
             td_work_hit *h = &w->hits[w->nhits++];
@@ -353,7 +372,7 @@ static void run_retrieve(td_work *w)
     float *u = NULL;
     int E;
 
-    if ((w->rc = pass_open(w, &p)) != 0)
+    if ((w->rc = pass_open(w, &p, NULL)) != 0)
         goto out;
     E = p.info.embed_dim;
     if ((u = malloc((size_t)E * sizeof(float))) == NULL ||
@@ -365,7 +384,7 @@ static void run_retrieve(td_work *w)
         goto out;
     for (int64_t i = 0; i < w->windows; i += p.rows) {
         int n = w->windows - i < p.rows ? (int)(w->windows - i) : p.rows;
-        if ((w->rc = pass_embed(w, &p, i, n)) != 0)
+        if ((w->rc = pass_embed(w, &p, p.s, i, n, NULL)) != 0)
             goto out;
         for (int r = 0; r < n; r++)
             keep_best(w->hits, &w->nhits, w->limit, i + r, dot(p.emb + (size_t)r * E, u, E));
@@ -382,6 +401,119 @@ static void run_retrieve(td_work *w)
     }
 out:
     free(u);
+    pass_close(&p);
+}
+
+/* ---- probe ---- */
+
+/* That both shards carry labels and the same label table (the names, in order); the names
+ * are kept in w->names. */
+static int probe_labels(td_work *w, const td_sensor *t, const td_sensor *v)
+{
+    int K = td_sensor_header_of(t)->n_labels, Kv = td_sensor_header_of(v)->n_labels;
+
+    if (K == 0)
+        return td_error_set(&w->err, TD_EINVAL,
+                            "data: %s carries no labels; a probe is fitted on labelled windows",
+                            w->data);
+    if (Kv == 0)
+        return td_error_set(&w->err, TD_EINVAL,
+                            "eval: %s carries no labels; a probe is judged on labelled windows",
+                            w->eval);
+    if (K != Kv)
+        return td_error_set(&w->err, TD_EINVAL,
+                            "eval: %s has %d labels, data: %s has %d; both shards must have the "
+                            "same label table",
+                            w->eval, Kv, w->data, K);
+    for (int k = 0; k < K; k++)
+        if (strcmp(td_sensor_label_name(t, k), td_sensor_label_name(v, k)) != 0)
+            return td_error_set(&w->err, TD_EINVAL,
+                                "eval: %s: label %d is \"%s\", but in data: %s it is \"%s\"; "
+                                "both shards must have the same label table",
+                                w->eval, k, td_sensor_label_name(v, k), w->data,
+                                td_sensor_label_name(t, k));
+    w->names = calloc((size_t)K, sizeof(char *));
+    w->train_counts = calloc((size_t)K, sizeof(int64_t));
+    w->eval_counts = calloc((size_t)K, sizeof(int64_t));
+    if (w->names == NULL || w->train_counts == NULL || w->eval_counts == NULL)
+        return td_error_set(&w->err, TD_ENOMEM, "out of memory");
+    for (w->nlabels = 0; w->nlabels < K; w->nlabels++)
+        if ((w->names[w->nlabels] = strdup(td_sensor_label_name(t, w->nlabels))) == NULL)
+            return td_error_set(&w->err, TD_ENOMEM, "out of memory");
+    return 0;
+}
+
+/* A probe's shard within TD_PROBE_MAX_WINDOWS: every one of its windows' embeddings is kept. */
+static int probe_size(td_work *w, const char *what, const char *path, int64_t n)
+{
+    if (n > TD_PROBE_MAX_WINDOWS)
+        return td_error_set(&w->err, TD_E2BIG,
+                            "%s: %s has %lld windows; a probe takes at most %d a shard", what, path,
+                            (long long)n, TD_PROBE_MAX_WINDOWS);
+    return 0;
+}
+
+/* Every window of shard s (n) through the sensor tower into x (n, E), its labels into y (n),
+ * and each class's count into counts. */
+static int embed_shard(td_work *w, shard_pass *p, const td_sensor *s, int64_t n, float *x,
+                       int32_t *y, int64_t *counts)
+{
+    size_t E = (size_t)p->info.embed_dim;
+    int rc;
+
+    for (int64_t i = 0; i < n; i += p->rows) {
+        int m = n - i < p->rows ? (int)(n - i) : p->rows;
+        if ((rc = pass_embed(w, p, s, i, m, y + i)) != 0)
+            return rc;
+        memcpy(x + (size_t)i * E, p->emb, (size_t)m * E * sizeof(float));
+        for (int r = 0; r < m; r++)
+            counts[y[i + r]]++;
+    }
+    return 0;
+}
+
+/* Both shards embedded with the job's model, then for each k of w->shots a linear probe
+ * (train/probe.h: TD_PROBE_L2, at most TD_PROBE_MAX_ITER iterations of L-BFGS) fitted on the
+ * first k windows of each class of the train shard, its accuracy and macro-F1 on the valid
+ * shard's windows. */
+static void run_probe(td_work *w)
+{
+    td_sensor *v = NULL;
+    float *xt = NULL, *xv = NULL;
+    int32_t *yt = NULL, *yv = NULL;
+    shard_pass p;
+    size_t E;
+
+    if ((w->rc = pass_open(w, &p, &v)) != 0 || (w->rc = probe_labels(w, p.s, v)) != 0)
+        goto out;
+    w->eval_windows = td_sensor_count(v);
+    w->step = p.info.step;
+    w->embed_dim = p.info.embed_dim;
+    E = (size_t)p.info.embed_dim;
+    if ((w->rc = probe_size(w, "data", w->data, w->windows)) != 0 ||
+        (w->rc = probe_size(w, "eval", w->eval, w->eval_windows)) != 0)
+        goto out;
+    xt = malloc((size_t)w->windows * E * sizeof(float));
+    xv = malloc((size_t)w->eval_windows * E * sizeof(float));
+    yt = malloc((size_t)w->windows * sizeof(int32_t));
+    yv = malloc((size_t)w->eval_windows * sizeof(int32_t));
+    if (xt == NULL || xv == NULL || yt == NULL || yv == NULL) {
+        w->rc = td_error_set(&w->err, TD_ENOMEM, "no memory for the embeddings of %lld windows",
+                             (long long)(w->windows + w->eval_windows));
+        goto out;
+    }
+    if ((w->rc = embed_shard(w, &p, p.s, w->windows, xt, yt, w->train_counts)) != 0 ||
+        (w->rc = embed_shard(w, &p, v, w->eval_windows, xv, yv, w->eval_counts)) != 0)
+        goto out;
+    w->rc = td_probe_run(xt, yt, w->windows, xv, yv, w->eval_windows, (int)E, w->nlabels, w->shots,
+                         w->nshots, TD_PROBE_L2, TD_PROBE_MAX_ITER, stopping, w, w->rows, NULL,
+                         NULL, &w->err);
+out:
+    free(xt);
+    free(xv);
+    free(yt);
+    free(yv);
+    td_sensor_close(v);
     pass_close(&p);
 }
 
@@ -405,8 +537,10 @@ static void on_work(uv_work_t *req)
         run_sample(w);
     else if (w->kind == TD_WORK_CLASSIFY)
         run_classify(w);
-    else
+    else if (w->kind == TD_WORK_RETRIEVE)
         run_retrieve(w);
+    else
+        run_probe(w);
     if (w->rc != 0)
         prefix_job(&w->err, w->job);
 }
@@ -432,7 +566,8 @@ static const char *kind_name(const td_work *w)
     return w->kind == TD_WORK_EXPORT || w->kind == TD_WORK_EXPORT_ST ? "export"
            : w->kind == TD_WORK_SAMPLE                               ? "sample"
            : w->kind == TD_WORK_CLASSIFY                             ? "classify"
-                                                                     : "retrieve";
+           : w->kind == TD_WORK_RETRIEVE                             ? "retrieve"
+                                                                     : "probe";
 }
 
 int td_work_pool_size(void)
@@ -658,6 +793,9 @@ void td_work_free(td_work *w)
     free(w->prompt);
     free(w->text);
     free(w->data);
+    free(w->eval);
+    free(w->train_counts);
+    free(w->eval_counts);
     for (int k = 0; k < w->nlabels; k++) {
         free(w->names != NULL ? w->names[k] : NULL);
         free(w->prompts != NULL ? w->prompts[k] : NULL);

@@ -233,8 +233,8 @@ static void test_work_cap_per_user(void **state)
     send_long_sample(&c[4], job);
     assert_int_equal(next_error(&c[4], msg, sizeof(msg)), TD_E2BIG);
     snprintf(want, sizeof(want),
-             "uid %u has 4 requests under way (export, sample, classify, retrieve), the limit "
-             "(max_work_per_user); wait for one to finish",
+             "uid %u has 4 requests under way (export, sample, classify, retrieve, probe), the "
+             "limit (max_work_per_user); wait for one to finish",
              (unsigned)nobody->pw_uid);
     assert_string_equal(msg, want);
     for (int i = 0; i < 5; i++)

@@ -16,7 +16,7 @@
 void td__req_hello(td_server *s, td_conn *c, const td_pval *root, int64_t id)
 {
     static const char *const features[] = {"dry_run",     "list_pages", "logs_pages", "delete",
-                                           "safetensors", "classify",   "labels"};
+                                           "safetensors", "classify",   "labels",     "probe"};
     int64_t version = 0;
     td_pw *w;
 

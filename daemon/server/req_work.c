@@ -1,6 +1,6 @@
 /* The server's requests whose slow half runs on libuv's threadpool (server_int.h, work.h):
- * export (llm.c, safetensors), sample, classify and retrieve. Meanwhile the connection is held
- * (td_conn_hold), so it reads no further request and its replies keep the order of its
+ * export (llm.c, safetensors), sample, classify, retrieve and probe. Meanwhile the connection is
+ * held (td_conn_hold), so it reads no further request and its replies keep the order of its
  * requests; an export's file then goes out a chunk at a time, a producer on the connection
  * pumped as the client reads. Exports are counted per user (max_exports_per_user): each holds
  * a temporary file as large as its model until its last chunk is read. Loop thread only. */
@@ -38,7 +38,8 @@ static const char *work_name(const td_work *w)
     return w->kind == TD_WORK_EXPORT || w->kind == TD_WORK_EXPORT_ST ? "export"
            : w->kind == TD_WORK_SAMPLE                               ? "sample"
            : w->kind == TD_WORK_CLASSIFY                             ? "classify"
-                                                                     : "retrieve";
+           : w->kind == TD_WORK_RETRIEVE                             ? "retrieve"
+                                                                     : "probe";
 }
 
 static int is_export(const td_work *w)
@@ -78,7 +79,7 @@ static void req_end(work_req *q)
 }
 
 /* Begins work w's reply of type (td_conn_reply), and writes the first of its fields, job_id,
- * which every reply to export, sample, classify and retrieve carries. */
+ * which every reply to export, sample, classify, retrieve and probe carries. */
 static td_pw *work_reply_begin(td_conn *c, const td_work *w, const char *type)
 {
     td_pw *pw = td_conn_reply(c, type, w->req_id);
@@ -227,6 +228,66 @@ static void send_retrieve(td_conn *c, const td_work *w)
     td_conn_send(c);
 }
 
+/* The probe reply of PROTOCOL.md: what was fitted on, each class's windows, then a row per
+ * shot count. A double that is not finite (a macro-F1 of no class: never, a shard has a
+ * window) goes as nil rather than as a NaN a client's JSON cannot hold. */
+static void send_probe(td_conn *c, const td_work *w)
+{
+    td_pw *pw = work_reply_begin(c, w, "probe");
+
+    td_pw_str(pw, "step");
+    td_pw_int(pw, w->step);
+    td_pw_str(pw, "embed_dim");
+    td_pw_int(pw, w->embed_dim);
+    td_pw_str(pw, "train_windows");
+    td_pw_int(pw, w->windows);
+    td_pw_str(pw, "valid_windows");
+    td_pw_int(pw, w->eval_windows);
+    td_pw_str(pw, "l2");
+    td_pw_double(pw, TD_PROBE_L2);
+    td_pw_str(pw, "max_iterations");
+    td_pw_int(pw, TD_PROBE_MAX_ITER);
+    td_pw_str(pw, "labels");
+    td_pw_array(pw, (uint32_t)w->nlabels);
+    for (int k = 0; k < w->nlabels; k++) {
+        td_pw_map_open(pw);
+        td_pw_str(pw, "name");
+        td_pw_str(pw, w->names[k]);
+        td_pw_str(pw, "train");
+        td_pw_int(pw, w->train_counts[k]);
+        td_pw_str(pw, "valid");
+        td_pw_int(pw, w->eval_counts[k]);
+        td_pw_map_close(pw);
+    }
+    td_pw_str(pw, "results");
+    td_pw_array(pw, (uint32_t)w->nshots);
+    for (int j = 0; j < w->nshots; j++) {
+        const td_probe_row *r = &w->rows[j];
+        td_pw_map_open(pw);
+        td_pw_str(pw, "shots");
+        td_pw_int(pw, r->shots);
+        td_pw_str(pw, "windows");
+        td_pw_int(pw, r->windows);
+        td_pw_str(pw, "short");
+        td_pw_int(pw, r->short_classes);
+        td_pw_str(pw, "accuracy");
+        td_pw_double(pw, r->accuracy);
+        td_pw_str(pw, "macro_f1");
+        if (isfinite(r->macro_f1))
+            td_pw_double(pw, r->macro_f1);
+        else
+            td_pw_nil(pw);
+        td_pw_str(pw, "iterations");
+        td_pw_int(pw, r->fit.iterations);
+        td_pw_str(pw, "converged");
+        td_pw_bool(pw, r->fit.converged);
+        td_pw_str(pw, "loss");
+        td_pw_double(pw, r->fit.loss);
+        td_pw_map_close(pw);
+    }
+    td_conn_send(c);
+}
+
 /* Back on the loop thread. A connection that closed meanwhile only lets go of its hold. */
 static void on_work_done(td_work *w)
 {
@@ -254,8 +315,10 @@ static void on_work_done(td_work *w)
             send_sample(c, w);
         else if (w->kind == TD_WORK_CLASSIFY)
             send_classify(c, w);
-        else
+        else if (w->kind == TD_WORK_RETRIEVE)
             send_retrieve(c, w);
+        else
+            send_probe(c, w);
         req_end(q);
         return;
     }
@@ -284,8 +347,8 @@ static void work_start(td_server *s, td_conn *c, td_work *w, int64_t id)
 
     if (max > 0 && td_conn_uid(c) != 0 && works_of(s, td_conn_uid(c)) >= max) {
         snprintf(msg, sizeof(msg),
-                 "uid %lld has %d requests under way (export, sample, classify, retrieve), the "
-                 "limit (max_work_per_user); wait for one to finish",
+                 "uid %lld has %d requests under way (export, sample, classify, retrieve, "
+                 "probe), the limit (max_work_per_user); wait for one to finish",
                  (long long)td_conn_uid(c), max);
         td_log_info("client pid %lld: %s of job %lld refused: %s", (long long)td_conn_pid(c),
                     work_name(w), (long long)w->job, msg);
@@ -458,18 +521,28 @@ static int text_field(td_conn *c, int64_t id, const td_pval *v, const char *what
     return 0;
 }
 
-/* The request's data: an absolute path (the daemon's working directory is nobody's). */
-static int data_field(td_conn *c, const td_pval *root, int64_t id, td_work *w)
+/* The request's field key (data, eval): an absolute path (the daemon's working directory is
+ * nobody's), into *out. */
+static int path_field(td_conn *c, const td_pval *root, int64_t id, const char *key, char **out)
 {
-    if (text_field(c, id, td_pv_get(root, "data"), "data", TD_PATH_MAX - 1, &w->data) != 0)
+    char msg[160];
+
+    if (text_field(c, id, td_pv_get(root, key), key, TD_PATH_MAX - 1, out) != 0)
         return -1;
-    if (w->data[0] != '/') {
-        td_conn_error(c, id, TD_EPROTO,
-                      "data: must be an absolute path; trainctl resolves relative paths where "
-                      "you run it");
+    if ((*out)[0] != '/') {
+        snprintf(msg, sizeof(msg),
+                 "%s: must be an absolute path; trainctl resolves relative paths where you run "
+                 "it",
+                 key);
+        td_conn_error(c, id, TD_EPROTO, msg);
         return -1;
     }
     return 0;
+}
+
+static int data_field(td_conn *c, const td_pval *root, int64_t id, td_work *w)
+{
+    return path_field(c, root, id, "data", &w->data);
 }
 
 /* An optional integer field in [lo, hi]; -1 after an error frame with msg. */
@@ -567,4 +640,54 @@ void td__req_classify(td_server *s, td_conn *c, const td_pval *root, int64_t id)
 void td__req_retrieve(td_server *s, td_conn *c, const td_pval *root, int64_t id)
 {
     req_embed(s, c, root, id, TD_WORK_RETRIEVE);
+}
+
+/* ---- probe: linear probes on a sensorlm's embeddings ---- */
+
+/* probe's shots: [int, ...], 1 to TD_PROBE_MAX_SHOTS of them, each 0 (every window) or 1 to
+ * TD_PROBE_MAX_WINDOWS; without it 1, 5, 10 and 0. */
+static int shots_field(td_conn *c, const td_pval *root, int64_t id, td_work *w)
+{
+    static const int64_t dflt[] = {1, 5, 10, 0};
+    const td_pval *v = td_pv_get(root, "shots");
+    size_t n = v != NULL ? td_pv_len(v) : 0;
+
+    if (v == NULL) {
+        w->nshots = (int)(sizeof(dflt) / sizeof(dflt[0]));
+        memcpy(w->shots, dflt, sizeof(dflt));
+        return 0;
+    }
+    if (td_pv_type_of(v) != TD_PV_ARRAY || n < 1 || n > TD_PROBE_MAX_SHOTS) {
+        td_conn_error(c, id, TD_EPROTO, "shots: must be a list of 1 to 16 integers");
+        return -1;
+    }
+    for (size_t j = 0; j < n; j++)
+        if (td_pv_int(td_pv_at(v, j), &w->shots[j]) != 0 || w->shots[j] < 0 ||
+            w->shots[j] > TD_PROBE_MAX_WINDOWS) {
+            td_conn_error(c, id, TD_EPROTO,
+                          "shots: each must be 0 (every window) or 1 to 65536 windows a class");
+            return -1;
+        }
+    w->nshots = (int)n;
+    return 0;
+}
+
+void td__req_probe(td_server *s, td_conn *c, const td_pval *root, int64_t id)
+{
+    td_error_t err;
+    td_work *w;
+    int64_t job;
+
+    if (td__get_job_id(c, root, id, &job) != 0)
+        return;
+    if (td_work_new(&w, s->d, s->cfg.state_dir, TD_WORK_PROBE, job, td_conn_uid(c), &err) != 0) {
+        td_conn_error(c, id, err.code, err.msg);
+        return;
+    }
+    if (path_field(c, root, id, "data", &w->data) != 0 ||
+        path_field(c, root, id, "eval", &w->eval) != 0 || shots_field(c, root, id, w) != 0) {
+        td_work_free(w);
+        return;
+    }
+    work_start(s, c, w, id);
 }

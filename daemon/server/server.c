@@ -47,6 +47,7 @@ static const td_request requests[] = {
     {"sample", td__req_sample, 0},
     {"classify", td__req_classify, 0},
     {"retrieve", td__req_retrieve, 0},
+    {"probe", td__req_probe, 0},
     /* req_history.c */
     {"rm", td__req_rm, 0},
     {"prune", td__req_prune, 0},

@@ -10,7 +10,7 @@
  * marks, the limits on connections, holds, producers), which know no request; above them the
  * requests, dispatched from one table in server.c to one file per family (server_int.h).
  *
- * Threads: loop thread only. export, sample, classify and retrieve run their slow half on
+ * Threads: loop thread only. export, sample, classify, retrieve and probe run their slow half on
  * libuv's threadpool (work.h). */
 #ifndef TD_SERVER_H
 #define TD_SERVER_H

@@ -2,7 +2,7 @@
  * requests and the dispatch from it) and one file per family of requests: req_jobs.c (hello,
  * submit, cancel, info), req_listing.c (job maps, status, the pages of list and logs),
  * req_streams.c (the metric streams: watch and metrics), req_history.c (rm and prune) and
- * req_work.c (export, sample, classify and retrieve on the threadpool). They sit on the
+ * req_work.c (export, sample, classify, retrieve and probe on the threadpool). They sit on the
  * connection layer (connection.h), which knows none of them. Loop thread only; nothing
  * outside the server includes it. td__ functions are the server's own, not an interface. */
 #ifndef TD_SERVER_INT_H
@@ -42,7 +42,7 @@ struct td_server {
     key_set keys;  /* the job's metric names, as of gen */
     td_pw scratch; /* a list or logs page before it is known how much of it fits */
     td_stream *streams;   /* every connection's, newest first (req_streams.c) */
-    work_req *works;      /* every connection's export, sample, classify or retrieve */
+    work_req *works;      /* every connection's export, sample, classify, retrieve or probe */
     td_work_lanes *lanes; /* the threadpool's lanes the works run in (work.h) */
 };
 
@@ -122,5 +122,6 @@ void td__req_export(td_server *s, td_conn *c, const td_pval *root, int64_t id);
 void td__req_sample(td_server *s, td_conn *c, const td_pval *root, int64_t id);
 void td__req_classify(td_server *s, td_conn *c, const td_pval *root, int64_t id);
 void td__req_retrieve(td_server *s, td_conn *c, const td_pval *root, int64_t id);
+void td__req_probe(td_server *s, td_conn *c, const td_pval *root, int64_t id);
 
 #endif
