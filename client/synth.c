@@ -113,20 +113,26 @@ static const struct {
 /* What a person does in a minute. */
 enum { A_SLEEP, A_REST, A_DESK, A_WALK, A_RUN, A_CYCLE, A_STRENGTH, A_SWIM, A_HIKE };
 
-/* The day labels: the day's workout. min and max bound its minutes. */
+/* The day labels: the day's workout. min and max bound its minutes. A caption starts with the
+ * label's prompt; the label table holds prompts (its "|"-separated list, each embedded and their
+ * mean taken by zero-shot classification) worded as the captions begin, the second with the
+ * workout's typical length (the middle of min and max, to 5 minutes). */
 enum { L_REST, L_WALK, L_RUN, L_CYCLE, L_STRENGTH, L_SWIM, L_HIKE, NLABELS };
 
 static const struct {
-    const char *name, *prompt, *noun;
+    const char *name, *prompt, *noun, *prompts;
     int act, min, max;
 } labels[NLABELS] = {
-    {"rest", "rest day", NULL, A_REST, 0, 0},
-    {"walk", "walking day", "walk", A_WALK, 45, 120},
-    {"run", "running day", "run", A_RUN, 25, 75},
-    {"cycle", "cycling day", "bike ride", A_CYCLE, 40, 150},
-    {"strength", "strength training day", "strength session", A_STRENGTH, 35, 75},
-    {"swim", "swimming day", "swim", A_SWIM, 25, 60},
-    {"hike", "hiking day", "hike", A_HIKE, 120, 270},
+    {"rest", "rest day", NULL, "rest day|rest day: no workout", A_REST, 0, 0},
+    {"walk", "walking day", "walk", "walking day|walking day: an 80-minute walk", A_WALK, 45, 120},
+    {"run", "running day", "run", "running day|running day: a 50-minute run", A_RUN, 25, 75},
+    {"cycle", "cycling day", "bike ride", "cycling day|cycling day: a 95-minute bike ride", A_CYCLE,
+     40, 150},
+    {"strength", "strength training day", "strength session",
+     "strength training day|strength training day: a 55-minute strength session", A_STRENGTH, 35,
+     75},
+    {"swim", "swimming day", "swim", "swimming day|swimming day: a 40-minute swim", A_SWIM, 25, 60},
+    {"hike", "hiking day", "hike", "hiking day|hiking day: a 195-minute hike", A_HIKE, 120, 270},
 };
 
 typedef struct person {
@@ -818,7 +824,7 @@ static int write_split(const tc_synth_opts *o, const char *path, int split, int6
     }
     for (int l = 0; l < NLABELS; l++) {
         names[l] = labels[l].name;
-        prompts[l] = labels[l].prompt;
+        prompts[l] = labels[l].prompts;
         counts[l] = 0;
     }
     if (td_sensor_writer_open(&w, path, &h, names, prompts, &err) != 0) {

@@ -392,8 +392,8 @@ static int parse_files(const td_pval *d, const char *key, char (*out)[TD_PATH_MA
 static int parse_data(const td_pval *d, td_train_config *c, int files, td_error_t *err)
 {
     static const char *const idx_keys[] = {"kind", "train", "test", "shuffle", NULL};
-    static const char *const tok_keys[] = {"kind",    "train",          "valid",
-                                           "shuffle", "valid_fraction", NULL};
+    static const char *const tok_keys[] = {"kind",           "train",       "valid", "shuffle",
+                                           "valid_fraction", "caption_cut", NULL};
     static const char *const kinds[] = {"idx", "text", "tokens", "sensor", NULL};
     static const td_data_kind map[] = {TD_DATA_IDX, TD_DATA_TEXT, TD_DATA_TOKENS, TD_DATA_SENSOR};
     int kind = 0, rc;
@@ -427,6 +427,11 @@ static int parse_data(const td_pval *d, td_train_config *c, int files, td_error_
         return rc;
     if (c->n_valid_files > 0 && c->valid_fraction > 0)
         return bad(err, "data", "valid_fraction", "cannot be used together with data.valid");
+    if (td_pv_get(d, "caption_cut") != NULL && c->data != TD_DATA_SENSOR)
+        return bad(err, "data", "caption_cut", "is a sensor data key (data.kind \"sensor\")");
+    if ((rc = get_float(d, "data", "caption_cut", 0, 1, 0, "must be a probability in [0, 1]",
+                        &c->caption_cut, err)) != 0)
+        return rc;
     return 0;
 }
 

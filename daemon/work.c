@@ -316,8 +316,8 @@ static void run_classify(td_work *w)
         w->rc = td_error_set(&w->err, TD_ENOMEM, "out of memory");
         goto out;
     }
-    if ((w->rc = td_sensorlm_embed_texts(p.e, (const char *const *)w->prompts, w->nlabels, u,
-                                         &w->err)) != 0)
+    if ((w->rc = td_sensorlm_embed_labels(p.e, (const char *const *)w->prompts, w->nlabels, u,
+                                          &w->err)) != 0)
         goto out;
     for (int64_t i = w->first; i < end; i += p.rows) {
         int n = end - i < p.rows ? (int)(end - i) : p.rows;

@@ -569,6 +569,8 @@ static void test_guard_counts_the_dataset(void **state)
 
 /* ---- sensorlm: its keys, and its shards checked at submit ---------------------------------- */
 
+static double slm_caption_cut = -1; /* >= 0: slm_submit's job sets data.caption_cut to it */
+
 /* A sensorlm job on sensor shards train (and valid when not NULL): model.size, then the
  * model.sensor pairs (key, value; a value starting with a letter is a string), data.kind
  * dkind. */
@@ -607,9 +609,13 @@ static int slm_submit(const char *train, const char *valid, const char *dkind,
             td_pw_int(&w, atoi(sensor[2 * i + 1]));
     }
     td_pw_str(&w, "data");
-    td_pw_map(&w, valid != NULL ? 3 : 2);
+    td_pw_map(&w, (valid != NULL ? 3 : 2) + (slm_caption_cut >= 0));
     td_pw_str(&w, "kind");
     td_pw_str(&w, dkind);
+    if (slm_caption_cut >= 0) {
+        td_pw_str(&w, "caption_cut");
+        td_pw_double(&w, slm_caption_cut);
+    }
     td_pw_str(&w, "train");
     td_pw_str(&w, train);
     if (valid != NULL) {
@@ -694,6 +700,7 @@ static void test_sensorlm_keys(void **state)
     assert_int_equal(s->train.schedule, TD_SCHED_RSQRT);
     assert_true(s->train.warmup > 0.0f && s->train.cooldown > 0.0f);
     assert_int_equal(s->train.optim, TD_OPTIM_ADAMW);
+    assert_true(s->train.caption_cut == 0.0f);
     assert_int_equal(slm_submit(train, NULL, "sensor", bad_pool, 1, s, &err), TD_EJOB);
     assert_string_equal(err.msg, "model.sensor.pool: must be one of \"map\", \"gap\"");
     assert_int_equal(slm_submit(train, NULL, "sensor", bad_key, 1, s, &err), TD_EJOB);
@@ -703,6 +710,13 @@ static void test_sensorlm_keys(void **state)
                                  "must be whole patches)");
     assert_int_equal(slm_submit(train, NULL, "text", ok, 7, s, &err), TD_EJOB);
     assert_string_equal(err.msg, "data.kind: a sensorlm model reads \"sensor\" data");
+    slm_caption_cut = 0.25;
+    assert_int_equal(slm_submit(train, NULL, "sensor", ok, 7, s, &err), 0);
+    assert_true(s->train.caption_cut == 0.25f);
+    slm_caption_cut = 1.5;
+    assert_int_equal(slm_submit(train, NULL, "sensor", ok, 7, s, &err), TD_EJOB);
+    assert_string_equal(err.msg, "data.caption_cut: must be a probability in [0, 1]");
+    slm_caption_cut = -1;
     /* time_steps from the shard: patch_t checked against it when the files are */
     ok[1] = "7";
     assert_int_equal(slm_submit(train, NULL, "sensor", ok, 7, s, &err), TD_EJOB);

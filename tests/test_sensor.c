@@ -689,10 +689,13 @@ typedef struct workout {
 
 static workout parse_workout(const td_sensor *s, const char *cap, int label)
 {
-    const char *prompt = td_sensor_label_prompt(s, label), *p;
+    const char *prompts = td_sensor_label_prompt(s, label), *p;
+    size_t lead = strcspn(prompts, "|"); /* the first of the label's prompts leads its captions */
+    char prompt[TD_SENSOR_PROMPT_BYTES];
     workout w = {0, 0};
     int hh, mm;
 
+    snprintf(prompt, sizeof(prompt), "%.*s", (int)lead, prompts);
     if (strncmp(cap, prompt, strlen(prompt)) != 0 || cap[strlen(prompt)] != ':')
         fail_msg("caption does not start with its label's prompt '%s': %s", prompt, cap);
     if (strcmp(td_sensor_label_name(s, label), "rest") == 0) {
@@ -804,7 +807,8 @@ static void test_synth_physiology(void **state)
     assert_int_equal(h.caption_len, 256);
     assert_int_equal(td_sensor_open(&s, at("d/synth-train.bin"), NULL, &e), 0);
     assert_string_equal(td_sensor_label_name(s, 2), "run");
-    assert_string_equal(td_sensor_label_prompt(s, 2), "running day");
+    assert_string_equal(td_sensor_label_prompt(s, 2), "running day|running day: a 50-minute run");
+    assert_string_equal(td_sensor_label_prompt(s, 0), "rest day|rest day: no workout");
     td_sensor_close(s);
     each_day(at("d/synth-train.bin"), physio_day, &ph);
     each_day(at("d/synth-valid.bin"), physio_day, &ph);

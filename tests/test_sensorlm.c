@@ -808,6 +808,258 @@ static void test_patchify_and_tokens(void **state)
     assert_int_equal(tok[0], 255);
 }
 
+/* A caption longer than the model reads is cut at its last clause boundary that fits ("; " or
+ * ". ", the bytes before it), else at its last space, never inside a word unless one word is
+ * longer than what fits; one that fits is whole. */
+static void test_caption_fit(void **state)
+{
+    const char *cap =
+        "running day: a 38-minute run at 13:02; 7 h 53 min of sleep. heart rate peaks";
+    size_t len = strlen(cap);
+    int tok[48], end;
+
+    (void)state;
+    assert_int_equal(td__slm_fit(cap, len, len), len);
+    assert_int_equal(td__slm_fit(cap, len, 200), len);
+    assert_int_equal(td__slm_fit(cap, len, 40), 37); /* "...at 13:02" */
+    assert_int_equal(td__slm_fit(cap, len, 37), 37); /* the boundary at the last byte that fits */
+    assert_int_equal(td__slm_fit(cap, len, 60), 58); /* "...of sleep", before ". " */
+    assert_int_equal(td__slm_fit(cap, len, 36), 31); /* no clause fits: the last word, "...at" */
+    assert_int_equal(td__slm_fit("walking day: a 116-minute walk", 30, 20),
+                     14);                                  /* "walking day: a" */
+    assert_int_equal(td__slm_fit("abcdefgh", 8, 5), 5);    /* one word longer than 5 */
+    assert_int_equal(td__slm_fit("a; bcdefgh", 10, 1), 1); /* "a", before "; " */
+    assert_int_equal(td__slm_fit("; abcdefgh", 10, 4),
+                     1); /* a boundary at byte 0 is none: the space at 1 */
+    td__slm_tokenize(cap, len, 48, tok, &end);
+    assert_int_equal(end, 37);
+    assert_true(tok[36] == '2' && tok[37] == TD_SLM_END && tok[38] == TD_SLM_PAD);
+    td__slm_tokenize(cap, 37, 38, tok, &end); /* 37 bytes fit in 38 - 1 whole */
+    assert_int_equal(end, 37);
+}
+
+/* README.md's draws for a caption's cut, written from its text: xoshiro256** seeded through
+ * splitmix64 from seed ^ (stream * 0xd1342543de82ef95), a float in [0, 1) from the top 24 bits,
+ * a number below n by Lemire's multiply-and-reject. */
+typedef struct ref_rng {
+    uint64_t s[4];
+} ref_rng;
+
+static uint64_t ref_rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+static void ref_seed(ref_rng *r, uint64_t seed, uint64_t stream)
+{
+    uint64_t x = seed ^ (stream * 0xd1342543de82ef95ull);
+    for (int i = 0; i < 4; i++) {
+        uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        r->s[i] = z ^ (z >> 31);
+    }
+}
+
+static uint64_t ref_next(ref_rng *r)
+{
+    uint64_t *s = r->s, out = ref_rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = ref_rotl(s[3], 45);
+    return out;
+}
+
+static uint32_t ref_below(ref_rng *r, uint32_t n)
+{
+    uint64_t m = (ref_next(r) >> 32) * n;
+    while ((uint32_t)m < (uint32_t)(-n) % n)
+        m = (ref_next(r) >> 32) * n;
+    return (uint32_t)(m >> 32);
+}
+
+/* The cut README.md specifies, from the reference draws. */
+static size_t ref_cut(const char *text, size_t len, uint64_t seed, int64_t epoch, int64_t pos,
+                      float p)
+{
+    size_t at[64];
+    uint32_t n = 0;
+    ref_rng r;
+
+    ref_seed(&r, seed, 0x4355540000000000ull + ((uint64_t)epoch << 32) + (uint64_t)pos);
+    if (!((float)(ref_next(&r) >> 40) * (1.0f / 16777216.0f) < p))
+        return len;
+    for (size_t i = 1; i + 1 < len; i++)
+        if ((text[i] == ';' || text[i] == '.') && text[i + 1] == ' ')
+            at[n++] = i;
+    return n == 0 ? len : at[ref_below(&r, n)];
+}
+
+/* data.caption_cut: the draws are README.md's (a reference written from it agrees on every
+ * window), deterministic from (seed, epoch, position), cut only at clause boundaries, at the
+ * chance asked, each boundary about as often; and a batch is the same whether the data got to
+ * it by advancing or by seeking, as a resumed job does. */
+static void test_caption_cut(void **state)
+{
+    const char *cap = "alpha day: calm 3; busy 4. late 2; early 9.";
+    size_t len = strlen(cap), kept[4] = {17, 25, 33, 0};
+    int per[4] = {0}, cuts = 0;
+    char path[TD_PATH_MAX];
+    td_train_config cfg;
+    td_slm_dims d;
+    td_slm_data *a, *b;
+    td_error_t err = {0};
+
+    (void)state;
+    for (int64_t pos = 0; pos < 4000; pos++) {
+        size_t got = td__slm_cut(cap, len, 7, pos % 3, pos, 0.5f);
+        assert_int_equal(got, ref_cut(cap, len, 7, pos % 3, pos, 0.5f));
+        assert_int_equal(got, td__slm_cut(cap, len, 7, pos % 3, pos, 0.5f));
+        assert_int_equal(td__slm_cut(cap, len, 7, pos % 3, pos, 0.0f), len);
+        assert_int_equal(td__slm_cut(cap, len, 7, pos % 3, pos, 1.0f),
+                         ref_cut(cap, len, 7, pos % 3, pos, 1.0f));
+        assert_true(td__slm_cut(cap, len, 7, pos % 3, pos, 1.0f) < len);
+        assert_int_equal(td__slm_cut("no clause here", 14, 7, 0, pos, 1.0f), 14);
+        for (int k = 0; k < 4; k++)
+            if (got == (k < 3 ? kept[k] : len))
+                per[k]++;
+        cuts += got < len;
+    }
+    assert_int_equal(per[0] + per[1] + per[2] + per[3], 4000);
+    print_message("caption_cut 0.5 over 4000 windows: %d cut (%d, %d, %d at each boundary)\n", cuts,
+                  per[0], per[1], per[2]);
+    assert_true(cuts > 1800 && cuts < 2200);
+    for (int k = 0; k < 3; k++)
+        assert_true(per[k] > 520 && per[k] < 820);
+
+    /* batches of a shard whose captions have clauses */
+    tt_path_of(path, "clauses.bin");
+    tt_write_sensor_with(path, 64, T_STEPS, C_CH, 64, 3,
+                         (const char *const[]){"alpha day", "beta day", "gamma day"}, 1);
+    slm_config(&cfg);
+    snprintf(cfg.train_files[0], TD_PATH_MAX, "%s", path);
+    cfg.shuffle = 1;
+    cfg.caption_cut = 0.5f;
+    cfg.slm.text_len = 40;
+    assert_int_equal(td__train_slm_dims(&cfg, &d, NULL, &err), 0);
+    assert_int_equal(td__slm_data_open(&a, &cfg, &d, &err), 0);
+    assert_int_equal(td__slm_data_open(&b, &cfg, &d, &err), 0);
+    {
+        enum { B = 8 };
+        float *xa = malloc((size_t)B * d.N * d.P * sizeof(float)),
+              *xb = malloc((size_t)B * d.N * d.P * sizeof(float));
+        int ta[B * 40], tb[B * 40], ea[B], eb[B], distinct = 0, seen[41] = {0};
+        for (int i = 0; i < 8 * 2 + 3; i++) /* to epoch 2, batch 3 */
+            td__slm_advance(a);
+        assert_int_equal(td__slm_seek(b, td__slm_tell(a), &err), 0);
+        assert_int_equal(td__slm_fill(a, 0, B, xa, ta, ea, &err), 0);
+        assert_int_equal(td__slm_fill(b, 0, B, xb, tb, eb, &err), 0);
+        assert_memory_equal(ta, tb, sizeof(ta));
+        assert_memory_equal(ea, eb, sizeof(ea));
+        assert_memory_equal(xa, xb, (size_t)B * d.N * d.P * sizeof(float));
+        for (int r = 0; r < B; r++) {
+            distinct += !seen[ea[r]];
+            seen[ea[r]] = 1;
+            assert_int_equal(ta[r * 40 + ea[r]], TD_SLM_END);
+            assert_true(ta[r * 40 + ea[r] - 1] != ';' && ta[r * 40 + ea[r] - 1] != ' ');
+        }
+        assert_true(distinct >= 2); /* the end token at more than one position */
+        free(xa);
+        free(xb);
+    }
+    td__slm_data_free(a);
+    td__slm_data_free(b);
+}
+
+/* A label with several prompts ("a|b") is embedded as the normalised mean of its prompts'
+ * embeddings, by td_sensorlm_embed_labels and by the evaluation's zero-shot alike; one prompt
+ * is that prompt's embedding. */
+static void test_multi_prompt(void **state)
+{
+    static tt_recorder r;
+    const char *const multi[3] = {"alpha day|alpha day: calm 1", "beta day||beta", "gamma day"};
+    const char *parts[4] = {"alpha day", "alpha day: calm 1", "beta day", "beta"};
+    int off[4], len[4];
+    char vpath[TD_PATH_MAX];
+    td_train_config cfg;
+    td_trainer *t;
+    td_sensorlm_embedder *e = NULL;
+    td_sensor *sh;
+    td_error_t err = {0};
+    enum { NV = 24 };
+    float *grids = malloc((size_t)NV * T_STEPS * C_CH * sizeof(float));
+    float lab[3 * 8], one[4 * 8], single[8], s[NV * 8];
+    int32_t labels[NV];
+    double v[8];
+    int zs = 0;
+
+    (void)state;
+    assert_int_equal(td__slm_prompt_parts("a|bc||d|", off, len, 4), 3);
+    assert_true(off[0] == 0 && len[0] == 1 && off[1] == 2 && len[1] == 2 && off[2] == 6 &&
+                len[2] == 1);
+    assert_int_equal(td__slm_prompt_parts("|", off, len, 4), 0);
+    assert_int_equal(td__slm_prompt_parts("a|b|c", off, len, 2), 2);
+
+    tt_path_of(vpath, "valid-multi.bin");
+    tt_write_sensor_with(vpath, NV, T_STEPS, C_CH, 24, 2, multi, 0);
+    slm_config(&cfg);
+    snprintf(cfg.valid_files[0], TD_PATH_MAX, "%s", vpath);
+    cfg.max_steps = 30;
+    cfg.eval_every = 30;
+    tt_path_of(cfg.checkpoint_dir, "ckpt-multi");
+    t = new_trainer(&cfg, &r);
+    run_steps(t, 100);
+    assert_int_equal(td_sensorlm_embedder_from_trainer(&e, t, 5, &err), 0);
+    td_trainer_free(t);
+
+    assert_int_equal(td_sensorlm_embed_labels(e, multi, 3, lab, &err), 0);
+    assert_int_equal(td_sensorlm_embed_texts(e, parts, 4, one, &err), 0);
+    assert_int_equal(td_sensorlm_embed_texts(e, (const char *[]){"gamma day"}, 1, single, &err), 0);
+    for (int k = 0; k < 2; k++) {
+        double m[8], n2 = 0;
+        for (int j = 0; j < 8; j++) {
+            m[j] = (double)one[(2 * k) * 8 + j] + one[(2 * k + 1) * 8 + j];
+            n2 += m[j] * m[j];
+        }
+        for (int j = 0; j < 8; j++)
+            assert_true(fabs(lab[k * 8 + j] - m[j] / sqrt(n2)) < 1e-6);
+    }
+    for (int j = 0; j < 8; j++)
+        assert_true(fabs(lab[2 * 8 + j] - single[j]) < 1e-6);
+
+    /* the evaluation's zero-shot, from the same label embeddings */
+    assert_int_equal(td_sensor_open(&sh, vpath, NULL, &err), 0);
+    for (int i = 0; i < NV; i++) {
+        char cap[64];
+        size_t l;
+        assert_int_equal(
+            td_sensor_read(sh, i, grids + (size_t)i * T_STEPS * C_CH, cap, &l, &labels[i], &err),
+            0);
+    }
+    td_sensor_close(sh);
+    assert_int_equal(td_sensorlm_embed_windows(e, grids, NV, s, &err), 0);
+    for (int i = 0; i < NV; i++) {
+        double best = -2;
+        int cls = 0;
+        for (int k = 0; k < 3; k++) {
+            double d = 0;
+            for (int j = 0; j < 8; j++)
+                d += (double)s[i * 8 + j] * lab[k * 8 + j];
+            if (d > best)
+                best = d, cls = k;
+        }
+        zs += cls == labels[i];
+    }
+    assert_int_equal(tt_values_of(&r, "zeroshot_accuracy", v, NULL, 8), 1);
+    print_message("zero-shot with two prompts for two of three labels: %.3f\n", v[0]);
+    assert_true(fabs(v[0] - (double)zs / NV) < 1e-12);
+    td_sensorlm_embedder_free(e);
+    free(grids);
+}
+
 /* ---- the trainer ------------------------------------------------------------------------------
  */
 
@@ -1366,6 +1618,9 @@ int main(void)
         cmocka_unit_test(test_parameters),
         cmocka_unit_test(test_dims_errors),
         cmocka_unit_test(test_patchify_and_tokens),
+        cmocka_unit_test(test_caption_fit),
+        cmocka_unit_test(test_caption_cut),
+        cmocka_unit_test(test_multi_prompt),
         cmocka_unit_test(test_trains),
         cmocka_unit_test(test_no_malloc_in_step),
         cmocka_unit_test(test_resume),

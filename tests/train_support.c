@@ -168,6 +168,12 @@ static void tt_sensor_sample(float *grid, char *cap, size_t size, int T, int C, 
 
 void tt_write_sensor(const char *path, int N, int T, int C, int caption_len, uint64_t seed)
 {
+    tt_write_sensor_with(path, N, T, C, caption_len, seed, tt_sensor_prompts, 0);
+}
+
+void tt_write_sensor_with(const char *path, int N, int T, int C, int caption_len, uint64_t seed,
+                          const char *const *prompts, int clauses)
+{
     td_sensor_header h;
     td_sensor_writer *w = NULL;
     td_error_t err = {0};
@@ -185,12 +191,17 @@ void tt_write_sensor(const char *path, int N, int T, int C, int caption_len, uin
     h.period_s = 60;
     for (int c = 0; c < C; c++)
         snprintf(h.ch[c].name, sizeof(h.ch[c].name), "ch%d", c);
-    if (td_sensor_writer_open(&w, path, &h, tt_sensor_names, tt_sensor_prompts, &err) != 0)
+    if (td_sensor_writer_open(&w, path, &h, tt_sensor_names, prompts, &err) != 0)
         fail_msg("%s", err.msg);
     for (int i = 0; i < N; i++) {
         int k = i % TT_SENSOR_LABELS;
         size_t len;
         tt_sensor_sample(grid, cap, sizeof(cap), T, C, k, &x);
+        if (clauses) {
+            size_t at = strlen(cap);
+            snprintf(cap + at, sizeof(cap) - at, "; %s %d. %s %d", k == 0 ? "calm" : "busy", i % 7,
+                     i % 2 ? "late" : "early", i % 5);
+        }
         len = strlen(cap) < (size_t)caption_len ? strlen(cap) : (size_t)caption_len;
         if (td_sensor_writer_add(w, grid, cap, len, k, &err) != 0)
             fail_msg("%s", err.msg);

@@ -38,6 +38,12 @@ void tt_write_text(const char *path, size_t bytes);
 #define TT_SENSOR_LABELS 3
 void tt_write_sensor(const char *path, int N, int T, int C, int caption_len, uint64_t seed);
 
+/* The same shard with other label-table prompts (TT_SENSOR_LABELS of them, "a|b" lists allowed;
+ * the captions still start with "alpha day", "beta day", "gamma day") and, with clauses, each
+ * caption followed by "; <word> <n>. <word> <n>" clauses, so that it has clause boundaries. */
+void tt_write_sensor_with(const char *path, int N, int T, int C, int caption_len, uint64_t seed,
+                          const char *const *prompts, int clauses);
+
 #define TT_MAX_SAMPLES 4096
 
 typedef struct tt_sample {

@@ -29,9 +29,10 @@
 #include "common/td_errno.h"
 #include "train/train.h"
 
-#define TD_SLM_MAX_FILES  1024  /* sensor shards of one job, both splits */
-#define TD_SLM_EVAL_MAX   16384 /* valid windows one evaluation ranks, at most */
-#define TD_SLM_EMBED_ROWS 64    /* windows or texts per forward of an embedder by default */
+#define TD_SLM_MAX_FILES   1024  /* sensor shards of one job, both splits */
+#define TD_SLM_EVAL_MAX    16384 /* valid windows one evaluation ranks, at most */
+#define TD_SLM_EMBED_ROWS  64    /* windows or texts per forward of an embedder by default */
+#define TD_SLM_MAX_PROMPTS 16    /* prompts of one label ("a|b|c"), at most: the rest are ignored */
 
 /* What a sensorlm job's files hold, from their headers (td__slm_peek): what the model's
  * dimensions and the memory estimate need without opening the data for training. */
@@ -100,15 +101,35 @@ int td__slm_fill(td_slm_data *s, int r0, int r1, float *x, int *tok, int *end, t
 int td__slm_valid_fill(td_slm_data *s, int64_t i, int n, float *x, int *tok, int *end, int *labels,
                        td_error_t *err);
 
-/* The valid split's labels: K, and each label's prompt tokenised (tok (K, L), end (K)). 0 when
- * the split has none. */
+/* The valid split's labels: K (0 when the split has none); their NP prompts (each label's
+ * table entry split at '|', empty parts skipped, the label's name when none is left; at most
+ * TD_SLM_MAX_PROMPTS a label), in label order, tokenised: tok (NP, L), end (NP), and of (NP),
+ * the label each one is of. */
 int td__slm_labels(const td_slm_data *s);
-void td__slm_prompts(const td_slm_data *s, int *tok, int *end);
+int td__slm_prompt_count(const td_slm_data *s);
+void td__slm_prompts(const td_slm_data *s, int *tok, int *end, int *of);
+
+/* The parts of a label's prompts ("running day|running day: a run"): the offset and length of
+ * each non-empty part between '|', at most max of them. Returns their number (0: none). */
+int td__slm_prompt_parts(const char *prompts, int *off, int *len, int max);
 
 /* ---- a window and a text as the model takes them ------------------------------------------- */
 
-/* A caption's bytes as tokens: the first min(len, L-1) bytes, the end token at their end
- * (*end), pad tokens to L. tok is (L). */
+/* The bytes of text (len of them) a model that reads max bytes keeps: all when len <= max, else
+ * up to the last clause boundary that fits (a "; " or ". " at byte i <= max, after at least one
+ * byte: the i bytes before it), else up to the last space at byte i <= max (i bytes, i > 0),
+ * else max bytes (a word longer than max). README.md's "Text tower". */
+size_t td__slm_fit(const char *text, size_t len, size_t max);
+
+/* A training caption's augmentation (data.caption_cut, README.md's "Captions cut short"): with
+ * the chance p, text (len bytes, already fitted) is cut at one of its clause boundaries drawn
+ * uniformly, keeping the bytes before it; the draws are from (seed, epoch, pos) alone, pos the
+ * window's position in the epoch's order. Returns the bytes kept (len when not cut). */
+size_t td__slm_cut(const char *text, size_t len, uint64_t seed, int64_t epoch, int64_t pos,
+                   float p);
+
+/* A caption's bytes as tokens: its first td__slm_fit(text, len, L-1) bytes, the end token at
+ * their end (*end), pad tokens to L. tok is (L). */
 void td__slm_tokenize(const char *text, size_t len, int L, int *tok, int *end);
 
 /* A raw window grid (T, C) (NaN for a missing reading) as patches x (N, P): (x - mean) / std by
@@ -129,10 +150,13 @@ typedef struct td_slm_eval {
     char *stage; /* NULL: build inputs in the arena (host backend) */
     float *sims;
     int *labels;
-    int *ptok, *pend; /* the label prompts' tokens (K, L) and end positions (K), host memory */
+    int *ptok, *pend; /* the label prompts' tokens (NP, L) and end positions (NP), host memory */
+    int *pof;         /* (NP): the label each prompt is of */
+    float *pemb;      /* host (K + B, E): the labels' embeddings, and one batch of prompts' */
     int B;            /* windows per forward: the job's batch_size */
     int64_t nv;       /* windows ranked */
-    int K;            /* label prompts (0: no zero-shot) */
+    int K;            /* labels (0: no zero-shot) */
+    int NP;           /* their prompts */
 } td_slm_eval;
 
 /* The results of one evaluation. */
@@ -146,9 +170,9 @@ typedef struct td_slm_metrics {
  * windows (the last may be shorter) weighted by its windows; sensor -> text recall at 1 and 5
  * and text -> sensor recall at 1 over all nv windows, by dot products of the unit embeddings
  * (window i's caption is at rank r when r others score at least as high: ties count against);
- * zero-shot accuracy, each window's class the label prompt it scores highest with (the first of
- * equals), against its label. Runs forwards without a tape; panics as ops do (a read error is
- * TD_EDATA). */
+ * zero-shot accuracy, each window's class the label it scores highest with (the first of
+ * equals), against its label, a label's embedding being the normalised mean of its prompts'. Runs
+ * forwards without a tape; panics as ops do (a read error is TD_EDATA). */
 void td__slm_evaluate(td_slm_eval *ev, td_slm_metrics *out);
 
 /* An embedder (train.h) of cfg's model with dimensions d from host parameters (n floats, the

@@ -15,9 +15,10 @@
 #include "train/sensor.h"
 #include "train/slm.h"
 
-#define MAX_WINDOWS    ((int64_t)1 << 31) /* windows of one job, both splits: uint32 order */
-#define SHUFFLE_STREAM 0x534c4d0000ull    /* + epoch: the order's PRNG stream ("SLM") */
-#define FIELD_BYTES    48                 /* "data.valid[15]" */
+#define MAX_WINDOWS    ((int64_t)1 << 31)    /* windows of one job, both splits: uint32 order */
+#define SHUFFLE_STREAM 0x534c4d0000ull       /* + epoch: the order's PRNG stream ("SLM") */
+#define CUT_STREAM     0x4355540000000000ull /* + epoch * 2^32 + position: a caption's cut ("CUT") */
+#define FIELD_BYTES    48                    /* "data.valid[15]" */
 #define SPLIT_TRAIN    0
 #define SPLIT_VALID    1
 
@@ -174,9 +175,12 @@ struct td_slm_data {
     float *norm;     /* (2C) */
     float *grid;     /* (T, C): one window as read */
     char *caption;   /* the longest caption slot + 1 */
+    float cut;       /* data.caption_cut: the chance a training caption is cut short */
     int K;           /* the valid split's labels (0: none) */
-    int *prompt_tok; /* (K, L) */
-    int *prompt_end; /* (K) */
+    int NP;          /* their prompts, every label's in label order */
+    int *prompt_tok; /* (NP, L) */
+    int *prompt_end; /* (NP) */
+    int *prompt_of;  /* (NP): the label each prompt is of */
 };
 
 /* Adds one file to s (takes fd). */
@@ -224,21 +228,57 @@ static void draw_order(td_slm_data *s)
     }
 }
 
-/* The label prompts of the valid split's first file, tokenised. */
+int td__slm_prompt_parts(const char *prompts, int *off, int *len, int max)
+{
+    int n = 0, at = 0;
+
+    for (;;) {
+        const char *bar = strchr(prompts + at, '|');
+        int l = bar != NULL ? (int)(bar - (prompts + at)) : (int)strlen(prompts + at);
+        if (l > 0 && n < max) {
+            off[n] = at;
+            len[n] = l;
+            n++;
+        }
+        if (bar == NULL)
+            return n;
+        at += l + 1;
+    }
+}
+
+/* The label prompts of the valid split's first file, each label's split at '|', tokenised. */
 static int read_prompts(td_slm_data *s, int first_valid, int K, td_error_t *err)
 {
     const td_sensor *f = s->f[first_valid];
+    int off[TD_SLM_MAX_PROMPTS], len[TD_SLM_MAX_PROMPTS], np = 0;
 
-    s->prompt_tok = malloc((size_t)K * s->d.L * sizeof(int));
-    s->prompt_end = malloc((size_t)K * sizeof(int));
-    if (s->prompt_tok == NULL || s->prompt_end == NULL)
-        return td_error_set(err, TD_ENOMEM, "no memory for %d label prompts", K);
+    for (int k = 0; k < K; k++) {
+        int n = td__slm_prompt_parts(td_sensor_label_prompt(f, k), off, len, TD_SLM_MAX_PROMPTS);
+        np += n > 0 ? n : 1;
+    }
+    s->prompt_tok = malloc((size_t)np * s->d.L * sizeof(int));
+    s->prompt_end = malloc((size_t)np * sizeof(int));
+    s->prompt_of = malloc((size_t)np * sizeof(int));
+    if (s->prompt_tok == NULL || s->prompt_end == NULL || s->prompt_of == NULL)
+        return td_error_set(err, TD_ENOMEM, "no memory for %d label prompts", np);
+    np = 0;
     for (int k = 0; k < K; k++) {
         const char *p = td_sensor_label_prompt(f, k);
-        td__slm_tokenize(p, strlen(p), s->d.L, s->prompt_tok + (size_t)k * s->d.L,
-                         &s->prompt_end[k]);
+        int n = td__slm_prompt_parts(p, off, len, TD_SLM_MAX_PROMPTS);
+        if (n == 0) { /* nothing but '|': the label's name */
+            p = td_sensor_label_name(f, k);
+            off[0] = 0;
+            len[0] = (int)strlen(p);
+            n = 1;
+        }
+        for (int i = 0; i < n; i++, np++) {
+            td__slm_tokenize(p + off[i], (size_t)len[i], s->d.L,
+                             s->prompt_tok + (size_t)np * s->d.L, &s->prompt_end[np]);
+            s->prompt_of[np] = k;
+        }
     }
     s->K = K;
+    s->NP = np;
     return 0;
 }
 
@@ -278,6 +318,7 @@ int td__slm_data_open(td_slm_data **out, const td_train_config *cfg, const td_sl
     s->B = cfg->batch_size;
     s->shuffle = cfg->shuffle;
     s->seed = cfg->seed;
+    s->cut = cfg->caption_cut;
     rc = each_shard(SPLIT_TRAIN, cfg->train_files, cfg->n_train_files, open_one, s, err);
     n_train_files = s->n_files;
     if (rc == 0)
@@ -328,6 +369,7 @@ void td__slm_data_free(td_slm_data *s)
     free(s->caption);
     free(s->prompt_tok);
     free(s->prompt_end);
+    free(s->prompt_of);
     free(s);
 }
 
@@ -385,17 +427,64 @@ int td__slm_labels(const td_slm_data *s)
     return s->K;
 }
 
-void td__slm_prompts(const td_slm_data *s, int *tok, int *end)
+int td__slm_prompt_count(const td_slm_data *s)
 {
-    memcpy(tok, s->prompt_tok, (size_t)s->K * s->d.L * sizeof(int));
-    memcpy(end, s->prompt_end, (size_t)s->K * sizeof(int));
+    return s->NP;
+}
+
+void td__slm_prompts(const td_slm_data *s, int *tok, int *end, int *of)
+{
+    memcpy(tok, s->prompt_tok, (size_t)s->NP * s->d.L * sizeof(int));
+    memcpy(end, s->prompt_end, (size_t)s->NP * sizeof(int));
+    memcpy(of, s->prompt_of, (size_t)s->NP * sizeof(int));
 }
 
 /* ---- windows and captions ------------------------------------------------------------------ */
 
+/* Whether a clause ends at byte i of text (len bytes): "; " or ". " starts there, after at least
+ * one byte. */
+static int boundary_at(const char *text, size_t len, size_t i)
+{
+    return i > 0 && i + 1 < len && (text[i] == ';' || text[i] == '.') && text[i + 1] == ' ';
+}
+
+size_t td__slm_fit(const char *text, size_t len, size_t max)
+{
+    if (len <= max)
+        return len;
+    for (size_t i = max; i > 0; i--) /* the last clause that fits */
+        if (boundary_at(text, len, i))
+            return i;
+    for (size_t i = max; i > 0; i--) /* else the last word */
+        if (text[i] == ' ')
+            return i;
+    return max; /* one word longer than max */
+}
+
+size_t td__slm_cut(const char *text, size_t len, uint64_t seed, int64_t epoch, int64_t pos, float p)
+{
+    uint32_t n = 0, k;
+    td_rng r;
+
+    if (p <= 0.0f)
+        return len;
+    td_rng_seed(&r, seed, CUT_STREAM + ((uint64_t)epoch << 32) + (uint64_t)pos);
+    if (!(td_rng_uniform(&r) < p))
+        return len;
+    for (size_t i = 0; i < len; i++)
+        n += boundary_at(text, len, i);
+    if (n == 0)
+        return len;
+    k = td_rng_below(&r, n);
+    for (size_t i = 0; i < len; i++)
+        if (boundary_at(text, len, i) && k-- == 0)
+            return i;
+    return len;
+}
+
 void td__slm_tokenize(const char *text, size_t len, int L, int *tok, int *end)
 {
-    size_t n = len < (size_t)(L - 1) ? len : (size_t)(L - 1);
+    size_t n = td__slm_fit(text, len, (size_t)(L - 1));
 
     for (size_t i = 0; i < n; i++)
         tok[i] = (unsigned char)text[i];
@@ -425,9 +514,10 @@ void td__slm_patchify(const float *grid, const float *norm, const td_slm_dims *d
         }
 }
 
-/* Window g (of train's and valid's numbering) into row r of x, tok, end (and its label). */
-static int read_window(td_slm_data *s, int64_t g, int r, float *x, int *tok, int *end, int *label,
-                       td_error_t *err)
+/* Window g (of train's and valid's numbering) into row r of x, tok, end (and its label); pos >= 0
+ * is its position in a training epoch's order, where its caption may be cut (td__slm_cut). */
+static int read_window(td_slm_data *s, int64_t g, int64_t pos, int r, float *x, int *tok, int *end,
+                       int *label, td_error_t *err)
 {
     int lo = 0, hi = s->n_files - 1, rc;
     const td_slm_dims *d = &s->d;
@@ -445,6 +535,9 @@ static int read_window(td_slm_data *s, int64_t g, int r, float *x, int *tok, int
     if (rc != 0)
         return rc;
     td__slm_patchify(s->grid, s->norm, d, x + (size_t)r * d->N * d->P);
+    if (pos >= 0) /* cut among the clauses the model reads, so that a cut is always shorter */
+        len = td__slm_cut(s->caption, td__slm_fit(s->caption, len, (size_t)(d->L - 1)), s->seed,
+                          s->cur.epoch, pos, s->cut);
     td__slm_tokenize(s->caption, len, d->L, tok + (size_t)r * d->L, &end[r]);
     if (label != NULL)
         label[r] = lab;
@@ -456,7 +549,7 @@ int td__slm_fill(td_slm_data *s, int r0, int r1, float *x, int *tok, int *end, t
     int64_t first = s->cur.batch * s->B;
 
     for (int r = r0; r < r1; r++) {
-        int rc = read_window(s, s->order[first + r], r - r0, x, tok, end, NULL, err);
+        int rc = read_window(s, s->order[first + r], first + r, r - r0, x, tok, end, NULL, err);
         if (rc != 0)
             return rc;
     }
@@ -470,7 +563,7 @@ int td__slm_valid_fill(td_slm_data *s, int64_t i, int n, float *x, int *tok, int
         return td_error_set(err, TD_EINVAL, "valid windows [%lld, %lld) of %lld", (long long)i,
                             (long long)(i + n), (long long)s->n_valid);
     for (int r = 0; r < n; r++) {
-        int rc = read_window(s, s->n_train + i + r, r, x, tok, end, labels, err);
+        int rc = read_window(s, s->n_train + i + r, -1, r, x, tok, end, labels, err);
         if (rc != 0)
             return rc;
     }

@@ -108,14 +108,32 @@ static double embed_valid(td_slm_eval *ev, td_ctx *c, td_tensor *S, td_tensor *U
     return sum;
 }
 
-/* The label prompts' text embeddings into P, B at a time. */
+/* The unit mean of each label's prompt embeddings: sum (K, E) holds their sums, normalised in
+ * place as the towers normalise (by max(||x||, 1e-12)). */
+static void label_means(float *sum, int K, int E)
+{
+    for (int k = 0; k < K; k++) {
+        float *v = sum + (size_t)k * E;
+        double nn = 0;
+        for (int j = 0; j < E; j++)
+            nn += (double)v[j] * v[j];
+        float inv = 1.0f / (float)fmax(sqrt(nn), 1e-12);
+        for (int j = 0; j < E; j++)
+            v[j] *= inv;
+    }
+}
+
+/* The labels' text embeddings into P (K, E): each label's prompts embedded, B at a time, and
+ * their normalised mean. */
 static void embed_prompts(td_slm_eval *ev, td_ctx *c, td_tensor *P)
 {
     const td_slm_dims *d = &ev->m->d;
     mark base = mark_of(ev->arena);
+    float *sum = ev->pemb, *rows = ev->pemb + (size_t)ev->K * d->E;
 
-    for (int j = 0; j < ev->K; j += ev->B) {
-        int n = ev->K - j < ev->B ? ev->K - j : ev->B;
+    memset(sum, 0, (size_t)ev->K * d->E * sizeof(float));
+    for (int j = 0; j < ev->NP; j += ev->B) {
+        int n = ev->NP - j < ev->B ? ev->NP - j : ev->B;
         inputs in;
         td_tensor *u;
 
@@ -125,9 +143,16 @@ static void embed_prompts(td_slm_eval *ev, td_ctx *c, td_tensor *P)
         memcpy(in.hend, ev->pend + j, (size_t)n * sizeof(int));
         upload_inputs(ev->k, d, ev->stage, &in, n);
         u = td_sensorlm_text(c, ev->m, in.tok, in.end, n);
-        ev->k->residual_backward(P->data + (size_t)j * d->E, NULL, u->data, u->n);
+        ev->k->download(rows, u->data, u->n * sizeof(float));
+        for (int r = 0; r < n; r++) {
+            float *to = sum + (size_t)ev->pof[j + r] * d->E;
+            for (int e = 0; e < d->E; e++)
+                to[e] += rows[(size_t)r * d->E + e];
+        }
     }
     back_to(ev->arena, base);
+    label_means(sum, ev->K, d->E);
+    ev->k->upload(P->data, sum, (size_t)ev->K * d->E * sizeof(float));
 }
 
 /* Rows [i, i+n) of A against every row of Bt: the (n, rows of Bt) dot products, downloaded
@@ -408,4 +433,59 @@ int td_sensorlm_embed_texts(td_sensorlm_embedder *e, const char *const *texts, i
         if (texts[i] == NULL)
             return td_error_set(err, TD_EINVAL, "embed: text %d is NULL", i);
     return embed_all(e, NULL, texts, n, out, err);
+}
+
+int td_sensorlm_embed_labels(td_sensorlm_embedder *e, const char *const *prompts, int n, float *out,
+                             td_error_t *err)
+{
+    int off[TD_SLM_MAX_PROMPTS], len[TD_SLM_MAX_PROMPTS], np = 0, E = e->m->d.E, rc = 0;
+    char **parts;
+    int *of;
+    float *u;
+
+    if (prompts == NULL && n > 0)
+        return td_error_set(err, TD_EINVAL, "embed: no prompts");
+    for (int k = 0; k < n; k++) {
+        if (prompts[k] == NULL)
+            return td_error_set(err, TD_EINVAL, "embed: label %d has no prompt", k);
+        int m = td__slm_prompt_parts(prompts[k], off, len, TD_SLM_MAX_PROMPTS);
+        np += m > 0 ? m : 1;
+    }
+    parts = calloc((size_t)(np > 0 ? np : 1), sizeof(char *));
+    of = malloc((size_t)(np > 0 ? np : 1) * sizeof(int));
+    u = malloc((size_t)(np > 0 ? np : 1) * E * sizeof(float));
+    if (parts == NULL || of == NULL || u == NULL) {
+        rc = td_error_set(err, TD_ENOMEM, "embed: no memory for %d prompts", np);
+        goto done;
+    }
+    np = 0;
+    for (int k = 0; k < n; k++) {
+        int m = td__slm_prompt_parts(prompts[k], off, len, TD_SLM_MAX_PROMPTS);
+        if (m == 0) { /* nothing but '|': embedded as it is */
+            off[0] = 0;
+            len[0] = (int)strlen(prompts[k]);
+            m = 1;
+        }
+        for (int i = 0; i < m; i++, np++) {
+            of[np] = k;
+            if ((parts[np] = strndup(prompts[k] + off[i], (size_t)len[i])) == NULL) {
+                rc = td_error_set(err, TD_ENOMEM, "embed: no memory for %d prompts", np);
+                goto done;
+            }
+        }
+    }
+    if ((rc = embed_all(e, NULL, (const char *const *)parts, np, u, err)) != 0)
+        goto done;
+    memset(out, 0, (size_t)n * E * sizeof(float));
+    for (int p = 0; p < np; p++)
+        for (int j = 0; j < E; j++)
+            out[(size_t)of[p] * E + j] += u[(size_t)p * E + j];
+    label_means(out, n, E);
+done:
+    for (int p = 0; parts != NULL && p < np; p++)
+        free(parts[p]);
+    free(parts);
+    free(of);
+    free(u);
+    return rc;
 }

@@ -137,6 +137,8 @@ typedef struct td_train_config {
     char valid_files[TD_MAX_PATTERNS][TD_PATH_MAX];
     int n_valid_files;
     float valid_fraction; /* in [0, 1); 0: none unless valid_files */
+    float caption_cut;    /* sensor: the chance a training caption is cut at a clause boundary
+                           * (data.caption_cut, in [0, 1]; 0: never) */
 
     float grad_clip; /* global L2 norm the gradient is clipped to; 0: off */
 
@@ -391,10 +393,16 @@ void td_sensorlm_embedder_info(const td_sensorlm_embedder *e, td_sensorlm_info *
 int td_sensorlm_embed_windows(td_sensorlm_embedder *e, const float *grids, int n, float *out,
                               td_error_t *err);
 
-/* n texts (NUL-terminated; their first L-1 bytes, as captions are read) through the text tower
- * -> out (n, E). A label's prompt embedded so is what zero-shot classification compares
- * windows with. */
+/* n texts (NUL-terminated; read as captions are, cut to fit the text length at a clause
+ * boundary) through the text tower -> out (n, E). */
 int td_sensorlm_embed_texts(td_sensorlm_embedder *e, const char *const *texts, int n, float *out,
                             td_error_t *err);
+
+/* n labels' embeddings -> out (n, E), as zero-shot classification compares windows with them:
+ * prompts[k] is label k's prompts separated by '|' ("running day|running day: a run"; empty
+ * parts skipped, at most 16 used), each embedded as a text; label k's embedding is the mean of
+ * its prompts', normalised (by max(||x||, 1e-12)). One prompt gives that prompt's embedding. */
+int td_sensorlm_embed_labels(td_sensorlm_embedder *e, const char *const *prompts, int n, float *out,
+                             td_error_t *err);
 
 #endif

@@ -391,17 +391,20 @@ static int alloc_slm_eval(td_trainer *t, td_error_t *err)
 {
     td_slm_eval *ev = &t->ev;
     int64_t wide = ev->nv > ev->K ? ev->nv : ev->K, rows = ev->nv < ev->B ? ev->nv : ev->B;
-    int L = t->slm->d.L;
+    int L = t->slm->d.L, np = ev->NP > 0 ? ev->NP : 1;
 
     ev->sims = malloc((size_t)(rows * wide) * sizeof(float));
     ev->labels = malloc((size_t)ev->nv * sizeof(int));
-    ev->ptok = malloc((size_t)(ev->K > 0 ? ev->K : 1) * L * sizeof(int));
-    ev->pend = malloc((size_t)(ev->K > 0 ? ev->K : 1) * sizeof(int));
-    if (ev->sims == NULL || ev->labels == NULL || ev->ptok == NULL || ev->pend == NULL)
+    ev->ptok = malloc((size_t)np * L * sizeof(int));
+    ev->pend = malloc((size_t)np * sizeof(int));
+    ev->pof = malloc((size_t)np * sizeof(int));
+    ev->pemb = malloc((size_t)(ev->K + ev->B) * t->slm->d.E * sizeof(float));
+    if (ev->sims == NULL || ev->labels == NULL || ev->ptok == NULL || ev->pend == NULL ||
+        ev->pof == NULL || ev->pemb == NULL)
         return td_error_set(err, TD_ENOMEM, "no memory for the evaluation of %lld windows",
                             (long long)ev->nv);
     if (ev->K > 0)
-        td__slm_prompts(t->sdata, ev->ptok, ev->pend);
+        td__slm_prompts(t->sdata, ev->ptok, ev->pend, ev->pof);
     return 0;
 }
 
@@ -434,6 +437,7 @@ static int build_sensorlm(td_trainer *t, td_error_t *err)
     if (cfg->rank == 0) {
         t->ev.nv = td__slm_eval_windows(cfg, td__slm_valid_windows(t->sdata));
         t->ev.K = td__slm_labels(t->sdata);
+        t->ev.NP = td__slm_prompt_count(t->sdata);
     }
     step_bytes = td__train_slm_arena_bytes(t->slm, BL, B, cfg->world, 1);
     stage = td__slm_input_bytes(&d, BL);
@@ -1090,6 +1094,8 @@ void td_trainer_free(td_trainer *t)
     free(t->ev.labels);
     free(t->ev.ptok);
     free(t->ev.pend);
+    free(t->ev.pof);
+    free(t->ev.pemb);
     if (t->scalars != NULL)
         t->k->free(t->scalars);
     free(t->stage);
