@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kernels/cpu_team.h"
 #include "kernels/kernels.h"
@@ -262,12 +263,30 @@ static void gemm_task(void *ctx, int task)
     }
 }
 
+/* The most tiles a split sgemm is cut into: GEMM_TILES_PER for each core of the machine (as
+ * the process starts), so the same on every team of the process, whatever its size. */
+static int gemm_max_tiles(void)
+{
+    static _Atomic int max;
+    int m = atomic_load(&max);
+
+    if (m == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        cores = cores < 1 ? 1 : cores > TEAM_MAX + 1 ? TEAM_MAX + 1 : cores;
+        m = GEMM_TILES_PER * (int)cores;
+        atomic_store(&max, m);
+    }
+    return m;
+}
+
 // C = alpha op(A) op(B) + beta C (row-major, cblas_sgemm's arguments), cut into tiles of rows
 // of C (or of columns, when C has fewer rows than columns, so that the operand every tile
-// packs again is the smaller one), each at least GEMM_TILE_FLOPS, at most GEMM_TILES_PER per
-// thread of the team; one call without a team. OpenBLAS computes each element of C the same
-// way whichever tile holds it (its blocking over K depends on K alone), so the bits do not
-// depend on the team's size.
+// packs again is the smaller one), each at least GEMM_TILE_FLOPS, at most gemm_max_tiles();
+// the team takes the tiles, a thread without one runs them in turn. The tiles depend on the
+// shape (and the machine's core count) alone, never on the team's size: OpenBLAS does not
+// compute an element the same way whichever tile holds it (on its Zen and Haswell kernels a
+// 512 x 384 x 128 product cut into 2 tiles differs from the whole in about 4% of its elements,
+// in the last bits), so the same tiles are what make the bits the same on 1, 2 or 3 threads.
 void td__cpu_sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
                    float alpha, const float *A, int lda, const float *B, int ldb, float beta,
                    float *C, int ldc)
@@ -276,11 +295,10 @@ void td__cpu_sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int 
     int by_rows = M >= N, edge = by_rows ? M : N, tiles, per;
     gemm_job g = {ta, tb, M, N, K, 0, by_rows, alpha, beta, A, B, C, lda, ldb, ldc};
 
-    tiles = (int)(flops / GEMM_TILE_FLOPS);
-    tiles =
-        tiles > GEMM_TILES_PER * td__cpu_team_size() ? GEMM_TILES_PER * td__cpu_team_size() : tiles;
+    tiles = flops / GEMM_TILE_FLOPS > gemm_max_tiles() ? gemm_max_tiles()
+                                                       : (int)(flops / GEMM_TILE_FLOPS);
     tiles = tiles > edge / GEMM_ALIGN ? edge / GEMM_ALIGN : tiles;
-    if (td__cpu_team_size() < 2 || tiles < 2) {
+    if (tiles < 2) {
         cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
