@@ -435,6 +435,23 @@ static int parse_data(const td_pval *d, td_train_config *c, int files, td_error_
     return 0;
 }
 
+/* loss: {mask_same_label}, a sensorlm's only (the model is parsed before it). */
+static int parse_loss(const td_pval *l, td_train_config *c, td_error_t *err)
+{
+    static const char *const keys[] = {"mask_same_label", NULL};
+    int rc;
+
+    if (l == NULL)
+        return 0;
+    if ((rc = need_map(l, "", "loss", err)) != 0 || (rc = check_keys(l, "loss", keys, err)) != 0)
+        return rc;
+    if (c->model != TD_MODEL_SENSORLM)
+        return bad(err, td_pv_len(l) > 0 ? "loss" : "",
+                   td_pv_len(l) > 0 ? "mask_same_label" : "loss",
+                   "is a sensorlm key (model.kind \"sensorlm\")");
+    return get_bool(l, "loss", "mask_same_label", &c->mask_same_label, err);
+}
+
 static int parse_optim(const td_pval *o, td_train_config *c, td_error_t *err)
 {
     static const char *const keys[] = {"kind",         "lr",       "beta1",     "beta2", "eps",
@@ -754,6 +771,7 @@ static int parse_job(const td_pval *job, td_jobspec *out, int files, td_error_t 
                                        "min_nodes",
                                        "max_restarts",
                                        "labels",
+                                       "loss",
                                        NULL};
     static const char *const nan_policies[] = {"fail", "skip", NULL};
     int on_nan = 0;
@@ -778,6 +796,7 @@ static int parse_job(const td_pval *job, td_jobspec *out, int files, td_error_t 
         return bad(err, "", "name", "must be a non-empty string of at most 127 bytes");
     if ((rc = parse_model(td_pv_get(job, "model"), c, files, err)) != 0 ||
         (rc = parse_data(td_pv_get(job, "data"), c, files, err)) != 0 ||
+        (rc = parse_loss(td_pv_get(job, "loss"), c, err)) != 0 ||
         (rc = parse_optim(td_pv_get(job, "optim"), c, err)) != 0 ||
         (rc = parse_schedule(td_pv_get(job, "schedule"), c, err)) != 0 ||
         (rc = parse_debug(td_pv_get(job, "debug"), out, err)) != 0 ||

@@ -1602,8 +1602,9 @@ static void heads_exact_case(void)
  *    |scale| (z's bound / 4 + 8u sigmoid); ddots (+= exp(t) g) within exp(t) g's bound + 4u
  *    |exp(t) g| + u |ddots|; dt, db (sums in double of exp(t) dots g and g) within the sums of
  *    their terms' bounds, plus u of the result for the cast, times 2.
- * Both backends are held to these; the GPU run twice gives the same bits. */
-static void siglip_gpu_case(int N, int M, int diag, float weight)
+ * Both backends are held to these; the GPU run twice gives the same bits. With labels (M, or
+ * NULL), the same-label negatives (loss.mask_same_label) are left out of the reference too. */
+static void siglip_gpu_case(int N, int M, int diag, float weight, const int *labels)
 {
     size_t n = (size_t)N * M;
     float *dots = rand_host(n, -1, 1), t = 2.5f, b = -3.0f, dloss = 1.3f, loss, *h;
@@ -1614,11 +1615,17 @@ static void siglip_gpu_case(int N, int M, int diag, float weight)
     float *d_dt = to_dev(&tb0[0], 1), *d_db = to_dev(&tb0[1], 1), first;
     double et = exp((double)t), ref = 0.0, lb = 0.0, st = tb0[0], sb = tb0[1], bt = 0.0, bb = 0.0;
     double *rd = dbuf(n), *bd = dbuf(n), scale = (double)dloss * weight;
+    int *d_lab = labels != NULL ? ints_to_dev(labels, (size_t)M) : NULL;
     char what[48];
 
     for (size_t k = 0; k < n; k++) {
         int i = (int)(k / (size_t)M), j = (int)(k % (size_t)M);
         double y = j == i + diag ? 1.0 : -1.0, z = et * dots[k] + b, term, sg, g, zb, gb;
+        if (labels != NULL && j != i + diag && labels[i + diag] >= 0 &&
+            labels[j] == labels[i + diag]) {
+            rd[k] = dd0[k], bd[k] = 0.0; /* left out: ddots untouched */
+            continue;
+        }
         term = fmax(-y * z, 0.0) + log1p(exp(-fabs(y * z)));
         zb = (fabs(et * dots[k]) + fabs((double)b)) * 4.0 * U;
         ref += term;
@@ -1633,18 +1640,18 @@ static void siglip_gpu_case(int N, int M, int diag, float weight)
     }
     ref *= weight, lb = 2.0 * weight * lb;
     bt = 2.0 * bt + U * fabs(st), bb = 2.0 * bb + U * fabs(sb);
-    KC->siglip_forward(&loss, dots, &t, &b, N, M, diag, weight);
-    KD->siglip_forward(d_loss, d_dots, d_t, d_b, N, M, diag, weight);
+    KC->siglip_forward(&loss, dots, &t, &b, labels, N, M, diag, weight);
+    KD->siglip_forward(d_loss, d_dots, d_t, d_b, d_lab, N, M, diag, weight);
     dev_down(&got[0], d_loss, sizeof(float));
-    snprintf(what, sizeof(what), "siglip loss %dx%d", N, M);
+    snprintf(what, sizeof(what), "siglip loss %dx%d%s", N, M, labels != NULL ? " masked" : "");
     check_bound(what, &got[0], &loss, &ref, &lb, 1);
     first = got[0];
-    KD->siglip_forward(d_loss, d_dots, d_t, d_b, N, M, diag, weight);
+    KD->siglip_forward(d_loss, d_dots, d_t, d_b, d_lab, N, M, diag, weight);
     dev_down(&got[0], d_loss, sizeof(float));
     check_same_bits("siglip loss, twice", &got[0], &first, 1);
 
-    KC->siglip_backward(dd, &dt, &db, &dloss, dots, &t, &b, N, M, diag, weight);
-    KD->siglip_backward(d_dd, d_dt, d_db, d_dl, d_dots, d_t, d_b, N, M, diag, weight);
+    KC->siglip_backward(dd, &dt, &db, &dloss, dots, &t, &b, labels, N, M, diag, weight);
+    KD->siglip_backward(d_dd, d_dt, d_db, d_dl, d_dots, d_t, d_b, d_lab, N, M, diag, weight);
     h = to_host(d_dd, n), check_bound("siglip ddots", h, dd, rd, bd, n), free(h);
     dev_down(&got[0], d_dt, sizeof(float)), dev_down(&got[1], d_db, sizeof(float));
     check_bound("siglip dt", &got[0], &dt, &st, &bt, 1);
@@ -1652,7 +1659,7 @@ static void siglip_gpu_case(int N, int M, int diag, float weight)
 
     free(dots), free(dd0), free(dd), free(rd), free(bd);
     dev_free(d_dots), dev_free(d_t), dev_free(d_b), dev_free(d_loss), dev_free(d_dl),
-        dev_free(d_dd), dev_free(d_dt), dev_free(d_db);
+        dev_free(d_dd), dev_free(d_dt), dev_free(d_db), dev_free(d_lab);
 }
 
 /* token_mean and gather_rows with more outputs than their grids have threads (heads.cu's
@@ -1696,12 +1703,19 @@ static void body_heads(void)
 {
     heads_exact_case();
     heads_wrap_case();
-    siglip_gpu_case(100, 300, 37, 0.02f);
-    siglip_gpu_case(3, 5, 0, 1.0f / 3.0f); /* one block */
+    siglip_gpu_case(100, 300, 37, 0.02f, NULL);
+    siglip_gpu_case(3, 5, 0, 1.0f / 3.0f, NULL); /* one block */
+    /* loss.mask_same_label: 300 columns of 7 labels, every 11th unknown (-1, never masked) */
+    {
+        int lab[300];
+        for (int j = 0; j < 300; j++)
+            lab[j] = j % 11 == 0 ? -1 : j % 7;
+        siglip_gpu_case(100, 300, 37, 0.02f, lab);
+    }
     /* 1024 x 1031 terms, past the grid's cap (SIG_MAX_GRID = 512 blocks of 256 threads, at
      * least 4 terms each): every thread takes eight or nine terms in its grid-stride loop; a
      * batch of 1024 with a diagonal shifted by 5 */
-    siglip_gpu_case(1024, 1031, 5, 1.0f / 1024.0f);
+    siglip_gpu_case(1024, 1031, 5, 1.0f / 1024.0f, NULL);
 }
 
 #define OP_TEST(name)                     \

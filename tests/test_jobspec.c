@@ -30,7 +30,8 @@ static char text[128];
 /* One extra top-level pair of a job: an integer, a number, a string or a boolean. */
 typedef struct extra {
     const char *key;
-    char type; /* 'i', 'd', 's', 'b', or 'F': debug: {fail: {kind: s, step: 1}} */
+    char type; /* 'i', 'd', 's', 'b', 'F': debug: {fail: {kind: s, step: 1}}, or 'L': loss:
+                * {mask_same_label: i as a boolean} */
     int64_t i;
     double d;
     const char *s;
@@ -94,6 +95,11 @@ static void build(td_proto_frame **f, const extra *x, size_t n)
             td_pw_str(&w, x[i].s);
             break;
         case 'b':
+            td_pw_bool(&w, (int)x[i].i);
+            break;
+        case 'L':
+            td_pw_map(&w, 1);
+            td_pw_str(&w, "mask_same_label");
             td_pw_bool(&w, (int)x[i].i);
             break;
         case 'F':
@@ -571,6 +577,36 @@ static void test_guard_counts_the_dataset(void **state)
 
 static double slm_caption_cut = -1; /* >= 0: slm_submit's job sets data.caption_cut to it */
 
+/* What slm_submit's job says of loss: */
+enum {
+    LOSS_NONE,   /* no loss map */
+    LOSS_TRUE,   /* loss: {mask_same_label: true} */
+    LOSS_FALSE,  /* ... false */
+    LOSS_STRING, /* ... "yes" */
+    LOSS_INT,    /* ... 1 */
+    LOSS_OTHER,  /* loss: {mask: true} */
+    LOSS_NUMBER, /* loss: 3 */
+};
+static int slm_loss = LOSS_NONE;
+
+/* slm_loss's loss pair, when it has one. */
+static void put_loss(td_pw *w)
+{
+    td_pw_str(w, "loss");
+    if (slm_loss == LOSS_NUMBER) {
+        td_pw_int(w, 3);
+        return;
+    }
+    td_pw_map(w, 1);
+    td_pw_str(w, slm_loss == LOSS_OTHER ? "mask" : "mask_same_label");
+    if (slm_loss == LOSS_STRING)
+        td_pw_str(w, "yes");
+    else if (slm_loss == LOSS_INT)
+        td_pw_int(w, 1);
+    else
+        td_pw_bool(w, slm_loss != LOSS_FALSE);
+}
+
 /* A sensorlm job on sensor shards train (and valid when not NULL): model.size, then the
  * model.sensor pairs (key, value; a value starting with a letter is a string), data.kind
  * dkind. */
@@ -584,7 +620,9 @@ static int slm_submit(const char *train, const char *valid, const char *dkind,
     int rc;
 
     td_pw_init(&w);
-    td_pw_map(&w, 3);
+    td_pw_map(&w, 3 + (slm_loss != LOSS_NONE));
+    if (slm_loss != LOSS_NONE)
+        put_loss(&w);
     td_pw_str(&w, "model");
     td_pw_map(&w, 5);
     td_pw_str(&w, "kind");
@@ -635,10 +673,10 @@ static int slm_submit(const char *train, const char *valid, const char *dkind,
     return rc;
 }
 
-/* A good shard: 8 windows of 20 x 3 with 2 labels; channel 2 named name2. */
-static void write_shard(const char *path, const char *name2)
+/* A good shard: 8 windows of 20 x 3 with K labels (0 or 2); channel 2 named name2. */
+static void write_shard_k(const char *path, const char *name2, int K)
 {
-    td_sensor_header h = {.T = 20, .C = 3, .N = 8, .caption_len = 16, .n_labels = 2};
+    td_sensor_header h = {.T = 20, .C = 3, .N = 8, .caption_len = 16, .n_labels = K};
     const char *names[2] = {"rest", "run"}, *prompts[2] = {"rest day", "running day"};
     td_sensor_writer *w = NULL;
     td_error_t err = {0};
@@ -655,6 +693,11 @@ static void write_shard(const char *path, const char *name2)
     }
     assert_int_equal(td_sensor_writer_finish(w, NULL, NULL, &err), 0);
     td_sensor_writer_free(w);
+}
+
+static void write_shard(const char *path, const char *name2)
+{
+    write_shard_k(path, name2, 2);
 }
 
 /* Overwrites n bytes at off of path. */
@@ -724,6 +767,56 @@ static void test_sensorlm_keys(void **state)
     if (strstr(err.msg, msg) == NULL)
         fail_msg("%s", err.msg);
     unlink(train);
+    free(s);
+}
+
+/* loss.mask_same_label: off by default, true and false taken; anything but a boolean, another
+ * key in loss, a loss that is no object, and the key on a gpt refused naming it; refused at
+ * submit when the train shards carry no labels (accepted there when off). */
+static void test_loss_mask_same_label(void **state)
+{
+    const char *ok[] = {"patch_t", "4"};
+    const extra gpt[] = {{.key = "loss", .type = 'L', .i = 1}};
+    char train[160], bare[160];
+    td_jobspec *s = malloc(sizeof(*s));
+    td_error_t err = {0};
+
+    (void)state;
+    assert_non_null(s);
+    snprintf(train, sizeof(train), "%s/loss.bin", dir);
+    snprintf(bare, sizeof(bare), "%s/loss-nolabels.bin", dir);
+    write_shard(train, "skin_temp");
+    write_shard_k(bare, "skin_temp", 0);
+    assert_int_equal(slm_submit(train, NULL, "sensor", ok, 1, s, &err), 0);
+    assert_int_equal(s->train.mask_same_label, 0);
+    slm_loss = LOSS_TRUE;
+    assert_int_equal(slm_submit(train, NULL, "sensor", ok, 1, s, &err), 0);
+    assert_int_equal(s->train.mask_same_label, 1);
+    slm_loss = LOSS_FALSE;
+    assert_int_equal(slm_submit(train, NULL, "sensor", ok, 1, s, &err), 0);
+    assert_int_equal(s->train.mask_same_label, 0);
+    slm_loss = LOSS_STRING;
+    assert_int_equal(slm_submit(train, NULL, "sensor", ok, 1, s, &err), TD_EJOB);
+    assert_string_equal(err.msg, "loss.mask_same_label: must be true or false");
+    slm_loss = LOSS_INT;
+    assert_int_equal(slm_submit(train, NULL, "sensor", ok, 1, s, &err), TD_EJOB);
+    assert_string_equal(err.msg, "loss.mask_same_label: must be true or false");
+    slm_loss = LOSS_OTHER;
+    assert_int_equal(slm_submit(train, NULL, "sensor", ok, 1, s, &err), TD_EJOB);
+    assert_string_equal(err.msg, "loss.mask: unknown key");
+    slm_loss = LOSS_NUMBER;
+    assert_int_equal(slm_submit(train, NULL, "sensor", ok, 1, s, &err), TD_EJOB);
+    assert_string_equal(err.msg, "loss: must be an object");
+    /* the labels are the train shards': a valid shard's do not count */
+    slm_loss = LOSS_TRUE;
+    assert_int_equal(slm_submit(bare, train, "sensor", ok, 1, s, &err), TD_EJOB);
+    assert_string_equal(err.msg, "loss.mask_same_label: data.train's shards carry no labels");
+    slm_loss = LOSS_FALSE;
+    assert_int_equal(slm_submit(bare, train, "sensor", ok, 1, s, &err), 0);
+    slm_loss = LOSS_NONE;
+    refused(gpt, 1, "loss.mask_same_label: is a sensorlm key (model.kind \"sensorlm\")");
+    unlink(train);
+    unlink(bare);
     free(s);
 }
 
@@ -815,6 +908,7 @@ int main(void)
         cmocka_unit_test(test_paths_refused_at_submit),
         cmocka_unit_test(test_guard_counts_the_dataset),
         cmocka_unit_test(test_sensorlm_keys),
+        cmocka_unit_test(test_loss_mask_same_label),
         cmocka_unit_test(test_sensor_shards_at_submit),
     };
 

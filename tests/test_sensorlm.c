@@ -1,12 +1,14 @@
 /* Unit tests of SensorLM (train/sensorlm.c, slm_data.c, slm_eval.c, the two-tower ops of
  * train/engine.c and their kernels): every new op's tape gradient against central differences,
- * SigLIP's loss and gradients against a double-precision reference, the whole model's gradient
- * against central differences (both poolings), the parameters' names, shapes and count, the
- * windows' patches and the captions' tokens exactly as the README has them, the arena's exact
+ * SigLIP's loss and gradients against a double-precision reference (and, with
+ * loss.mask_same_label, against the README's masked equations and central differences, and bit
+ * for bit the unmasked loss when no two labels are equal), the whole model's gradient against
+ * central differences (both poolings), the parameters' names, shapes and count, the windows'
+ * patches and the captions' tokens exactly as the README has them, the arena's exact
  * accounting, and the trainer: it learns, allocates nothing per step, resumes bit for bit,
- * gives 2 and 3 replicas the loss of one within 1e-5, computes on the fake device the CPU's
- * bits, and embeds through the embedder what its evaluation ranks. Each numerical check states
- * its tolerance and why. */
+ * gives 2 and 3 replicas the loss of one within 1e-5 (masked too), computes on the fake device
+ * the CPU's bits, and embeds through the embedder what its evaluation ranks. Each numerical
+ * check states its tolerance and why. */
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -642,6 +644,354 @@ static void test_model_gradient_fd(void **state)
 {
     model_fd(TD_SLM_POOL_MAP);
     model_fd(TD_SLM_POOL_GAP);
+}
+
+/* The tiny model's loss and every parameter's gradient over rows x (B,N,P), tok, end, through
+ * td_sensorlm_loss (lab NULL) or td_sensorlm_loss_masked, into *loss and grad (p->n floats). */
+static void model_grads(td_ctx *c, td_sensorlm *m, td_params *p, const float *xh, const int *tok,
+                        const int *end, const int *lab, int B, float *loss, float *grad)
+{
+    td_tensor *x, *s, *u, *l;
+
+    td_arena_reset(c->arena);
+    memset(p->grad, 0, p->n * sizeof(float));
+    x = td_tensor_new(c, 3, (int[]){B, m->d.N, m->d.P}, 0);
+    memcpy(x->data, xh, x->n * sizeof(float));
+    s = td_sensorlm_sensor(c, m, x);
+    u = td_sensorlm_text(c, m, tok, end, B);
+    l = lab != NULL ? td_sensorlm_loss_masked(c, m, s, u, lab, B, 0)
+                    : td_sensorlm_loss(c, m, s, u, B, 0);
+    td_backward(c, l);
+    *loss = l->data[0];
+    memcpy(grad, p->grad, p->n * sizeof(float));
+}
+
+/* test_mask_distinct_is_unmasked through the model: 4 windows of distinct labels give
+ * td_sensorlm_loss's loss and gradients bit for bit; with two of one label they do not (the
+ * mask reaches the loss through td_sensorlm_loss_masked). */
+static void mask_model_distinct(void)
+{
+    td_slm_dims d = tiny_dims(TD_SLM_POOL_MAP);
+    const int B = 4;
+    static const int distinct[4] = {2, 0, -1, 1}, repeated[4] = {2, 0, 2, 1};
+    td_sensorlm *m = calloc(1, sizeof(*m));
+    td_params p = {0};
+    td_error_t err = {0};
+    td_arena arena;
+    td_tape tape;
+    td_ctx c = {.k = td_kernels_cpu(), .arena = &arena, .tape = &tape};
+    int tok[4 * 6], end[4] = {2, 5, 1, 3};
+    float *x, *g0, *g1, l0, l1, l2;
+    td_boundary b;
+    td_rng rng;
+
+    assert_non_null(m);
+    assert_int_equal(td_sensorlm_declare(m, &p, &d, &err), 0);
+    assert_int_equal(td_params_alloc(&p, 0), 0);
+    td_sensorlm_init(m, 5);
+    m->logit_scale->data[0] = 0.5f; /* negatives that weigh: b -10 makes them ~1e-5 each */
+    m->logit_bias->data[0] = -1.0f;
+    x = malloc((size_t)B * d.N * d.P * sizeof(float));
+    g0 = malloc(p.n * sizeof(float));
+    g1 = malloc(p.n * sizeof(float));
+    assert_true(x != NULL && g0 != NULL && g1 != NULL);
+    td_rng_seed(&rng, 31, 0);
+    for (size_t j = 0; j < (size_t)B * d.N * d.P; j++)
+        x[j] = 2 * td_rng_uniform(&rng) - 1;
+    for (int i = 0; i < B; i++)
+        td__slm_tokenize("wxyzabcd", (size_t)end[i], d.L, tok + i * d.L, &end[i]);
+    assert_int_equal(td_arena_init(&arena, td_sensorlm_arena_bytes(m, B, B, 1, 1) + (1 << 16)), 0);
+    assert_int_equal(td_tape_init(&tape, td_sensorlm_tape_len(m)), 0);
+    td_boundary_enter(&b);
+    if (TD_CAUGHT(&b))
+        fail_msg("panic: %s", b.err.msg);
+    model_grads(&c, m, &p, x, tok, end, NULL, B, &l0, g0);
+    model_grads(&c, m, &p, x, tok, end, distinct, B, &l1, g1);
+    if (memcmp(&l0, &l1, sizeof(float)) != 0)
+        fail_msg("model: unmasked loss %.9g, masked with distinct labels %.9g", l0, l1);
+    for (size_t i = 0; i < p.n; i++)
+        if (memcmp(&g0[i], &g1[i], sizeof(float)) != 0)
+            fail_msg("model: gradient %zu: unmasked %.9g, masked with distinct labels %.9g", i,
+                     g0[i], g1[i]);
+    model_grads(&c, m, &p, x, tok, end, repeated, B, &l2, g1);
+    td_boundary_leave(&b);
+    print_message("  model: loss %.9g unmasked and with distinct labels, %.9g with two of one\n",
+                  l0, l2);
+    assert_true(l2 < l0);
+    td_tape_free(&tape);
+    td_arena_free(&arena);
+    td_params_free(&p);
+    free(x), free(g0), free(g1), free(m);
+}
+
+/* ---- loss.mask_same_label: the op ---------------------------------------------------------- */
+
+/* README.md's masked loss ("The loss") in double, rows i < N at global rows i + diag of M
+ * columns: weight * sum_ij m_ij (max(-y_ij z_ij, 0) + log1p(exp(-|y_ij z_ij|))), z_ij =
+ * exp(t) s_i.u_j + b, y_ij = 1 when j == i + diag and -1 otherwise, m_ij = 0 when
+ * j != i + diag and lab[i + diag] == lab[j] >= 0, else 1; and its gradients written out:
+ * dL/dz_ij = -weight m_ij y_ij / (1 + exp(y_ij z_ij)), ds_i = sum_j dL/dz_ij exp(t) u_j, du_j =
+ * sum_i dL/dz_ij exp(t) s_i, dt = sum_ij dL/dz_ij exp(t) s_i.u_j, db = sum_ij dL/dz_ij.
+ * *pairs counts the pairs left out. */
+static double ref_masked(const float *s, const float *u, const int *lab, int N, int M, int E,
+                         double t, double b, int diag, double weight, double *ds, double *du,
+                         double *dt, double *db, int *pairs)
+{
+    double loss = 0.0, et = exp(t);
+
+    *dt = *db = 0.0;
+    *pairs = 0;
+    memset(ds, 0, (size_t)N * E * sizeof(double));
+    memset(du, 0, (size_t)M * E * sizeof(double));
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < M; j++) {
+            int gi = i + diag;
+            double dot = 0.0, z, y = j == gi ? 1.0 : -1.0, g;
+            if (j != gi && lab[gi] >= 0 && lab[j] == lab[gi]) {
+                (*pairs)++;
+                continue;
+            }
+            for (int e = 0; e < E; e++)
+                dot += (double)s[i * E + e] * u[j * E + e];
+            z = et * dot + b;
+            loss += weight * (fmax(-y * z, 0.0) + log1p(exp(-fabs(y * z))));
+            g = -weight * y / (1.0 + exp(y * z));
+            for (int e = 0; e < E; e++) {
+                ds[i * E + e] += g * et * u[j * E + e];
+                du[j * E + e] += g * et * s[i * E + e];
+            }
+            *dt += g * et * dot;
+            *db += g;
+        }
+    return loss;
+}
+
+/* One masked op's inputs: unit rows s (N,E) and u (M,E), the scale t and bias b, all with
+ * gradients. */
+typedef struct masked_in {
+    td_tensor *s, *u, *t, *b;
+} masked_in;
+
+static masked_in masked_inputs(td_ctx *c, td_rng *rng, int N, int M, int E, double tv, double bv)
+{
+    td_ctx ev = {.k = c->k, .arena = c->arena, .tape = NULL};
+    masked_in in;
+    td_tensor *raw, *unit;
+
+    in.s = td_tensor_new(c, 2, (int[]){N, E}, 1);
+    in.u = td_tensor_new(c, 2, (int[]){M, E}, 1);
+    in.t = td_tensor_new(c, 1, (int[]){1}, 1);
+    in.b = td_tensor_new(c, 1, (int[]){1}, 1);
+    raw = td_tensor_new(c, 2, (int[]){N + M, E}, 0);
+    for (size_t j = 0; j < raw->n; j++)
+        raw->data[j] = 2 * td_rng_uniform(rng) - 1;
+    unit = td_l2norm(&ev, raw);
+    memcpy(in.s->data, unit->data, (size_t)N * E * sizeof(float));
+    memcpy(in.u->data, unit->data + N * E, (size_t)M * E * sizeof(float));
+    in.t->data[0] = (float)tv;
+    in.b->data[0] = (float)bv;
+    return in;
+}
+
+/* The masked loss of in, without a tape (central differences' evaluations). */
+static double masked_loss(td_ctx *c, const masked_in *in, const int *lab, int diag, float weight)
+{
+    td_ctx ev = {.k = c->k, .arena = c->arena, .tape = NULL};
+    size_t mark = c->arena->used;
+    int tensors = c->arena->n_tensors;
+    td_tensor *dots = td_linear(&ev, in->s, in->u, NULL);
+    double v = td_siglip_masked(&ev, dots, in->t, in->b, lab, diag, weight)->data[0];
+
+    c->arena->used = mark;
+    c->arena->n_tensors = tensors;
+    return v;
+}
+
+/* Central differences of the masked loss at element j of x against its tape gradient g: a
+ * step of 1e-2 (the loss is one float of ~3: its rounding, ~1e-6, over the 2e-2 step is ~1e-4;
+ * the cubic term, h^2/6 times a third derivative of O(exp(t)^3 weight M) at exp(t) 1.65, ~2e-5),
+ * so within 1e-3 + 1e-2 relative; a term left in or out wrongly is off by ~weight exp(t)/4
+ * ~ 0.06. Returns the difference quotient. */
+static double masked_fd(td_ctx *c, const masked_in *in, const int *lab, int diag, float weight,
+                        float *x, size_t j, double g, const char *what)
+{
+    float keep = x[j], hi = keep + 1e-2f, lo = keep - 1e-2f;
+    double lp, lm, num;
+
+    x[j] = hi;
+    lp = masked_loss(c, in, lab, diag, weight);
+    x[j] = lo;
+    lm = masked_loss(c, in, lab, diag, weight);
+    x[j] = keep;
+    num = (lp - lm) / ((double)hi - (double)lo);
+    if (fabs(num - g) > 1e-3 + 1e-2 * fabs(num))
+        fail_msg("%s[%zu]: tape %.9g, central differences %.9g", what, j, g, num);
+    return num;
+}
+
+/* One case of test_mask_reference: N rows at global rows diag.. of M columns, labels lab (M),
+ * pairs the pairs it must leave out. The loss and every gradient against ref_masked, with
+ * siglip_case's bounds (they hold term by term, and the kept terms are a subset); the gradient
+ * of every left-out pair's dot product exactly 0; with fd, each gradient of s, u, t and b against
+ * central differences too. */
+static void masked_case(td_ctx *c, td_rng *rng, const int *lab, int N, int M, int diag, int pairs,
+                        double tv, double bv, int fd)
+{
+    const int E = 6;
+    const double U = 1.0 / 16777216.0, weight = 1.0 / N, et = exp(tv);
+    double ds[64], du[64], dt, db, ref, bound_l = 0.0;
+    td_tensor *dots, *loss;
+    masked_in in;
+    int left = 0;
+
+    td_arena_reset(c->arena);
+    in = masked_inputs(c, rng, N, M, E, tv, bv);
+    dots = td_linear(c, in.s, in.u, NULL);
+    loss = td_siglip_masked(c, dots, in.t, in.b, lab, diag, (float)weight);
+    td_backward(c, loss);
+    ref = ref_masked(in.s->data, in.u->data, lab, N, M, E, (double)in.t->data[0],
+                     (double)in.b->data[0], diag, weight, ds, du, &dt, &db, &left);
+    assert_int_equal(left, pairs);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < M; j++) {
+            double z = et * dots->data[i * M + j] + bv;
+            if (j != i + diag && lab[i + diag] >= 0 && lab[j] == lab[i + diag]) {
+                if (dots->grad[i * M + j] != 0.0f)
+                    fail_msg("pair (%d, %d) of label %d: gradient %.9g, left out must be 0",
+                             i + diag, j, lab[j], dots->grad[i * M + j]);
+                continue;
+            }
+            bound_l += weight * (et * (E + 2) * U + U * fabs(z) + 4 * U * (fabs(z) + 1));
+        }
+    bound_l *= 4.0;
+    if (fabs(loss->data[0] - ref) > bound_l + 2 * U * ref)
+        fail_msg("t %g b %g diag %d: loss %.9g, reference %.12g (bound %.3g)", tv, bv, diag,
+                 loss->data[0], ref, bound_l);
+    for (int i = 0; i < N * E; i++) {
+        double bnd = 4.0 * weight * et * M * (E + 4) * U * (1 + et) + 1e-12;
+        if (fabs(in.s->grad[i] - ds[i]) > bnd)
+            fail_msg("ds[%d]: %.9g, reference %.12g (bound %.3g)", i, in.s->grad[i], ds[i], bnd);
+    }
+    for (int i = 0; i < M * E; i++) {
+        double bnd = 4.0 * weight * et * N * (E + 4) * U * (1 + et) + 1e-12;
+        if (fabs(in.u->grad[i] - du[i]) > bnd)
+            fail_msg("du[%d]: %.9g, reference %.12g (bound %.3g)", i, in.u->grad[i], du[i], bnd);
+    }
+    if (fabs(in.t->grad[0] - dt) > 4.0 * N * M * weight * et * (E + 4) * U * (1 + et) + 1e-9 ||
+        fabs(in.b->grad[0] - db) > 4.0 * N * M * weight * (E + 4) * U * (1 + et) + 1e-9)
+        fail_msg("dt %.9g (reference %.12g), db %.9g (reference %.12g)", in.t->grad[0], dt,
+                 in.b->grad[0], db);
+    if (fd) {
+        for (size_t j = 0; j < in.s->n; j++)
+            masked_fd(c, &in, lab, diag, (float)weight, in.s->data, j, in.s->grad[j], "ds");
+        for (size_t j = 0; j < in.u->n; j++)
+            masked_fd(c, &in, lab, diag, (float)weight, in.u->data, j, in.u->grad[j], "du");
+        masked_fd(c, &in, lab, diag, (float)weight, in.t->data, 0, in.t->grad[0], "dt");
+        masked_fd(c, &in, lab, diag, (float)weight, in.b->data, 0, in.b->grad[0], "db");
+    }
+    print_message("  rows %d of %d at %d, %d pairs left out, t %5.2f b %6.2f: loss %.9g, "
+                  "reference %.12g%s\n",
+                  N, M, diag, left, tv, bv, loss->data[0], ref,
+                  fd ? "; every gradient within central differences' bound" : "");
+}
+
+/* The masked loss and its gradients against README.md's equations in double (ref_masked), on
+ * a batch of 7 windows whose labels repeat (0 three times, 1 twice) beside two unknown ones
+ * (-1: never left out, not even against each other), whole and as a replica's 3 rows at 2; at
+ * the initial scale, a large one and a moderate one (t 0.5, b -1), where central differences
+ * check every gradient too. Tolerances as test_siglip_reference's (and masked_fd's). */
+static void test_mask_reference(void **state)
+{
+    static const int lab[7] = {0, 1, 0, -1, 1, -1, 0};
+    const double ts[] = {log(10.0), 5.0, 0.5}, bs[] = {-10.0, 2.0, -1.0};
+    td_arena arena;
+    td_tape tape;
+    td_ctx c = {.k = td_kernels_cpu(), .arena = &arena, .tape = &tape};
+    td_boundary b;
+    td_rng rng;
+
+    td_rng_seed(&rng, 23, 0);
+    assert_int_equal(td_arena_init(&arena, 1 << 20), 0);
+    assert_int_equal(td_tape_init(&tape, 4), 0);
+    td_boundary_enter(&b);
+    if (TD_CAUGHT(&b))
+        fail_msg("panic: %s", b.err.msg);
+    for (int v = 0; v < 3; v++) {
+        /* label 0 at 0, 2, 6: 6 ordered pairs; label 1 at 1, 4: 2 */
+        masked_case(&c, &rng, lab, 7, 7, 0, 8, ts[v], bs[v], v == 2);
+        /* rows 2, 3, 4: row 2 leaves out columns 0 and 6, row 4 column 1, row 3 none */
+        masked_case(&c, &rng, lab, 3, 7, 2, 3, ts[v], bs[v], v == 2);
+    }
+    td_boundary_leave(&b);
+    td_tape_free(&tape);
+    td_arena_free(&arena);
+}
+
+/* The loss and gradients of in through td_siglip (lab NULL) or td_siglip_masked into out:
+ * loss, then s's, u's, t's and b's gradients. */
+static void masked_run(td_ctx *c, masked_in *in, const int *lab, int diag, float weight, float *out)
+{
+    td_tensor *dots, *loss;
+    size_t n = 1;
+
+    memset(in->s->grad, 0, in->s->n * sizeof(float));
+    memset(in->u->grad, 0, in->u->n * sizeof(float));
+    in->t->grad[0] = in->b->grad[0] = 0.0f;
+    dots = td_linear(c, in->s, in->u, NULL);
+    loss = lab != NULL ? td_siglip_masked(c, dots, in->t, in->b, lab, diag, weight)
+                       : td_siglip(c, dots, in->t, in->b, diag, weight);
+    td_backward(c, loss);
+    out[0] = loss->data[0];
+    memcpy(out + n, in->s->grad, in->s->n * sizeof(float));
+    n += in->s->n;
+    memcpy(out + n, in->u->grad, in->u->n * sizeof(float));
+    n += in->u->n;
+    out[n] = in->t->grad[0];
+    out[n + 1] = in->b->grad[0];
+}
+
+/* With every known label distinct (and the unknown ones, -1, never equal to anything), the mask
+ * leaves nothing out, and the masked loss is the unmasked one bit for bit, gradients included:
+ * the same terms summed in the same order. Whole (7 rows of 7 labels) and as a replica (rows
+ * 2..4 of 7, two of the labels unknown), at two scales; then through the model
+ * (td_sensorlm_loss_masked against td_sensorlm_loss, every parameter's gradient). */
+static void test_mask_distinct_is_unmasked(void **state)
+{
+    static const int whole[7] = {6, 5, 4, 3, 2, 1, 0}, part[7] = {5, -1, 3, -1, 0, 1, 2};
+    const double ts[] = {log(10.0), 0.5}, bs[] = {-10.0, -1.0};
+    float a[1 + 2 * 7 * 6 + 2], b2[1 + 2 * 7 * 6 + 2];
+    td_arena arena;
+    td_tape tape;
+    td_ctx c = {.k = td_kernels_cpu(), .arena = &arena, .tape = &tape};
+    td_boundary b;
+    td_rng rng;
+
+    td_rng_seed(&rng, 29, 0);
+    assert_int_equal(td_arena_init(&arena, 1 << 20), 0);
+    assert_int_equal(td_tape_init(&tape, 4), 0);
+    td_boundary_enter(&b);
+    if (TD_CAUGHT(&b))
+        fail_msg("panic: %s", b.err.msg);
+    for (int v = 0; v < 2; v++)
+        for (int k = 0; k < 2; k++) {
+            int N = k == 0 ? 7 : 3, diag = k == 0 ? 0 : 2;
+            size_t n = 1 + (size_t)(N + 7) * 6 + 2;
+            masked_in in;
+            td_arena_reset(&arena);
+            in = masked_inputs(&c, &rng, N, 7, 6, ts[v], bs[v]);
+            masked_run(&c, &in, NULL, diag, 1.0f / (float)N, a);
+            masked_run(&c, &in, k == 0 ? whole : part, diag, 1.0f / (float)N, b2);
+            for (size_t i = 0; i < n; i++)
+                if (memcmp(&a[i], &b2[i], sizeof(float)) != 0)
+                    fail_msg("rows %d at %d, value %zu (0 the loss): unmasked %.9g, masked %.9g", N,
+                             diag, i, a[i], b2[i]);
+            print_message("  rows %d of 7 at %d, t %5.2f: the loss and %zu gradients bit for bit\n",
+                          N, diag, ts[v], n - 1);
+        }
+    td_boundary_leave(&b);
+    td_tape_free(&tape);
+    td_arena_free(&arena);
+    mask_model_distinct();
 }
 
 /* The parameters in the README's order, names and shapes, the count td_sensorlm_num_params
@@ -1408,6 +1758,136 @@ static void test_on_device(void **state)
     assert_same_metrics(&cpu, &dev);
 }
 
+/* ---- loss.mask_same_label in the trainer ----------------------------------------------------- */
+
+/* A sensor shard at path of N windows of the test grid without labels. */
+static void write_unlabeled(const char *path, int N)
+{
+    td_sensor_header h = {.T = T_STEPS, .C = C_CH, .N = N, .caption_len = 24, .period_s = 60};
+    td_sensor_writer *w = NULL;
+    td_error_t err = {0};
+    float grid[T_STEPS * C_CH];
+
+    for (int c = 0; c < C_CH; c++)
+        snprintf(h.ch[c].name, sizeof(h.ch[c].name), "ch%d", c);
+    if (td_sensor_writer_open(&w, path, &h, NULL, NULL, &err) != 0)
+        fail_msg("%s", err.msg);
+    for (int i = 0; i < N; i++) {
+        for (int j = 0; j < T_STEPS * C_CH; j++)
+            grid[j] = (float)((i * 7 + j) % 11);
+        if (td_sensor_writer_add(w, grid, "a day", 5, 0, &err) != 0)
+            fail_msg("%s", err.msg);
+    }
+    if (td_sensor_writer_finish(w, NULL, NULL, &err) != 0)
+        fail_msg("%s", err.msg);
+    td_sensor_writer_free(w);
+}
+
+/* loss.mask_same_label through the trainer, on the train shard's 3 labels (every batch of 8
+ * repeats them): the first step's loss is below the unmasked one (the same model and batch,
+ * fewer negatives; at b = -10 each weighs ~5e-5, so the gap is ~1e-5 relative, far above the
+ * float loss's rounding); the arena holds one batch of labels more, and the memory estimate is
+ * the trainer's arena; a step allocates nothing, evaluations included; world 2 and 3 give world
+ * 1's train losses, gradient norms and valid losses within 1e-5 relative (test_data_parallel's
+ * tolerance, for its reasons: every replica takes all 8 labels, as it takes all 8 text rows); the
+ * fake device gives the CPU's bits, moving the labels up with the batch; a checkpoint of the
+ * masked job is not resumed unmasked (another configuration), only masked; a train shard
+ * without labels is refused, by the trainer and by the files' check at submit. */
+static void test_mask_trainer(void **state)
+{
+    static tt_recorder r0, r1, rw, dev;
+    const char *keys[] = {"train_loss", "grad_norm", "valid_loss"};
+    char nolab[TD_PATH_MAX];
+    td_train_config cfg;
+    td_mem_estimate est;
+    td_error_t err = {0};
+    fd_counters before, after;
+    double a[32], b[32];
+    size_t plain;
+    td_trainer *t;
+
+    slm_config(&cfg);
+    cfg.max_steps = 8;
+    cfg.eval_every = 4;
+    cfg.grad_clip = 1.0f;
+    t = new_trainer(&cfg, &r0);
+    plain = td_trainer_step_bytes(t);
+    run_steps(t, 100);
+    td_trainer_free(t);
+
+    cfg.mask_same_label = 1;
+    t = new_trainer(&cfg, &r1);
+    assert_int_equal(td_trainer_step_bytes(t) - plain, td_arena_round(8 * sizeof(int)));
+    assert_int_equal(td_train_memory_estimate(&cfg, &est, &err), 0);
+    assert_int_equal(est.activations, td_trainer_arena(t)->cap);
+    run_steps(t, 2);
+    allocations = 0;
+    counting = 1;
+    run_steps(t, 100);
+    counting = 0;
+    td_trainer_free(t);
+    if (COUNT_ALLOCATIONS)
+        assert_int_equal(allocations, 0);
+    assert_int_equal(tt_values_of(&r0, "train_loss", a, NULL, 32), 8);
+    assert_int_equal(tt_values_of(&r1, "train_loss", b, NULL, 32), 8);
+    print_message("  first step: loss %.9g unmasked, %.9g masked\n", a[0], b[0]);
+    assert_true(b[0] < a[0]);
+
+    for (int world = 2; world <= 3; world++) {
+        run_replicas(&cfg, world, &rw);
+        for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
+            int na = tt_values_of(&r1, keys[k], a, NULL, 32);
+            double worst = 0.0;
+            assert_int_equal(tt_values_of(&rw, keys[k], b, NULL, 32), na);
+            assert_true(na >= 2);
+            for (int i = 0; i < na; i++)
+                worst = fmax(worst, fabs(a[i] - b[i]) / fabs(a[i]));
+            print_message("  masked, world %d: %-10s within %.2g relative\n", world, keys[k],
+                          worst);
+            for (int i = 0; i < na; i++)
+                if (fabs(a[i] - b[i]) > 1e-5 * fabs(a[i]))
+                    fail_msg("masked, world %d: %s #%d: %.9g, world 1 %.9g", world, keys[k], i,
+                             b[i], a[i]);
+        }
+    }
+
+    cfg.kernels = fd_kernels();
+    t = new_trainer(&cfg, &dev);
+    before = fd_counts();
+    run_steps(t, 1);
+    after = fd_counts();
+    assert_int_equal(after.uploads - before.uploads, 5); /* x, tok, end, the labels, the seed */
+    run_steps(t, 100);
+    td_trainer_free(t);
+    assert_same_metrics(&r1, &dev);
+    cfg.kernels = NULL;
+
+    /* another loss is another job: a checkpoint of one setting resumes only that setting */
+    tt_path_of(cfg.checkpoint_dir, "ckpt-mask");
+    cfg.checkpoint_every = 2;
+    t = new_trainer(&cfg, NULL);
+    run_steps(t, 2);
+    td_trainer_free(t);
+    cfg.mask_same_label = 0;
+    expect_new_fails(&cfg, TD_ESTATE, "another configuration", "ckpt-2.bin");
+    cfg.mask_same_label = 1;
+    t = new_trainer(&cfg, NULL);
+    assert_int_equal(td_trainer_steps_done(t), 2);
+    td_trainer_free(t);
+    cfg.checkpoint_dir[0] = '\0';
+    cfg.checkpoint_every = 0;
+
+    tt_path_of(nolab, "nolabels.bin");
+    write_unlabeled(nolab, 16);
+    snprintf(cfg.train_files[0], TD_PATH_MAX, "%s", nolab);
+    expect_new_fails(&cfg, TD_EINVAL, "loss.mask_same_label: data.train's shards carry no labels",
+                     NULL);
+    assert_int_equal(td_train_check_files(&cfg, &err), TD_EINVAL);
+    assert_string_equal(err.msg, "loss.mask_same_label: data.train's shards carry no labels");
+    cfg.mask_same_label = 0;
+    assert_int_equal(td_train_check_files(&cfg, &err), 0);
+}
+
 /* ---- the embedder ------------------------------------------------------------------------------
  */
 
@@ -1615,6 +2095,8 @@ int main(void)
         cmocka_unit_test(test_l2norm_floor),
         cmocka_unit_test(test_siglip_reference),
         cmocka_unit_test(test_model_gradient_fd),
+        cmocka_unit_test(test_mask_reference),
+        cmocka_unit_test(test_mask_distinct_is_unmasked),
         cmocka_unit_test(test_parameters),
         cmocka_unit_test(test_dims_errors),
         cmocka_unit_test(test_patchify_and_tokens),
@@ -1627,6 +2109,7 @@ int main(void)
         cmocka_unit_test(test_resume_needs_its_chunk),
         cmocka_unit_test(test_data_parallel),
         cmocka_unit_test(test_on_device),
+        cmocka_unit_test(test_mask_trainer),
         cmocka_unit_test(test_embedder),
         cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_memory_table),

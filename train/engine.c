@@ -676,18 +676,28 @@ size_t td_op_bytes_l2norm(size_t rows, int C, int train)
 
 td_tensor *td_siglip(td_ctx *c, td_tensor *dots, td_tensor *t, td_tensor *b, int diag, float weight)
 {
+    return td_siglip_masked(c, dots, t, b, NULL, diag, weight);
+}
+
+td_tensor *td_siglip_masked(td_ctx *c, td_tensor *dots, td_tensor *t, td_tensor *b,
+                            const int *labels, int diag, float weight)
+{
     td_tensor *loss;
 
     if (dots->ndim != 2 || t->n != 1 || b->n != 1)
         td_panic(TD_ESHAPE, "siglip: dots of %d dimensions, scale of %zu, bias of %zu", dots->ndim,
                  t->n, b->n);
+    if (labels != NULL && (diag < 0 || diag + dots->shape[0] > dots->shape[1]))
+        td_panic(TD_ESHAPE, "siglip: rows [%d, %d) of %d labels", diag, diag + dots->shape[0],
+                 dots->shape[1]);
     loss = td_tensor_new(c, 1, (int[]){1}, wants_grad(c, dots, t, b));
-    c->k->siglip_forward(loss->data, dots->data, t->data, b->data, dots->shape[0], dots->shape[1],
-                         diag, weight);
+    c->k->siglip_forward(loss->data, dots->data, t->data, b->data, labels, dots->shape[0],
+                         dots->shape[1], diag, weight);
     if (loss->grad != NULL) {
         td_tape_entry *e = tape_push(c->tape, TD_OP_SIGLIP, loss, dots, t, b);
         e->arg[0] = diag;
         memcpy(&e->arg[1], &weight, sizeof(weight));
+        e->ids = labels;
     }
     return loss;
 }
@@ -848,7 +858,7 @@ static void siglip_backward(td_ctx *c, const td_tape_entry *e)
 
     memcpy(&weight, &e->arg[1], sizeof(weight));
     c->k->siglip_backward(grad_of(dots), grad_of(e->in[1]), grad_of(e->in[2]), e->out->grad,
-                          dots->data, e->in[1]->data, e->in[2]->data, dots->shape[0],
+                          dots->data, e->in[1]->data, e->in[2]->data, e->ids, dots->shape[0],
                           dots->shape[1], e->arg[0], weight);
 }
 

@@ -149,7 +149,8 @@ typedef struct td_tape_entry {
     td_tensor *out;
     td_tensor *in[3];
     td_tensor *saved[2]; /* what the forward kept for the backward, or NULL */
-    const int *ids;      /* softmax_xent: the (N) class of each row; embed: the (B,T) tokens */
+    const int *ids;      /* softmax_xent: the (N) class of each row; embed: the (B,T) tokens;
+                          * siglip: the (M) labels of a masked loss, or NULL */
     int arg[4];          /* the op's dimensions its tensors do not carry */
 } td_tape_entry;
 
@@ -287,6 +288,13 @@ td_tensor *td_l2norm(td_ctx *c, td_tensor *x);
  * -1. */
 td_tensor *td_siglip(td_ctx *c, td_tensor *dots, td_tensor *t, td_tensor *b, int diag,
                      float weight);
+
+/* td_siglip with same-label negatives left out: a pair (i, j), j != i + diag, whose labels
+ * labels[i + diag] >= 0 and labels[j] are equal adds nothing to the loss or its gradients (the
+ * weight is the caller's, unchanged). labels is (M) ints of the backend's memory, row i's label
+ * at i + diag (diag + N <= M), borrowed until the tape is reset; NULL is td_siglip. */
+td_tensor *td_siglip_masked(td_ctx *c, td_tensor *dots, td_tensor *t, td_tensor *b,
+                            const int *labels, int diag, float weight);
 
 /* Data parallel: x (n,C), this replica's rows, becomes (rows,C) holding every replica's rows,
  * this one's at row0: a zeroed buffer with x at row0, averaged across c's replicas and
@@ -457,7 +465,9 @@ typedef struct td_slm_block {
  * ("sensor.blocks.0.attn.qkv.weight"), and named pointers into p for the forward. */
 typedef struct td_sensorlm {
     td_slm_dims d;
-    int attn_chunk; /* query rows per attention block (td_attn_chunk; 0: automatic) */
+    int attn_chunk;      /* query rows per attention block (td_attn_chunk; 0: automatic) */
+    int mask_same_label; /* loss.mask_same_label: a training step's inputs carry the global
+                          * batch's labels (td__train_slm_arena_bytes counts them) */
     int n;
     td_tensor p[TD_SLM_MAX_TENSORS];
     char name[TD_SLM_MAX_TENSORS][TD_SLM_NAME_MAX];
@@ -519,6 +529,13 @@ td_tensor *td_sensorlm_text(td_ctx *c, td_sensorlm *m, const int *tokens, const 
  * that the mean over replicas is the global batch's loss. */
 td_tensor *td_sensorlm_loss(td_ctx *c, td_sensorlm *m, td_tensor *s, td_tensor *u, int rows,
                             int row0);
+
+/* td_sensorlm_loss with the same-label negatives of loss.mask_same_label left out
+ * (td_siglip_masked): labels is the (rows) labels of the whole global batch, -1 where unknown,
+ * ints of the backend's memory borrowed until the tape is reset (every replica passes all of
+ * them: its rows meet every column). NULL is td_sensorlm_loss. */
+td_tensor *td_sensorlm_loss_masked(td_ctx *c, td_sensorlm *m, td_tensor *s, td_tensor *u,
+                                   const int *labels, int rows, int row0);
 
 /* Arena bytes, mirroring the functions above allocation for allocation with the attention's
  * transient blocks on top (the peak): a training step's sensor, text and loss of B rows of a

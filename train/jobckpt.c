@@ -65,6 +65,10 @@ uint64_t td__train_config_hash(const td_train_config *c)
      * was before the key existed. */
     if (c->attn_chunk != 0)
         h = HASH(h, c->attn_chunk);
+    /* Another loss is another job; only when set, as attn_chunk, so that the hash of a job
+     * without the key stays as it was. */
+    if (c->mask_same_label != 0)
+        h = HASH(h, c->mask_same_label);
     return h;
 }
 

@@ -147,6 +147,7 @@ static int estimate_slm(const td_train_config *cfg, td_mem_estimate *out, td_err
     if (rc != 0)
         goto out;
     m->attn_chunk = cfg->attn_chunk;
+    m->mask_same_label = cfg->mask_same_label;
     if (slm_too_big(&d, cfg->batch_size)) {
         rc = td_error_set(err, TD_E2BIG,
                           "batch_size %d of %d patches and %d text tokens: too "
@@ -522,6 +523,8 @@ static int check_slm_files(const td_train_config *c, td_error_t *err)
         return td_error_set(err, TD_EDATA,
                             "data.train: %lld windows in the train split, but a batch takes %d",
                             (long long)pk.n_train, c->batch_size);
+    if (c->mask_same_label && pk.files > 0 && pk.train_labeled == 0)
+        return td_error_set(err, TD_EINVAL, TD_SLM_NO_TRAIN_LABELS);
     return 0;
 }
 

@@ -387,11 +387,18 @@ td_tensor *td_sensorlm_text(td_ctx *c, td_sensorlm *m, const int *tokens, const 
 td_tensor *td_sensorlm_loss(td_ctx *c, td_sensorlm *m, td_tensor *s, td_tensor *u, int rows,
                             int row0)
 {
+    return td_sensorlm_loss_masked(c, m, s, u, NULL, rows, row0);
+}
+
+td_tensor *td_sensorlm_loss_masked(td_ctx *c, td_sensorlm *m, td_tensor *s, td_tensor *u,
+                                   const int *labels, int rows, int row0)
+{
     int world = c->world > 1 ? c->world : 1;
     td_tensor *all = world > 1 ? td_allgather_rows(c, u, rows, row0) : u; /* (rows,E) */
     td_tensor *dots = td_linear(c, s, all, NULL);                         /* (B,rows) */
 
-    return td_siglip(c, dots, m->logit_scale, m->logit_bias, row0, (float)world / (float)rows);
+    return td_siglip_masked(c, dots, m->logit_scale, m->logit_bias, labels, row0,
+                            (float)world / (float)rows);
 }
 
 /* ---- the model's own counts --------------------------------------------------------------- */

@@ -104,9 +104,15 @@ size_t td__slm_input_bytes(const td_slm_dims *d, int B)
            td_arena_round((size_t)B * d->L * sizeof(int)) + td_arena_round((size_t)B * sizeof(int));
 }
 
+size_t td__slm_label_bytes(const td_sensorlm *m, int rows)
+{
+    return m->mask_same_label ? td_arena_round((size_t)rows * sizeof(int)) : 0;
+}
+
 size_t td__train_slm_arena_bytes(const td_sensorlm *m, int B, int rows, int world, int train)
 {
-    return td__slm_input_bytes(&m->d, B) + td_sensorlm_arena_bytes(m, B, rows, world, train);
+    return td__slm_input_bytes(&m->d, B) + td__slm_label_bytes(m, rows) +
+           td_sensorlm_arena_bytes(m, B, rows, world, train);
 }
 
 size_t td__slm_eval_bytes(const td_sensorlm *m, int B, int64_t nv, int K)

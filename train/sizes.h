@@ -47,7 +47,9 @@ int td__train_slm_dims(const td_train_config *cfg, td_slm_dims *d, struct td_slm
                        td_error_t *err);
 
 /* Arena bytes of a sensorlm training step of B rows (of a global batch of rows, over world
- * replicas): the batch's inputs plus td_sensorlm_arena_bytes. */
+ * replicas): the batch's inputs (with m->mask_same_label, the labels of all rows of the global
+ * batch too: td__slm_label_bytes, 0 without) plus td_sensorlm_arena_bytes. */
 size_t td__train_slm_arena_bytes(const td_sensorlm *m, int B, int rows, int world, int train);
+size_t td__slm_label_bytes(const td_sensorlm *m, int rows);
 
 #endif

@@ -34,16 +34,21 @@
 #define TD_SLM_EMBED_ROWS  64    /* windows or texts per forward of an embedder by default */
 #define TD_SLM_MAX_PROMPTS 16    /* prompts of one label ("a|b|c"), at most: the rest are ignored */
 
+/* The refusal of loss.mask_same_label on train shards without labels (at submit and by the
+ * trainer alike). */
+#define TD_SLM_NO_TRAIN_LABELS "loss.mask_same_label: data.train's shards carry no labels"
+
 /* What a sensorlm job's files hold, from their headers (td__slm_peek): what the model's
  * dimensions and the memory estimate need without opening the data for training. */
 typedef struct td_slm_peek {
-    int T, C;        /* the first train file's: every file must agree */
-    int64_t n_train; /* train windows, after the valid fraction */
-    int64_t n_valid; /* valid windows (0: no valid split) */
-    int labels;      /* K of the valid split's files when every one has labels, else 0 */
-    uint64_t host;   /* bytes the open data holds in host memory: the order, the labels, the
-                      * label tables */
-    int files;       /* files read */
+    int T, C;          /* the first train file's: every file must agree */
+    int64_t n_train;   /* train windows, after the valid fraction */
+    int64_t n_valid;   /* valid windows (0: no valid split) */
+    int labels;        /* K of the valid split's files when every one has labels, else 0 */
+    int train_labeled; /* data.train's files that carry labels (loss.mask_same_label needs one) */
+    uint64_t host;     /* bytes the open data holds in host memory: the order, the labels, the
+                        * label tables */
+    int files;         /* files read */
 } td_slm_peek;
 
 /* Reads the headers of cfg's sensor files as the thread's access says (td_sensor_check_fd on
@@ -72,8 +77,9 @@ typedef struct td_slm_data td_slm_data;
 
 /* Opens cfg's sensor files for a model of dimensions d (T, C checked against every file), the
  * splits, the order and the label prompts. TD_EDATA when the train split has fewer windows
- * than a batch ("train split: 50 windows, a batch needs 64"); the files' errors as
- * td__slm_peek. Caller frees with td__slm_data_free. */
+ * than a batch ("train split: 50 windows, a batch needs 64"); TD_EINVAL for
+ * loss.mask_same_label when no train file carries labels; the files' errors as td__slm_peek. Caller
+ * frees with td__slm_data_free. */
 int td__slm_data_open(td_slm_data **out, const td_train_config *cfg, const td_slm_dims *d,
                       td_error_t *err);
 void td__slm_data_free(td_slm_data *s); /* accepts NULL */
@@ -95,6 +101,12 @@ void td__slm_advance(td_slm_data *s);
  * patches, tok (r1-r0, L) tokens, end (r1-r0) end positions. TD_EDATA naming the file and the
  * window for a read that fails (a file that changed since it was opened). */
 int td__slm_fill(td_slm_data *s, int r0, int r1, float *x, int *tok, int *end, td_error_t *err);
+
+/* The labels of all B rows of the global train batch at the cursor into labels (B): each
+ * window's label, -1 for a window of a file without labels (loss.mask_same_label's; every
+ * replica takes them all, since its rows meet every column). From the labels the open files
+ * hold in memory: nothing is read. */
+void td__slm_fill_labels(const td_slm_data *s, int *labels);
 
 /* Valid windows [i, i+n) likewise, and their labels (when labels is not NULL and the split has
  * them). */

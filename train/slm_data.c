@@ -119,6 +119,8 @@ static int peek_one(void *ud, int split, int fd, const char *path, td_error_t *e
         return td_error_set(e, TD_E2BIG, "%s: more than %lld windows in one job", path,
                             (long long)MAX_WINDOWS);
     note_labels(&p->labels[split], h.n_labels);
+    if (split == SPLIT_TRAIN && h.n_labels > 0)
+        p->out->train_labeled++;
     if (h.n_labels > 0)
         p->out->host += 4 * (uint64_t)h.N + (uint64_t)TD_SENSOR_LABEL_BYTES * h.n_labels;
     return 0;
@@ -309,7 +311,7 @@ int td__slm_data_open(td_slm_data **out, const td_train_config *cfg, const td_sl
                       td_error_t *err)
 {
     td_slm_data *s = calloc(1, sizeof(*s));
-    int rc, n_train_files;
+    int rc, n_train_files, labeled = 0;
 
     *out = NULL;
     if (s == NULL)
@@ -335,6 +337,12 @@ int td__slm_data_open(td_slm_data **out, const td_train_config *cfg, const td_sl
     if (s->n_train < s->B) {
         rc = td_error_set(err, TD_EDATA, "train split: %lld windows, a batch needs %d",
                           (long long)s->n_train, s->B);
+        goto fail;
+    }
+    for (int i = 0; i < n_train_files; i++)
+        labeled += td_sensor_header_of(s->f[i])->n_labels > 0;
+    if (cfg->mask_same_label && labeled == 0) {
+        rc = td_error_set(err, TD_EINVAL, TD_SLM_NO_TRAIN_LABELS);
         goto fail;
     }
     s->batches = s->n_train / s->B;
@@ -514,23 +522,31 @@ void td__slm_patchify(const float *grid, const float *norm, const td_slm_dims *d
         }
 }
 
-/* Window g (of train's and valid's numbering) into row r of x, tok, end (and its label); pos >= 0
- * is its position in a training epoch's order, where its caption may be cut (td__slm_cut). */
-static int read_window(td_slm_data *s, int64_t g, int64_t pos, int r, float *x, int *tok, int *end,
-                       int *label, td_error_t *err)
+/* The file holding window g: start[lo] <= g < start[lo + 1]. */
+static int file_of(const td_slm_data *s, int64_t g)
 {
-    int lo = 0, hi = s->n_files - 1, rc;
-    const td_slm_dims *d = &s->d;
-    size_t len = 0;
-    int32_t lab = -1;
+    int lo = 0, hi = s->n_files - 1;
 
-    while (lo < hi) { /* the file holding g: start[lo] <= g < start[lo + 1] */
+    while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
         if (s->start[mid] <= g)
             lo = mid;
         else
             hi = mid - 1;
     }
+    return lo;
+}
+
+/* Window g (of train's and valid's numbering) into row r of x, tok, end (and its label); pos >= 0
+ * is its position in a training epoch's order, where its caption may be cut (td__slm_cut). */
+static int read_window(td_slm_data *s, int64_t g, int64_t pos, int r, float *x, int *tok, int *end,
+                       int *label, td_error_t *err)
+{
+    int lo = file_of(s, g), rc;
+    const td_slm_dims *d = &s->d;
+    size_t len = 0;
+    int32_t lab = -1;
+
     rc = td_sensor_read(s->f[lo], g - s->start[lo], s->grid, s->caption, &len, &lab, err);
     if (rc != 0)
         return rc;
@@ -554,6 +570,22 @@ int td__slm_fill(td_slm_data *s, int r0, int r1, float *x, int *tok, int *end, t
             return rc;
     }
     return 0;
+}
+
+void td__slm_fill_labels(const td_slm_data *s, int *labels)
+{
+    int64_t first = s->cur.batch * s->B;
+
+    for (int r = 0; r < s->B; r++) {
+        int64_t g = s->order[first + r];
+        int f = file_of(s, g);
+        int32_t lab = -1;
+        td_error_t e;
+        /* labels live in memory: only an index out of range fails, and g is in range */
+        if (td_sensor_read(s->f[f], g - s->start[f], NULL, NULL, NULL, &lab, &e) != 0)
+            lab = -1;
+        labels[r] = lab;
+    }
 }
 
 int td__slm_valid_fill(td_slm_data *s, int64_t i, int n, float *x, int *tok, int *end, int *labels,

@@ -139,6 +139,9 @@ typedef struct td_train_config {
     float valid_fraction; /* in [0, 1); 0: none unless valid_files */
     float caption_cut;    /* sensor: the chance a training caption is cut at a clause boundary
                            * (data.caption_cut, in [0, 1]; 0: never) */
+    int mask_same_label;  /* sensorlm: loss.mask_same_label, default 0: SigLIP's negative pairs
+                           * of two windows of one known label are left out of the loss (README.md,
+                           * "The loss"); needs labels in the train shards */
 
     float grad_clip; /* global L2 norm the gradient is clipped to; 0: off */
 

@@ -424,6 +424,7 @@ static int build_sensorlm(td_trainer *t, td_error_t *err)
     if ((rc = td_sensorlm_declare(t->slm, &t->params, &d, err)) != 0)
         return rc;
     t->slm->attn_chunk = cfg->attn_chunk;
+    t->slm->mask_same_label = cfg->mask_same_label;
     if (td_params_alloc(&t->params, td_optim_moments(cfg)) != 0)
         return td_error_set(err, TD_ENOMEM, "no memory for %zu parameters (4 buffers)",
                             t->params.n);
@@ -440,7 +441,7 @@ static int build_sensorlm(td_trainer *t, td_error_t *err)
         t->ev.NP = td__slm_prompt_count(t->sdata);
     }
     step_bytes = td__train_slm_arena_bytes(t->slm, BL, B, cfg->world, 1);
-    stage = td__slm_input_bytes(&d, BL);
+    stage = td__slm_input_bytes(&d, BL) + td__slm_label_bytes(t->slm, B);
     if (t->ev.nv > 0) {
         int rows = t->ev.nv < B ? (int)t->ev.nv : B;
         eval_bytes = td__slm_eval_bytes(t->slm, B, t->ev.nv, t->ev.K);
@@ -922,7 +923,8 @@ static pass gpt_forward(td_trainer *t, td_ctx *c)
 }
 
 /* The sensorlm's forward on this replica's rows of the batch at the data's cursor: both towers,
- * then the loss over the global batch (the text side gathered across the replicas). */
+ * then the loss over the global batch (the text side gathered across the replicas; with
+ * loss.mask_same_label, the labels of every row of the global batch beside the inputs). */
 static pass slm_forward(td_trainer *t, td_ctx *c)
 {
     const td_train_config *cfg = &t->cfg;
@@ -931,20 +933,27 @@ static pass slm_forward(td_trainer *t, td_ctx *c)
     pass p = {.rows = td__train_local_rows(cfg, B), .global_rows = B, .samples = B};
     size_t xb = td_tensor_bytes((size_t)p.rows * d->N * d->P, 0);
     size_t tb = td_arena_round((size_t)p.rows * d->L * sizeof(int));
+    size_t eb = td_arena_round((size_t)p.rows * sizeof(int));
     td_tensor *x = td_tensor_new(c, 3, (int[]){p.rows, d->N, d->P}, 0), *s, *u;
     int *tok = td_arena_alloc(c->arena, (size_t)p.rows * d->L * sizeof(int));
     int *end = td_arena_alloc(c->arena, (size_t)p.rows * sizeof(int));
+    int *lab = t->slm->mask_same_label ? td_arena_alloc(c->arena, (size_t)B * sizeof(int)) : NULL;
     float *hx = t->stage != NULL ? (float *)t->stage : x->data;
     int *htok = t->stage != NULL ? (int *)(t->stage + xb) : tok;
     int *hend = t->stage != NULL ? (int *)(t->stage + xb + tb) : end;
+    int *hlab = t->stage != NULL ? (int *)(t->stage + xb + tb + eb) : lab;
     td_error_t e = {0};
 
     if (td__slm_fill(t->sdata, r0, r0 + p.rows, hx, htok, hend, &e) != 0)
         td_panic(TD_EDATA, "%s", e.msg);
+    if (lab != NULL)
+        td__slm_fill_labels(t->sdata, hlab);
     if (t->stage != NULL) {
         t->k->upload(x->data, hx, (size_t)p.rows * d->N * d->P * sizeof(float));
         t->k->upload(tok, htok, (size_t)p.rows * d->L * sizeof(int));
         t->k->upload(end, hend, (size_t)p.rows * sizeof(int));
+        if (lab != NULL)
+            t->k->upload(lab, hlab, (size_t)B * sizeof(int));
     }
     if (cfg->world > 1) {
         c->allreduce = t->hooks.allreduce;
@@ -953,7 +962,7 @@ static pass slm_forward(td_trainer *t, td_ctx *c)
     }
     s = td_sensorlm_sensor(c, t->slm, x);
     u = td_sensorlm_text(c, t->slm, tok, end, p.rows);
-    p.loss = td_sensorlm_loss(c, t->slm, s, u, B, r0);
+    p.loss = td_sensorlm_loss_masked(c, t->slm, s, u, lab, B, r0);
     return p;
 }
 

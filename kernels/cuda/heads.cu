@@ -128,9 +128,17 @@ static __device__ __forceinline__ float sigmoid_neg(float yz)
     return yz >= 0.0f ? e / (1.0f + e) : 1.0f / (1.0f + e);
 }
 
+// Whether pair (i, j) is left out: a negative between two rows of one known label (cpu_heads.c's
+// same_label, kernels.h's m_ij = 0)
+static __device__ __forceinline__ bool same_label(const int *labels, int i, int j, int diag)
+{
+    return labels != NULL && j != i + diag && labels[i + diag] >= 0 &&
+           labels[j] == labels[i + diag];
+}
+
 // Each block's grid-stride share of the N*M terms, tree-summed in double, into partial[block]
 __global__ void siglip_forward_kernel(double *partial, const float *dots, const float *t,
-                                      const float *b, int N, int M, int diag)
+                                      const float *b, const int *labels, int N, int M, int diag)
 {
     __shared__ double sm[32];
     float et = expf(t[0]), bias = b[0];
@@ -140,6 +148,8 @@ __global__ void siglip_forward_kernel(double *partial, const float *dots, const 
     {
         int i = (int)(k / (size_t)M), j = (int)(k % (size_t)M);
         float z = et * dots[k] + bias;
+        if (same_label(labels, i, j, diag))
+            continue;
         acc += neg_log_sigmoid(j == i + diag ? z : -z);
     }
     acc = block_sum_d(acc, sm);
@@ -159,8 +169,8 @@ __global__ void siglip_finish_kernel(float *loss, const double *partial, int G, 
 // ddots += exp(t) g; the block's sums of exp(t) dots g and of g into partial[block] and
 // partial[G + block]
 __global__ void siglip_backward_kernel(double *partial, float *ddots, const float *dloss,
-                                       const float *dots, const float *t, const float *b, int N,
-                                       int M, int diag, float weight)
+                                       const float *dots, const float *t, const float *b,
+                                       const int *labels, int N, int M, int diag, float weight)
 {
     __shared__ double sm[32];
     float et = expf(t[0]), bias = b[0], scale = dloss[0] * weight;
@@ -171,6 +181,8 @@ __global__ void siglip_backward_kernel(double *partial, float *ddots, const floa
         int i = (int)(k / (size_t)M), j = (int)(k % (size_t)M);
         float z = et * dots[k] + bias, y = j == i + diag ? 1.0f : -1.0f;
         float g = -scale * y * sigmoid_neg(y * z);
+        if (same_label(labels, i, j, diag))
+            continue;
         if (ddots != NULL)
             ddots[k] += et * g;
         st += (double)(et * dots[k]) * g;
@@ -276,22 +288,24 @@ extern "C" void td__cuda_l2norm_backward(float *dinp, const float *dout, const f
 }
 
 extern "C" void td__cuda_siglip_forward(float *loss, const float *dots, const float *t,
-                                        const float *b, int N, int M, int diag, float weight)
+                                        const float *b, const int *labels, int N, int M, int diag,
+                                        float weight)
 {
     td_cuda_ctx *x = td__cuda_ctx();
     int G = siglip_grid(N, M);
 
     if (N < 1 || M < 1)
         td_panic(TD_ESHAPE, "siglip: %d x %d logits", N, M);
-    siglip_forward_kernel<<<G, SIG_THREADS, 0, x->stream>>>(x->partial, dots, t, b, N, M, diag);
+    siglip_forward_kernel<<<G, SIG_THREADS, 0, x->stream>>>(x->partial, dots, t, b, labels, N, M,
+                                                            diag);
     LAUNCH_CHECK("siglip_forward_kernel");
     siglip_finish_kernel<<<1, 1, 0, x->stream>>>(loss, x->partial, G, weight);
     LAUNCH_CHECK("siglip_finish_kernel");
 }
 
 extern "C" void td__cuda_siglip_backward(float *ddots, float *dt, float *db, const float *dloss,
-                                         const float *dots, const float *t, const float *b, int N,
-                                         int M, int diag, float weight)
+                                         const float *dots, const float *t, const float *b,
+                                         const int *labels, int N, int M, int diag, float weight)
 {
     td_cuda_ctx *x = td__cuda_ctx();
     int G = siglip_grid(N, M);
@@ -299,7 +313,7 @@ extern "C" void td__cuda_siglip_backward(float *ddots, float *dt, float *db, con
     if (N < 1 || M < 1)
         td_panic(TD_ESHAPE, "siglip: %d x %d logits", N, M);
     siglip_backward_kernel<<<G, SIG_THREADS, 0, x->stream>>>(x->partial, ddots, dloss, dots, t, b,
-                                                             N, M, diag, weight);
+                                                             labels, N, M, diag, weight);
     LAUNCH_CHECK("siglip_backward_kernel");
     siglip_backward_finish_kernel<<<1, 1, 0, x->stream>>>(dt, db, x->partial, G);
     LAUNCH_CHECK("siglip_backward_finish_kernel");

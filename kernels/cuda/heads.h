@@ -18,11 +18,11 @@ void td__cuda_gather_rows_backward(float *dinp, const float *dout, const int *id
 void td__cuda_l2norm_forward(float *out, float *norm, const float *inp, int N, int C);
 void td__cuda_l2norm_backward(float *dinp, const float *dout, const float *out, const float *norm,
                               int N, int C);
-void td__cuda_siglip_forward(float *loss, const float *dots, const float *t, const float *b, int N,
-                             int M, int diag, float weight);
+void td__cuda_siglip_forward(float *loss, const float *dots, const float *t, const float *b,
+                             const int *labels, int N, int M, int diag, float weight);
 void td__cuda_siglip_backward(float *ddots, float *dt, float *db, const float *dloss,
-                              const float *dots, const float *t, const float *b, int N, int M,
-                              int diag, float weight);
+                              const float *dots, const float *t, const float *b, const int *labels,
+                              int N, int M, int diag, float weight);
 
 #ifdef __cplusplus
 }
