@@ -154,13 +154,13 @@ WRAP(GP_HEADS, l2norm_backward,
      (float *dinp, const float *dout, const float *out, const float *norm, int N, int C),
      (dinp, dout, out, norm, N, C))
 WRAP(GP_HEADS, siglip_forward,
-     (float *loss, const float *dots, const float *t, const float *b, const int *labels, int N,
-      int M, int diag, float weight),
-     (loss, dots, t, b, labels, N, M, diag, weight))
+     (float *loss, const float *dots, const float *t, const float *b, const int *labels, float same,
+      int N, int M, int diag, float weight),
+     (loss, dots, t, b, labels, same, N, M, diag, weight))
 WRAP(GP_HEADS, siglip_backward,
      (float *ddots, float *dt, float *db, const float *dloss, const float *dots, const float *t,
-      const float *b, const int *labels, int N, int M, int diag, float weight),
-     (ddots, dt, db, dloss, dots, t, b, labels, N, M, diag, weight))
+      const float *b, const int *labels, float same, int N, int M, int diag, float weight),
+     (ddots, dt, db, dloss, dots, t, b, labels, same, N, M, diag, weight))
 
 /* The copies wait for the stream: their host time is the step's time spent waiting. */
 static void w_upload(void *dst, const void *src, size_t bytes)

@@ -435,10 +435,11 @@ static int parse_data(const td_pval *d, td_train_config *c, int files, td_error_
     return 0;
 }
 
-/* loss: {mask_same_label}, a sensorlm's only (the model is parsed before it). */
+/* loss: {mask_same_label, same_label_weight}, a sensorlm's only (the model is parsed before
+ * it). */
 static int parse_loss(const td_pval *l, td_train_config *c, td_error_t *err)
 {
-    static const char *const keys[] = {"mask_same_label", NULL};
+    static const char *const keys[] = {"mask_same_label", "same_label_weight", NULL};
     int rc;
 
     if (l == NULL)
@@ -449,7 +450,15 @@ static int parse_loss(const td_pval *l, td_train_config *c, td_error_t *err)
         return bad(err, td_pv_len(l) > 0 ? "loss" : "",
                    td_pv_len(l) > 0 ? "mask_same_label" : "loss",
                    "is a sensorlm key (model.kind \"sensorlm\")");
-    return get_bool(l, "loss", "mask_same_label", &c->mask_same_label, err);
+    if ((rc = get_bool(l, "loss", "mask_same_label", &c->mask_same_label, err)) != 0 ||
+        (rc = get_float(l, "loss", "same_label_weight", 0, 1, 1, "must be a number in [0, 1)",
+                        &c->same_label_weight, err)) != 0)
+        return rc;
+    if (td_pv_get(l, "same_label_weight") != NULL && !c->mask_same_label)
+        return bad(err, "loss", "same_label_weight",
+                   "weighs the pairs of loss.mask_same_label, "
+                   "which is not true");
+    return 0;
 }
 
 static int parse_optim(const td_pval *o, td_train_config *c, td_error_t *err)

@@ -106,8 +106,8 @@ static float sigmoid_neg(float yz)
     return yz >= 0.0f ? e / (1.0f + e) : 1.0f / (1.0f + e);
 }
 
-/* Whether pair (i, j) is left out of the loss: a negative (j != i + diag) between two rows of
- * one known label, when there are labels (kernels.h's m_ij = 0). */
+/* Whether pair (i, j) is a negative (j != i + diag) between two rows of one known label, when
+ * there are labels: its m_ij is same (kernels.h), 0 leaving it out. */
 static int same_label(const int *labels, int i, int j, int diag)
 {
     return labels != NULL && j != i + diag && labels[i + diag] >= 0 &&
@@ -115,7 +115,7 @@ static int same_label(const int *labels, int i, int j, int diag)
 }
 
 void td__cpu_siglip_forward(float *loss, const float *dots, const float *t, const float *b,
-                            const int *labels, int N, int M, int diag, float weight)
+                            const int *labels, float same, int N, int M, int diag, float weight)
 {
     float et = expf(t[0]), bias = b[0];
     double sum = 0.0;
@@ -123,16 +123,17 @@ void td__cpu_siglip_forward(float *loss, const float *dots, const float *t, cons
     for (int i = 0; i < N; i++)
         for (int j = 0; j < M; j++) {
             float z = et * dots[(size_t)i * M + j] + bias;
-            if (same_label(labels, i, j, diag))
-                continue;
-            sum += neg_log_sigmoid(j == i + diag ? z : -z);
+            if (!same_label(labels, i, j, diag))
+                sum += neg_log_sigmoid(j == i + diag ? z : -z);
+            else if (same != 0.0f)
+                sum += (double)same * neg_log_sigmoid(-z);
         }
     loss[0] = (float)((double)weight * sum);
 }
 
 void td__cpu_siglip_backward(float *ddots, float *dt, float *db, const float *dloss,
                              const float *dots, const float *t, const float *b, const int *labels,
-                             int N, int M, int diag, float weight)
+                             float same, int N, int M, int diag, float weight)
 {
     float et = expf(t[0]), bias = b[0], scale = dloss[0] * weight;
     double st = 0.0, sb = 0.0;
@@ -142,8 +143,11 @@ void td__cpu_siglip_backward(float *ddots, float *dt, float *db, const float *dl
             size_t k = (size_t)i * M + j;
             float z = et * dots[k] + bias, y = j == i + diag ? 1.0f : -1.0f;
             float g = -scale * y * sigmoid_neg(y * z); /* dL/dz */
-            if (same_label(labels, i, j, diag))
-                continue;
+            if (same_label(labels, i, j, diag)) {
+                if (same == 0.0f)
+                    continue;
+                g *= same;
+            }
             if (ddots != NULL)
                 ddots[k] += et * g;
             st += (double)(et * dots[k]) * g;

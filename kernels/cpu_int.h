@@ -17,9 +17,9 @@ void td__cpu_l2norm_forward(float *out, float *norm, const float *inp, int N, in
 void td__cpu_l2norm_backward(float *dinp, const float *dout, const float *out, const float *norm,
                              int N, int C);
 void td__cpu_siglip_forward(float *loss, const float *dots, const float *t, const float *b,
-                            const int *labels, int N, int M, int diag, float weight);
+                            const int *labels, float same, int N, int M, int diag, float weight);
 void td__cpu_siglip_backward(float *ddots, float *dt, float *db, const float *dloss,
                              const float *dots, const float *t, const float *b, const int *labels,
-                             int N, int M, int diag, float weight);
+                             float same, int N, int M, int diag, float weight);
 
 #endif

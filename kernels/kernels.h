@@ -221,18 +221,20 @@ typedef struct td_kernels {
     // loss = -weight * sum_ij m_ij log sigmoid(y_ij z_ij), log sigmoid(x) = -(max(-x,0) +
     // log1p(exp(-|x|))), each term in float, the sum in double. m_ij = 1, except with labels
     // (not NULL): a negative pair (j != i + diag) whose labels[i + diag] >= 0 equals labels[j]
-    // is left out (m_ij = 0), so that rows of one class are not pushed apart
+    // has m_ij = same (0: left out, so that rows of one class are not pushed apart; in (0, 1):
+    // pushed apart less), its term multiplied by same in double
     // loss is (1), dots is (N,M), t and b are (1), labels is (M) ints or NULL (diag + N <= M)
     void (*siglip_forward)(float *loss, const float *dots, const float *t, const float *b,
-                           const int *labels, int N, int M, int diag, float weight);
-    // g_ij = -dloss weight m_ij y_ij sigmoid(-y_ij z_ij) (dL/dz_ij): ddots_ij += exp(t) g_ij,
+                           const int *labels, float same, int N, int M, int diag, float weight);
+    // g_ij = -dloss weight y_ij sigmoid(-y_ij z_ij), times same where m_ij = same (dL/dz_ij):
+    // ddots_ij += exp(t) g_ij,
     // dt += sum_ij exp(t) dots_ij g_ij, db += sum_ij g_ij (both sums in double; a left-out
     // pair adds nothing, not even a zero)
     // ddots is (N,M) or NULL, dt and db are (1) or NULL, dloss is (1), dots is (N,M), labels as
     // the forward's
     void (*siglip_backward)(float *ddots, float *dt, float *db, const float *dloss,
                             const float *dots, const float *t, const float *b, const int *labels,
-                            int N, int M, int diag, float weight);
+                            float same, int N, int M, int diag, float weight);
 } td_kernels;
 
 /* l2norm's floor on a row's norm: sensorlm's max(||s||_2, 1e-12). */

@@ -241,17 +241,17 @@ static void l2norm_backward(float *dinp, const float *dout, const float *out, co
 }
 
 static void siglip_forward(float *loss, const float *dots, const float *t, const float *b,
-                           const int *labels, int N, int M, int diag, float weight)
+                           const int *labels, float same, int N, int M, int diag, float weight)
 {
-    CPU->siglip_forward(H(loss), HC(dots), HC(t), HC(b), fd_host(labels), N, M, diag, weight);
+    CPU->siglip_forward(H(loss), HC(dots), HC(t), HC(b), fd_host(labels), same, N, M, diag, weight);
 }
 
 static void siglip_backward(float *ddots, float *dt, float *db, const float *dloss,
                             const float *dots, const float *t, const float *b, const int *labels,
-                            int N, int M, int diag, float weight)
+                            float same, int N, int M, int diag, float weight)
 {
     CPU->siglip_backward(H(ddots), H(dt), H(db), HC(dloss), HC(dots), HC(t), HC(b), fd_host(labels),
-                         N, M, diag, weight);
+                         same, N, M, diag, weight);
 }
 
 static const td_kernels fake = {

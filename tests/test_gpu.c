@@ -1606,6 +1606,7 @@ static void heads_exact_case(void)
  * NULL), the same-label negatives (loss.mask_same_label) are left out of the reference too. */
 static void siglip_gpu_case(int N, int M, int diag, float weight, const int *labels)
 {
+    const float same = 0.0f; /* left out; a weight in (0, 1) is test_sensorlm's, on the CPU */
     size_t n = (size_t)N * M;
     float *dots = rand_host(n, -1, 1), t = 2.5f, b = -3.0f, dloss = 1.3f, loss, *h;
     float *dd0 = rand_host(n, -1, 1), *dd = copy_host(dd0, n), tb0[2] = {0.25f, -0.5f};
@@ -1640,18 +1641,18 @@ static void siglip_gpu_case(int N, int M, int diag, float weight, const int *lab
     }
     ref *= weight, lb = 2.0 * weight * lb;
     bt = 2.0 * bt + U * fabs(st), bb = 2.0 * bb + U * fabs(sb);
-    KC->siglip_forward(&loss, dots, &t, &b, labels, N, M, diag, weight);
-    KD->siglip_forward(d_loss, d_dots, d_t, d_b, d_lab, N, M, diag, weight);
+    KC->siglip_forward(&loss, dots, &t, &b, labels, same, N, M, diag, weight);
+    KD->siglip_forward(d_loss, d_dots, d_t, d_b, d_lab, same, N, M, diag, weight);
     dev_down(&got[0], d_loss, sizeof(float));
     snprintf(what, sizeof(what), "siglip loss %dx%d%s", N, M, labels != NULL ? " masked" : "");
     check_bound(what, &got[0], &loss, &ref, &lb, 1);
     first = got[0];
-    KD->siglip_forward(d_loss, d_dots, d_t, d_b, d_lab, N, M, diag, weight);
+    KD->siglip_forward(d_loss, d_dots, d_t, d_b, d_lab, same, N, M, diag, weight);
     dev_down(&got[0], d_loss, sizeof(float));
     check_same_bits("siglip loss, twice", &got[0], &first, 1);
 
-    KC->siglip_backward(dd, &dt, &db, &dloss, dots, &t, &b, labels, N, M, diag, weight);
-    KD->siglip_backward(d_dd, d_dt, d_db, d_dl, d_dots, d_t, d_b, d_lab, N, M, diag, weight);
+    KC->siglip_backward(dd, &dt, &db, &dloss, dots, &t, &b, labels, same, N, M, diag, weight);
+    KD->siglip_backward(d_dd, d_dt, d_db, d_dl, d_dots, d_t, d_b, d_lab, same, N, M, diag, weight);
     h = to_host(d_dd, n), check_bound("siglip ddots", h, dd, rd, bd, n), free(h);
     dev_down(&got[0], d_dt, sizeof(float)), dev_down(&got[1], d_db, sizeof(float));
     check_bound("siglip dt", &got[0], &dt, &st, &bt, 1);

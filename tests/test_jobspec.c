@@ -579,13 +579,16 @@ static double slm_caption_cut = -1; /* >= 0: slm_submit's job sets data.caption_
 
 /* What slm_submit's job says of loss: */
 enum {
-    LOSS_NONE,   /* no loss map */
-    LOSS_TRUE,   /* loss: {mask_same_label: true} */
-    LOSS_FALSE,  /* ... false */
-    LOSS_STRING, /* ... "yes" */
-    LOSS_INT,    /* ... 1 */
-    LOSS_OTHER,  /* loss: {mask: true} */
-    LOSS_NUMBER, /* loss: 3 */
+    LOSS_NONE,         /* no loss map */
+    LOSS_TRUE,         /* loss: {mask_same_label: true} */
+    LOSS_FALSE,        /* ... false */
+    LOSS_STRING,       /* ... "yes" */
+    LOSS_INT,          /* ... 1 */
+    LOSS_OTHER,        /* loss: {mask: true} */
+    LOSS_NUMBER,       /* loss: 3 */
+    LOSS_WEIGHT,       /* loss: {mask_same_label: true, same_label_weight: 0.25} */
+    LOSS_WEIGHT_BAD,   /* ... same_label_weight: 1 */
+    LOSS_WEIGHT_ALONE, /* loss: {same_label_weight: 0.25} */
 };
 static int slm_loss = LOSS_NONE;
 
@@ -595,6 +598,16 @@ static void put_loss(td_pw *w)
     td_pw_str(w, "loss");
     if (slm_loss == LOSS_NUMBER) {
         td_pw_int(w, 3);
+        return;
+    }
+    if (slm_loss >= LOSS_WEIGHT) {
+        td_pw_map(w, slm_loss == LOSS_WEIGHT_ALONE ? 1 : 2);
+        if (slm_loss != LOSS_WEIGHT_ALONE) {
+            td_pw_str(w, "mask_same_label");
+            td_pw_bool(w, 1);
+        }
+        td_pw_str(w, "same_label_weight");
+        td_pw_double(w, slm_loss == LOSS_WEIGHT_BAD ? 1.0 : 0.25);
         return;
     }
     td_pw_map(w, 1);
@@ -807,6 +820,16 @@ static void test_loss_mask_same_label(void **state)
     slm_loss = LOSS_NUMBER;
     assert_int_equal(slm_submit(train, NULL, "sensor", ok, 1, s, &err), TD_EJOB);
     assert_string_equal(err.msg, "loss: must be an object");
+    slm_loss = LOSS_WEIGHT;
+    assert_int_equal(slm_submit(train, NULL, "sensor", ok, 1, s, &err), 0);
+    assert_true(s->train.mask_same_label == 1 && s->train.same_label_weight == 0.25f);
+    slm_loss = LOSS_WEIGHT_BAD;
+    assert_int_equal(slm_submit(train, NULL, "sensor", ok, 1, s, &err), TD_EJOB);
+    assert_string_equal(err.msg, "loss.same_label_weight: must be a number in [0, 1)");
+    slm_loss = LOSS_WEIGHT_ALONE;
+    assert_int_equal(slm_submit(train, NULL, "sensor", ok, 1, s, &err), TD_EJOB);
+    assert_string_equal(err.msg, "loss.same_label_weight: weighs the pairs of "
+                                 "loss.mask_same_label, which is not true");
     /* the labels are the train shards': a valid shard's do not count */
     slm_loss = LOSS_TRUE;
     assert_int_equal(slm_submit(bare, train, "sensor", ok, 1, s, &err), TD_EJOB);

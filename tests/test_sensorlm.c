@@ -895,6 +895,63 @@ static void masked_case(td_ctx *c, td_rng *rng, const int *lab, int N, int M, in
                   fd ? "; every gradient within central differences' bound" : "");
 }
 
+/* loss.same_label_weight: the same-label negatives weighted by w lie between leaving them out
+ * and SigLIP's loss, linearly in w, for the loss and every gradient (each term is the same
+ * float; the sums, in double, differ by rounding only); w = 0 is the masked loss bit for bit. */
+static void test_same_label_weight(void **state)
+{
+    static const int lab[7] = {0, 1, 0, -1, 1, -1, 0};
+    const int N = 7, M = 7, E = 6;
+    td_arena arena;
+    td_tape tape;
+    td_ctx c = {.k = td_kernels_cpu(), .arena = &arena, .tape = &tape};
+    double loss[3], gs[3][42], gt[3];
+    td_boundary b;
+    td_rng rng;
+
+    (void)state;
+    assert_int_equal(td_arena_init(&arena, 1 << 20), 0);
+    assert_int_equal(td_tape_init(&tape, 4), 0);
+    td_boundary_enter(&b);
+    if (TD_CAUGHT(&b))
+        fail_msg("panic: %s", b.err.msg);
+    for (int v = 0; v < 4; v++) { /* left out, w 0.3, SigLIP's, w 0 through the weighted op */
+        const float w[4] = {0.0f, 0.3f, 0.0f, 0.0f};
+        td_tensor *dots, *l;
+        masked_in in;
+        td_arena_reset(&arena);
+        td_rng_seed(&rng, 31, 0);
+        in = masked_inputs(&c, &rng, N, M, E, 1.2, -2.0);
+        dots = td_linear(&c, in.s, in.u, NULL);
+        l = v == 0   ? td_siglip_masked(&c, dots, in.t, in.b, lab, 0, 1.0f / N)
+            : v == 2 ? td_siglip(&c, dots, in.t, in.b, 0, 1.0f / N)
+                     : td_siglip_weighted(&c, dots, in.t, in.b, lab, w[v], 0, 1.0f / N);
+        td_backward(&c, l);
+        if (v == 3) {
+            assert_memory_equal(&l->data[0], &(float){(float)loss[0]}, sizeof(float));
+            for (int i = 0; i < N * E; i++)
+                assert_true(in.s->grad[i] == (float)gs[0][i]);
+            continue;
+        }
+        loss[v] = l->data[0];
+        for (int i = 0; i < N * E; i++)
+            gs[v][i] = in.s->grad[i];
+        gt[v] = in.t->grad[0];
+    }
+    td_boundary_leave(&b);
+    print_message("  same-label negatives left out %.7f, weighted 0.3 %.7f, counted %.7f\n",
+                  loss[0], loss[1], loss[2]);
+    assert_true(loss[0] < loss[1] && loss[1] < loss[2]);
+    assert_true(fabs(loss[1] - (loss[0] + 0.3 * (loss[2] - loss[0]))) < 1e-6 * loss[2]);
+    assert_true(fabs(gt[1] - (gt[0] + 0.3 * (gt[2] - gt[0]))) < 1e-5);
+    for (int i = 0; i < N * E; i++)
+        if (fabs(gs[1][i] - (gs[0][i] + 0.3 * (gs[2][i] - gs[0][i]))) > 1e-6)
+            fail_msg("ds[%d]: %.9g weighted, %.9g left out, %.9g counted", i, gs[1][i], gs[0][i],
+                     gs[2][i]);
+    td_tape_free(&tape);
+    td_arena_free(&arena);
+}
+
 /* The masked loss and its gradients against README.md's equations in double (ref_masked), on
  * a batch of 7 windows whose labels repeat (0 three times, 1 twice) beside two unknown ones
  * (-1: never left out, not even against each other), whole and as a replica's 3 rows at 2; at
@@ -2100,6 +2157,7 @@ int main(void)
         cmocka_unit_test(test_parameters),
         cmocka_unit_test(test_dims_errors),
         cmocka_unit_test(test_patchify_and_tokens),
+        cmocka_unit_test(test_same_label_weight),
         cmocka_unit_test(test_caption_fit),
         cmocka_unit_test(test_caption_cut),
         cmocka_unit_test(test_multi_prompt),

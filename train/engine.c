@@ -682,6 +682,12 @@ td_tensor *td_siglip(td_ctx *c, td_tensor *dots, td_tensor *t, td_tensor *b, int
 td_tensor *td_siglip_masked(td_ctx *c, td_tensor *dots, td_tensor *t, td_tensor *b,
                             const int *labels, int diag, float weight)
 {
+    return td_siglip_weighted(c, dots, t, b, labels, 0.0f, diag, weight);
+}
+
+td_tensor *td_siglip_weighted(td_ctx *c, td_tensor *dots, td_tensor *t, td_tensor *b,
+                              const int *labels, float same, int diag, float weight)
+{
     td_tensor *loss;
 
     if (dots->ndim != 2 || t->n != 1 || b->n != 1)
@@ -691,12 +697,13 @@ td_tensor *td_siglip_masked(td_ctx *c, td_tensor *dots, td_tensor *t, td_tensor 
         td_panic(TD_ESHAPE, "siglip: rows [%d, %d) of %d labels", diag, diag + dots->shape[0],
                  dots->shape[1]);
     loss = td_tensor_new(c, 1, (int[]){1}, wants_grad(c, dots, t, b));
-    c->k->siglip_forward(loss->data, dots->data, t->data, b->data, labels, dots->shape[0],
+    c->k->siglip_forward(loss->data, dots->data, t->data, b->data, labels, same, dots->shape[0],
                          dots->shape[1], diag, weight);
     if (loss->grad != NULL) {
         td_tape_entry *e = tape_push(c->tape, TD_OP_SIGLIP, loss, dots, t, b);
         e->arg[0] = diag;
         memcpy(&e->arg[1], &weight, sizeof(weight));
+        memcpy(&e->arg[2], &same, sizeof(same));
         e->ids = labels;
     }
     return loss;
@@ -854,11 +861,12 @@ static void l2norm_backward(td_ctx *c, const td_tape_entry *e)
 static void siglip_backward(td_ctx *c, const td_tape_entry *e)
 {
     const td_tensor *dots = e->in[0];
-    float weight;
+    float weight, same;
 
     memcpy(&weight, &e->arg[1], sizeof(weight));
+    memcpy(&same, &e->arg[2], sizeof(same));
     c->k->siglip_backward(grad_of(dots), grad_of(e->in[1]), grad_of(e->in[2]), e->out->grad,
-                          dots->data, e->in[1]->data, e->in[2]->data, e->ids, dots->shape[0],
+                          dots->data, e->in[1]->data, e->in[2]->data, e->ids, same, dots->shape[0],
                           dots->shape[1], e->arg[0], weight);
 }
 

@@ -296,6 +296,11 @@ td_tensor *td_siglip(td_ctx *c, td_tensor *dots, td_tensor *t, td_tensor *b, int
 td_tensor *td_siglip_masked(td_ctx *c, td_tensor *dots, td_tensor *t, td_tensor *b,
                             const int *labels, int diag, float weight);
 
+/* td_siglip_masked with the same-label negatives weighted by same instead (m_ij = same in
+ * kernels.h's siglip: each such term times same; 0 is td_siglip_masked, bit for bit). */
+td_tensor *td_siglip_weighted(td_ctx *c, td_tensor *dots, td_tensor *t, td_tensor *b,
+                              const int *labels, float same, int diag, float weight);
+
 /* Data parallel: x (n,C), this replica's rows, becomes (rows,C) holding every replica's rows,
  * this one's at row0: a zeroed buffer with x at row0, averaged across c's replicas and
  * multiplied by c->world (an all-gather through one all-reduce). The backward does the same
@@ -465,9 +470,10 @@ typedef struct td_slm_block {
  * ("sensor.blocks.0.attn.qkv.weight"), and named pointers into p for the forward. */
 typedef struct td_sensorlm {
     td_slm_dims d;
-    int attn_chunk;      /* query rows per attention block (td_attn_chunk; 0: automatic) */
-    int mask_same_label; /* loss.mask_same_label: a training step's inputs carry the global
-                          * batch's labels (td__train_slm_arena_bytes counts them) */
+    int attn_chunk;          /* query rows per attention block (td_attn_chunk; 0: automatic) */
+    int mask_same_label;     /* loss.mask_same_label: a training step's inputs carry the global
+                              * batch's labels (td__train_slm_arena_bytes counts them) */
+    float same_label_weight; /* loss.same_label_weight: those pairs' m_ij (0: left out) */
     int n;
     td_tensor p[TD_SLM_MAX_TENSORS];
     char name[TD_SLM_MAX_TENSORS][TD_SLM_NAME_MAX];
@@ -530,10 +536,10 @@ td_tensor *td_sensorlm_text(td_ctx *c, td_sensorlm *m, const int *tokens, const 
 td_tensor *td_sensorlm_loss(td_ctx *c, td_sensorlm *m, td_tensor *s, td_tensor *u, int rows,
                             int row0);
 
-/* td_sensorlm_loss with the same-label negatives of loss.mask_same_label left out
- * (td_siglip_masked): labels is the (rows) labels of the whole global batch, -1 where unknown,
- * ints of the backend's memory borrowed until the tape is reset (every replica passes all of
- * them: its rows meet every column). NULL is td_sensorlm_loss. */
+/* td_sensorlm_loss with the same-label negatives of loss.mask_same_label left out, or weighted
+ * by m->same_label_weight (td_siglip_weighted): labels is the (rows) labels of the whole global
+ * batch, -1 where unknown, ints of the backend's memory borrowed until the tape is reset (every
+ * replica passes all of them: its rows meet every column). NULL is td_sensorlm_loss. */
 td_tensor *td_sensorlm_loss_masked(td_ctx *c, td_sensorlm *m, td_tensor *s, td_tensor *u,
                                    const int *labels, int rows, int row0);
 

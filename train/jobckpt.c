@@ -69,6 +69,11 @@ uint64_t td__train_config_hash(const td_train_config *c)
      * without the key stays as it was. */
     if (c->mask_same_label != 0)
         h = HASH(h, c->mask_same_label);
+    if (c->same_label_weight != 0) {
+        uint32_t bits;
+        memcpy(&bits, &c->same_label_weight, sizeof(bits));
+        h = HASH(h, bits);
+    }
     return h;
 }
 

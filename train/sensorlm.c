@@ -397,8 +397,8 @@ td_tensor *td_sensorlm_loss_masked(td_ctx *c, td_sensorlm *m, td_tensor *s, td_t
     td_tensor *all = world > 1 ? td_allgather_rows(c, u, rows, row0) : u; /* (rows,E) */
     td_tensor *dots = td_linear(c, s, all, NULL);                         /* (B,rows) */
 
-    return td_siglip_masked(c, dots, m->logit_scale, m->logit_bias, labels, row0,
-                            (float)world / (float)rows);
+    return td_siglip_weighted(c, dots, m->logit_scale, m->logit_bias, labels, m->same_label_weight,
+                              row0, (float)world / (float)rows);
 }
 
 /* ---- the model's own counts --------------------------------------------------------------- */

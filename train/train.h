@@ -136,12 +136,14 @@ typedef struct td_train_config {
     int n_train_files;
     char valid_files[TD_MAX_PATTERNS][TD_PATH_MAX];
     int n_valid_files;
-    float valid_fraction; /* in [0, 1); 0: none unless valid_files */
-    float caption_cut;    /* sensor: the chance a training caption is cut at a clause boundary
-                           * (data.caption_cut, in [0, 1]; 0: never) */
-    int mask_same_label;  /* sensorlm: loss.mask_same_label, default 0: SigLIP's negative pairs
-                           * of two windows of one known label are left out of the loss (README.md,
-                           * "The loss"); needs labels in the train shards */
+    float valid_fraction;    /* in [0, 1); 0: none unless valid_files */
+    float caption_cut;       /* sensor: the chance a training caption is cut at a clause boundary
+                              * (data.caption_cut, in [0, 1]; 0: never) */
+    int mask_same_label;     /* sensorlm: loss.mask_same_label, default 0: SigLIP's negative pairs
+                              * of two windows of one known label are left out of the loss (README.md,
+                              * "The loss"); needs labels in the train shards */
+    float same_label_weight; /* sensorlm: loss.same_label_weight, in [0, 1): with
+                              * mask_same_label, the weight of those pairs (0: left out) */
 
     float grad_clip; /* global L2 norm the gradient is clipped to; 0: off */
 

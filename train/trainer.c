@@ -425,6 +425,7 @@ static int build_sensorlm(td_trainer *t, td_error_t *err)
         return rc;
     t->slm->attn_chunk = cfg->attn_chunk;
     t->slm->mask_same_label = cfg->mask_same_label;
+    t->slm->same_label_weight = cfg->same_label_weight;
     if (td_params_alloc(&t->params, td_optim_moments(cfg)) != 0)
         return td_error_set(err, TD_ENOMEM, "no memory for %zu parameters (4 buffers)",
                             t->params.n);

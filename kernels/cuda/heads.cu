@@ -128,8 +128,8 @@ static __device__ __forceinline__ float sigmoid_neg(float yz)
     return yz >= 0.0f ? e / (1.0f + e) : 1.0f / (1.0f + e);
 }
 
-// Whether pair (i, j) is left out: a negative between two rows of one known label (cpu_heads.c's
-// same_label, kernels.h's m_ij = 0)
+// Whether pair (i, j) is a negative between two rows of one known label (cpu_heads.c's
+// same_label): its m_ij is same (kernels.h), 0 leaving it out
 static __device__ __forceinline__ bool same_label(const int *labels, int i, int j, int diag)
 {
     return labels != NULL && j != i + diag && labels[i + diag] >= 0 &&
@@ -138,7 +138,8 @@ static __device__ __forceinline__ bool same_label(const int *labels, int i, int 
 
 // Each block's grid-stride share of the N*M terms, tree-summed in double, into partial[block]
 __global__ void siglip_forward_kernel(double *partial, const float *dots, const float *t,
-                                      const float *b, const int *labels, int N, int M, int diag)
+                                      const float *b, const int *labels, float same, int N, int M,
+                                      int diag)
 {
     __shared__ double sm[32];
     float et = expf(t[0]), bias = b[0];
@@ -148,9 +149,10 @@ __global__ void siglip_forward_kernel(double *partial, const float *dots, const 
     {
         int i = (int)(k / (size_t)M), j = (int)(k % (size_t)M);
         float z = et * dots[k] + bias;
-        if (same_label(labels, i, j, diag))
-            continue;
-        acc += neg_log_sigmoid(j == i + diag ? z : -z);
+        if (!same_label(labels, i, j, diag))
+            acc += neg_log_sigmoid(j == i + diag ? z : -z);
+        else if (same != 0.0f)
+            acc += (double)same * neg_log_sigmoid(-z);
     }
     acc = block_sum_d(acc, sm);
     if (threadIdx.x == 0)
@@ -170,7 +172,8 @@ __global__ void siglip_finish_kernel(float *loss, const double *partial, int G, 
 // partial[G + block]
 __global__ void siglip_backward_kernel(double *partial, float *ddots, const float *dloss,
                                        const float *dots, const float *t, const float *b,
-                                       const int *labels, int N, int M, int diag, float weight)
+                                       const int *labels, float same, int N, int M, int diag,
+                                       float weight)
 {
     __shared__ double sm[32];
     float et = expf(t[0]), bias = b[0], scale = dloss[0] * weight;
@@ -181,8 +184,11 @@ __global__ void siglip_backward_kernel(double *partial, float *ddots, const floa
         int i = (int)(k / (size_t)M), j = (int)(k % (size_t)M);
         float z = et * dots[k] + bias, y = j == i + diag ? 1.0f : -1.0f;
         float g = -scale * y * sigmoid_neg(y * z);
-        if (same_label(labels, i, j, diag))
-            continue;
+        if (same_label(labels, i, j, diag)) {
+            if (same == 0.0f)
+                continue;
+            g *= same;
+        }
         if (ddots != NULL)
             ddots[k] += et * g;
         st += (double)(et * dots[k]) * g;
@@ -288,16 +294,16 @@ extern "C" void td__cuda_l2norm_backward(float *dinp, const float *dout, const f
 }
 
 extern "C" void td__cuda_siglip_forward(float *loss, const float *dots, const float *t,
-                                        const float *b, const int *labels, int N, int M, int diag,
-                                        float weight)
+                                        const float *b, const int *labels, float same, int N, int M,
+                                        int diag, float weight)
 {
     td_cuda_ctx *x = td__cuda_ctx();
     int G = siglip_grid(N, M);
 
     if (N < 1 || M < 1)
         td_panic(TD_ESHAPE, "siglip: %d x %d logits", N, M);
-    siglip_forward_kernel<<<G, SIG_THREADS, 0, x->stream>>>(x->partial, dots, t, b, labels, N, M,
-                                                            diag);
+    siglip_forward_kernel<<<G, SIG_THREADS, 0, x->stream>>>(x->partial, dots, t, b, labels, same, N,
+                                                            M, diag);
     LAUNCH_CHECK("siglip_forward_kernel");
     siglip_finish_kernel<<<1, 1, 0, x->stream>>>(loss, x->partial, G, weight);
     LAUNCH_CHECK("siglip_finish_kernel");
@@ -305,7 +311,8 @@ extern "C" void td__cuda_siglip_forward(float *loss, const float *dots, const fl
 
 extern "C" void td__cuda_siglip_backward(float *ddots, float *dt, float *db, const float *dloss,
                                          const float *dots, const float *t, const float *b,
-                                         const int *labels, int N, int M, int diag, float weight)
+                                         const int *labels, float same, int N, int M, int diag,
+                                         float weight)
 {
     td_cuda_ctx *x = td__cuda_ctx();
     int G = siglip_grid(N, M);
@@ -313,7 +320,7 @@ extern "C" void td__cuda_siglip_backward(float *ddots, float *dt, float *db, con
     if (N < 1 || M < 1)
         td_panic(TD_ESHAPE, "siglip: %d x %d logits", N, M);
     siglip_backward_kernel<<<G, SIG_THREADS, 0, x->stream>>>(x->partial, ddots, dloss, dots, t, b,
-                                                             labels, N, M, diag, weight);
+                                                             labels, same, N, M, diag, weight);
     LAUNCH_CHECK("siglip_backward_kernel");
     siglip_backward_finish_kernel<<<1, 1, 0, x->stream>>>(dt, db, x->partial, G);
     LAUNCH_CHECK("siglip_backward_finish_kernel");
