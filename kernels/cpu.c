@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/attn_plan.h"
 #include "kernels/cpu_int.h"
 #include "kernels/cpu_team.h"
 #include "kernels/kernels.h"
@@ -770,14 +771,16 @@ static void residual_backward(float *dinp1, float *dinp2, const float *dout, siz
 
 /* ---- fused attention ------------------------------------------------------------------------
  *
- * One task per (sequence, head): its query rows in blocks of d->chunk, each cut again into
- * sgemms of at most ATT_BLOCK rows when causal (a causal sgemm then stops at its last row's
- * diagonal, so the upper triangle is mostly never computed), ATT_BLOCK_FULL without a mask; a
- * (rows, Nk) block of scores stays in the core's cache. A task keeps its scores in its own part of
- * the scratch, chunk * Nk floats (td_attn_scratch), and writes only its head's columns of out, lse,
- * dq, dk and dv. With a chunk that is a multiple of ATT_BLOCK, the sgemms and softmax rows of a
- * causal forward are those of the (B,NH,T,T) attention this op replaced, so its out has the same
- * bits. */
+ * The plan's blocks one after another (attn_plan.h: whole sequences, or rows of every sequence,
+ * the same blocks the CUDA table's batched calls take), a task per (sequence, head) of a block:
+ * its rows cut again into sgemms of at most ATT_BLOCK rows when causal (a causal sgemm then
+ * stops at its last row's diagonal, so the upper triangle is mostly never computed),
+ * ATT_BLOCK_FULL without a mask; a (rows, Nk) block of scores stays in the core's cache. A task
+ * keeps its scores in its pair's part of the block (rows * cols floats), and writes only its
+ * head's columns of out, lse, dq, dk and dv. A plan's blocks start at multiples of ATT_BLOCK
+ * (or hold whole sequences) whenever its chunk is a multiple of ATT_BLOCK, and then the sgemms
+ * and softmax rows of a causal forward are those of the (B,NH,T,T) attention this op replaced,
+ * so its out has the same bits. */
 
 #define ATT_BLOCK 64 /* query rows per sgemm of the attention */
 /* The same without a mask, where no diagonal cuts the sgemms short: every block packs all the
@@ -842,6 +845,7 @@ typedef struct attn_job {
     float *out, *lse, *scratch, *dq, *dk, *dv;
     const float *q, *k, *v, *dout, *o, *clse;
     const td_attn_dims *d;
+    const td_attn_block *blk; /* the plan's block the tasks are of */
 } attn_job;
 
 /* One (sequence, head)'s pointers: q, k, v and out at its first row and column. */
@@ -863,29 +867,29 @@ static attn_head head_of(const td_attn_dims *d, int bh)
     return a;
 }
 
-static void attention_forward_task(void *ctx, int bh)
+/* Task p of a block: the pair (b0 + p / NH, p % NH), its scores at p * rows * cols floats of the
+ * block's scratch (attn_plan.h's layout), its rows in sgemms of att_block rows. */
+static void attention_forward_task(void *ctx, int p)
 {
     const attn_job *J = ctx;
     const td_attn_dims *d = J->d;
+    const td_attn_block *K = J->blk;
+    int bh = K->b0 * d->NH + p;
     attn_head a = head_of(d, bh);
     const float *q = J->q + a.q, *k = J->k + a.k, *v = J->v + a.v;
     float *out = J->out + a.o, *lse = J->lse + (size_t)bh * d->Nq;
-    float *s = J->scratch + (size_t)bh * d->chunk * d->Nk;
+    float *s = J->scratch + (size_t)p * K->rows * K->cols;
     float scale = 1.0f / sqrtf((float)d->hs);
-    int blk = att_block(d);
+    int blk = att_block(d), rend = K->r0 + K->rows;
 
-    for (int r0 = 0; r0 < d->Nq; r0 += d->chunk) {
-        int rend = r0 + d->chunk < d->Nq ? r0 + d->chunk : d->Nq;
-        for (int s0 = r0; s0 < rend; s0 += blk) {
-            int rows = rend - s0 < blk ? rend - s0 : blk, cols = d->causal ? s0 + rows : d->Nk;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, d->hs, scale,
-                        q + (size_t)s0 * d->ldq, d->ldq, k, d->ldk, 0.0f, s, cols);
-            for (int t = 0; t < rows; t++)
-                softmax_row(s + (size_t)t * cols, d->causal ? s0 + t + 1 : cols, cols,
-                            lse + s0 + t);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d->hs, cols, 1.0f, s, cols,
-                        v, d->ldv, 0.0f, out + (size_t)s0 * a.C, a.C);
-        }
+    for (int s0 = K->r0; s0 < rend; s0 += blk) {
+        int rows = rend - s0 < blk ? rend - s0 : blk, cols = d->causal ? s0 + rows : d->Nk;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, d->hs, scale,
+                    q + (size_t)s0 * d->ldq, d->ldq, k, d->ldk, 0.0f, s, cols);
+        for (int t = 0; t < rows; t++)
+            softmax_row(s + (size_t)t * cols, d->causal ? s0 + t + 1 : cols, cols, lse + s0 + t);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d->hs, cols, 1.0f, s, cols, v,
+                    d->ldv, 0.0f, out + (size_t)s0 * a.C, a.C);
     }
 }
 
@@ -895,55 +899,68 @@ static void attention_forward(float *out, float *lse, float *scratch, const floa
                               const float *k, const float *v, const td_attn_dims *d)
 {
     attn_job J = {.out = out, .lse = lse, .scratch = scratch, .q = q, .k = k, .v = v, .d = d};
+    td_attn_block blk = {0};
 
     if (d->chunk < 1)
         td_panic(TD_EINVAL, "attention: a chunk of %d query rows", d->chunk);
-    if (d->Nq > 0 && d->Nk > 0)
-        td__cpu_team_run(d->B * d->NH, attention_forward_task, &J);
+    J.blk = &blk;
+    while (td_attn_next(d, &blk))
+        td__cpu_team_run(blk.nb * d->NH, attention_forward_task, &J);
 }
 
-// Per block of rows: P = exp(scale q k^T - lse) again, dP = dout v^T, dv += P^T dout,
-// dS = scale P (dP - D) (D_i = dout_i . out_i), dq += dS k, dk += dS^T q. The scratch holds
-// D (B*NH*Nq) first, then every task's P block, then every task's dP block.
-static void attention_backward_task(void *ctx, int bh)
+/* D_i = dout_i . out_i for every query row of pair bh, into the scratch's head. */
+static void attention_d_task(void *ctx, int bh)
 {
     const attn_job *J = ctx;
     const td_attn_dims *d = J->d;
     attn_head a = head_of(d, bh);
-    size_t nd = (size_t)d->B * d->NH * d->Nq, block = (size_t)d->chunk * d->Nk;
-    const float *q = J->q + a.q, *k = J->k + a.k, *v = J->v + a.v;
-    const float *dout = J->dout + a.o, *o = J->o + a.o, *lse = J->clse + (size_t)bh * d->Nq;
-    float *dq = J->dq != NULL ? J->dq + a.q : NULL, *dk = J->dk != NULL ? J->dk + a.k : NULL;
-    float *dv = J->dv != NULL ? J->dv + a.v : NULL, *D = J->scratch + (size_t)bh * d->Nq;
-    float *p = J->scratch + nd + (size_t)bh * block;
-    float *dp = J->scratch + nd + (size_t)d->B * d->NH * block + (size_t)bh * block;
-    float scale = 1.0f / sqrtf((float)d->hs);
-    int blk = att_block(d);
+    const float *dout = J->dout + a.o, *o = J->o + a.o;
+    float *D = J->scratch + (size_t)bh * d->Nq;
 
     for (int i = 0; i < d->Nq; i++)
         D[i] = dot8(dout + (size_t)i * a.C, o + (size_t)i * a.C, d->hs);
-    for (int r0 = 0; r0 < d->Nq; r0 += d->chunk) {
-        int rend = r0 + d->chunk < d->Nq ? r0 + d->chunk : d->Nq;
-        for (int s0 = r0; s0 < rend; s0 += blk) {
-            int rows = rend - s0 < blk ? rend - s0 : blk, cols = d->causal ? s0 + rows : d->Nk;
-            const float *qs = q + (size_t)s0 * d->ldq, *gs = dout + (size_t)s0 * a.C;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, d->hs, scale, qs,
-                        d->ldq, k, d->ldk, 0.0f, p, cols);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, d->hs, 1.0f, gs, a.C,
-                        v, d->ldv, 0.0f, dp, cols);
-            for (int t = 0; t < rows; t++)
-                softmax_row_backward(p + (size_t)t * cols, dp + (size_t)t * cols, lse[s0 + t],
-                                     D[s0 + t], scale, d->causal ? s0 + t + 1 : cols, cols);
-            if (dv != NULL)
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, d->hs, rows, 1.0f, p,
-                            cols, gs, a.C, 1.0f, dv, d->ldv);
-            if (dq != NULL)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d->hs, cols, 1.0f, dp,
-                            cols, k, d->ldk, 1.0f, dq + (size_t)s0 * d->ldq, d->ldq);
-            if (dk != NULL)
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, d->hs, rows, 1.0f, dp,
-                            cols, qs, d->ldq, 1.0f, dk, d->ldk);
-        }
+}
+
+// Per block of rows: P = exp(scale q k^T - lse) again, dP = dout v^T, dv += P^T dout,
+// dS = scale P (dP - D) (D_i = dout_i . out_i), dq += dS k, dk += dS^T q. The scratch holds
+// D (B*NH*Nq) first, then the block's P (B*NH*chunk*Nk floats of room), then its dP; task p
+// of a block is its pair p, as the forward's.
+static void attention_backward_task(void *ctx, int p)
+{
+    const attn_job *J = ctx;
+    const td_attn_dims *d = J->d;
+    const td_attn_block *K = J->blk;
+    int bh = K->b0 * d->NH + p;
+    attn_head a = head_of(d, bh);
+    size_t nd = (size_t)d->B * d->NH * d->Nq, block = (size_t)d->B * d->NH * d->chunk * d->Nk;
+    size_t slot = (size_t)p * K->rows * K->cols;
+    const float *q = J->q + a.q, *k = J->k + a.k, *v = J->v + a.v;
+    const float *dout = J->dout + a.o, *lse = J->clse + (size_t)bh * d->Nq;
+    float *dq = J->dq != NULL ? J->dq + a.q : NULL, *dk = J->dk != NULL ? J->dk + a.k : NULL;
+    float *dv = J->dv != NULL ? J->dv + a.v : NULL, *D = J->scratch + (size_t)bh * d->Nq;
+    float *pp = J->scratch + nd + slot, *dp = J->scratch + nd + block + slot;
+    float scale = 1.0f / sqrtf((float)d->hs);
+    int blk = att_block(d), rend = K->r0 + K->rows;
+
+    for (int s0 = K->r0; s0 < rend; s0 += blk) {
+        int rows = rend - s0 < blk ? rend - s0 : blk, cols = d->causal ? s0 + rows : d->Nk;
+        const float *qs = q + (size_t)s0 * d->ldq, *gs = dout + (size_t)s0 * a.C;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, d->hs, scale, qs, d->ldq,
+                    k, d->ldk, 0.0f, pp, cols);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, d->hs, 1.0f, gs, a.C, v,
+                    d->ldv, 0.0f, dp, cols);
+        for (int t = 0; t < rows; t++)
+            softmax_row_backward(pp + (size_t)t * cols, dp + (size_t)t * cols, lse[s0 + t],
+                                 D[s0 + t], scale, d->causal ? s0 + t + 1 : cols, cols);
+        if (dv != NULL)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, d->hs, rows, 1.0f, pp, cols,
+                        gs, a.C, 1.0f, dv, d->ldv);
+        if (dq != NULL)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d->hs, cols, 1.0f, dp,
+                        cols, k, d->ldk, 1.0f, dq + (size_t)s0 * d->ldq, d->ldq);
+        if (dk != NULL)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, d->hs, rows, 1.0f, dp, cols,
+                        qs, d->ldq, 1.0f, dk, d->ldk);
     }
 }
 
@@ -964,11 +981,17 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                   .o = out,
                   .clse = lse,
                   .d = d};
+    td_attn_block blk = {0};
 
     if (d->chunk < 1)
         td_panic(TD_EINVAL, "attention: a chunk of %d query rows", d->chunk);
-    if (d->Nq > 0 && d->Nk > 0 && (dq != NULL || dk != NULL || dv != NULL))
-        td__cpu_team_run(d->B * d->NH, attention_backward_task, &J);
+    if (dq == NULL && dk == NULL && dv == NULL)
+        return;
+    J.blk = &blk;
+    if (d->Nq > 0 && d->Nk > 0)
+        td__cpu_team_run(d->B * d->NH, attention_d_task, &J);
+    while (td_attn_next(d, &blk))
+        td__cpu_team_run(blk.nb * d->NH, attention_backward_task, &J);
 }
 
 /* ---- sums of squares, scaling, optimizers -------------------------------------------------- */

@@ -36,18 +36,31 @@ typedef struct td_attn_dims {
     int hs;            /* head size */
     int ldq, ldk, ldv; /* floats from a row of q (k, v) to the next, >= NH*hs; dq (dk, dv) too */
     int causal;        /* 1: query i sees keys 0..i only (self-attention: Nq == Nk) */
-    int chunk;         /* query rows per block, 1..Nq: the scores of a block of every
-                        * (sequence, head) are B*NH*chunk*Nk floats of the scratch */
+    int chunk;         /* the scratch's block of scores, B*NH*chunk*Nk floats, in query rows:
+                        * 1..Nq; the blocks the kernels compute in it are kernels/attn_plan.h's */
 } td_attn_dims;
+
+/* The CUDA table's pointer arrays (cuBLAS's batched gemms take one device pointer a pair), at
+ * the scratch's end: this many arrays of B*NH pointers. */
+#define TD_ATTN_PTR_ARRAYS 9
 
 /* Floats of scratch attention_forward (backward 0) or attention_backward (1) takes: one block
  * of scores, B*NH*chunk*Nk floats, forward; two (probabilities and their gradient) and D, one
- * float per query row (B*NH*Nq), backward. Both tables use exactly this much. */
-static inline size_t td_attn_scratch(const td_attn_dims *d, int backward)
+ * float per query row (B*NH*Nq), backward; then, from an even float on (8-byte aligned when
+ * the scratch is), TD_ATTN_PTR_ARRAYS arrays of B*NH pointers (2 floats each), which only the
+ * CUDA table uses. Both tables take exactly this much. td_attn_scratch_ptrs: the float at
+ * which the pointer arrays start. */
+static inline size_t td_attn_scratch_ptrs(const td_attn_dims *d, int backward)
 {
     size_t block = (size_t)d->B * d->NH * d->chunk * d->Nk;
+    size_t lead = backward ? 2 * block + (size_t)d->B * d->NH * d->Nq : block;
 
-    return backward ? 2 * block + (size_t)d->B * d->NH * d->Nq : block;
+    return (lead + 1) / 2 * 2;
+}
+
+static inline size_t td_attn_scratch(const td_attn_dims *d, int backward)
+{
+    return td_attn_scratch_ptrs(d, backward) + (size_t)TD_ATTN_PTR_ARRAYS * 2 * d->B * d->NH;
 }
 
 typedef struct td_kernels {
@@ -152,8 +165,9 @@ typedef struct td_kernels {
 
     // Fused multi-head attention (see td_attn_dims): for sequence b, head h and query row i,
     // with S_ij = q_i . k_j / sqrt(hs) over the keys j it sees (all Nk, or j <= i when causal),
-    // out_i = sum_j softmax_j(S_i) v_j and lse_i = log sum_j exp(S_ij). Queries go in blocks of
-    // d->chunk rows against all keys; the scores live only in the scratch, so what is kept for the
+    // out_i = sum_j softmax_j(S_i) v_j and lse_i = log sum_j exp(S_ij). The (sequence, head,
+    // query row)s go in kernels/attn_plan.h's blocks, each inside the scratch's block of
+    // B*NH*chunk*Nk floats; the scores live only in the scratch, so what is kept for the
     // backward is out and lse, O(B*NH*Nq) floats. out is (B,Nq,NH*hs), lse is (B,NH,Nq), scratch is
     // td_attn_scratch(d, 0) floats, q is (B,Nq,ldq), k is (B,Nk,ldk), v is (B,Nk,ldv): head h in
     // columns [h*hs, (h+1)*hs)

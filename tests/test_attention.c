@@ -486,16 +486,26 @@ static void test_ops_refuse_bad_shapes(void **state)
 }
 
 /* The automatic chunk: the largest whose block B*NH*chunk*Nk floats fits in 64 MiB, at least 1,
- * at most Nq; a chunk given is kept (at most Nq). */
+ * at most Nq, unless that block cannot hold one whole sequence's scores (NH*Nq*Nk floats) and
+ * those take at most 512 MiB: then ceil(Nq / B), the smallest block that holds one; a chunk
+ * given is kept (at most Nq). */
 static void test_auto_chunk(void **state)
 {
-    int c = td_attn_chunk(0, 64, 6, 2448, 2448);
-    size_t row = (size_t)64 * 6 * 2448 * sizeof(float);
+    int c = td_attn_chunk(0, 64, 24, 2448, 2448);
+    size_t row = (size_t)64 * 24 * 2448 * sizeof(float);
 
     assert_int_equal(td_attn_chunk(0, 8, 4, 256, 256), 256); /* the bench's: all of it */
+    /* a sequence of 24 heads at N = 2448 is 575 MB of scores: rows of all 64 in 64 MiB */
     assert_true((size_t)c * row <= TD_ATTN_BLOCK_BYTES);
     assert_true((size_t)(c + 1) * row > TD_ATTN_BLOCK_BYTES);
-    assert_int_equal(c, 17);
+    assert_int_equal(c, 4);
+    /* 6 heads: 144 MB, which 64 MiB (17 rows of all 64) does not hold: ceil(2448 / 64) */
+    assert_true((size_t)17 * 64 * 6 * 2448 * 4 <= TD_ATTN_BLOCK_BYTES);
+    assert_int_equal(td_attn_chunk(0, 64, 6, 2448, 2448), 39);
+    /* SensorLM base at batch 32 (12 heads, N = 2448): one sequence, 288 MB */
+    assert_int_equal(td_attn_chunk(0, 32, 12, 2448, 2448), 77);
+    /* GPT-2 at B 16, T 1024: a sequence is 48 MiB and 85 rows of all 16 fit in 64 MiB */
+    assert_int_equal(td_attn_chunk(0, 16, 12, 1024, 1024), 85);
     assert_int_equal(td_attn_chunk(0, 4096, 64, 100000, 100000), 1);
     assert_int_equal(td_attn_chunk(0, 16, 12, 1, 576), 1); /* a probe: one query */
     assert_int_equal(td_attn_chunk(7, 64, 6, 2448, 2448), 7);
@@ -535,13 +545,17 @@ static void test_ops_bytes_exact(void **state)
         fwd = td_op_bytes_attention_scratch(B, NH, Nq, Nk, chunk, 0);
         assert_int_equal(arena.used - base, kept);
         assert_int_equal(arena.peak - base, kept + fwd);
-        assert_int_equal(fwd, td_arena_round((size_t)B * NH * chunk * Nk * sizeof(float)));
+        /* the block of scores (even), then the CUDA table's 9 arrays of B*NH pointers */
+        assert_int_equal(
+            fwd,
+            td_arena_round(((size_t)B * NH * chunk * Nk + (size_t)9 * 2 * B * NH) * sizeof(float)));
         loss = td_softmax_xent(&c, out, targets);
         base = arena.used;
         td_backward(&c, loss);
         bwd = td_op_bytes_attention_scratch(B, NH, Nq, Nk, chunk, 1);
-        assert_int_equal(
-            bwd, td_arena_round(((size_t)2 * B * NH * chunk * Nk + (size_t)B * NH * Nq) * 4));
+        assert_int_equal(bwd, td_arena_round(((size_t)2 * B * NH * chunk * Nk +
+                                              (size_t)B * NH * Nq + (size_t)9 * 2 * B * NH) *
+                                             4));
         assert_int_equal(arena.peak, base + bwd);
         assert_int_equal(arena.used, base);
         td_boundary_leave(&b);

@@ -2084,9 +2084,10 @@ static void test_config_errors(void **state)
  * to the seed learner's all-layers attention, depth * 2 * B * H * N^2 * 4 bytes, and whether it
  * fits an 80 GB (H100, 81559 MiB) and a 141 GB (H200, 143771 MiB) GPU, each less the 1 GiB the
  * guard keeps; then the largest batch each takes. README.md ("SensorLM", "Memory") prints this
- * table. Asserted: traind's attention stays within a few hundred MiB at every batch (its
- * scores live in one transient block; the rest is O(B*H*N) log-sum-exps), far below the seed
- * formula's, and the estimate grows with the batch. */
+ * table. Asserted: traind's attention stays under 1 GiB at every batch (its scores live in one
+ * transient block, which holds one whole sequence's, 288 MB, so that the kernels read each
+ * sequence's keys once, twice that in the backward; the rest is O(B*H*N) log-sum-exps), far
+ * below the seed formula's, and the estimate grows with the batch. */
 static void test_memory_table(void **state)
 {
     const double MiB = 1048576.0, cap[2] = {81559.0 - 1024.0, 143771.0 - 1024.0};
@@ -2117,8 +2118,8 @@ static void test_memory_table(void **state)
                       e.grads / MiB, e.optim / MiB, e.activations / MiB, e.workspace / MiB,
                       e.total / MiB <= cap[0] ? "fits" : "no",
                       e.total / MiB <= cap[1] ? "fits" : "no");
-        assert_true(e.attention < (size_t)512 << 20);
-        assert_true((double)e.attention < seed / 100);
+        assert_true(e.attention < (size_t)1 << 30);
+        assert_true((double)e.attention < seed / 50);
         assert_true(e.total > last);
         last = e.total;
     }

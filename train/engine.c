@@ -460,7 +460,12 @@ int td_attn_chunk(int chunk, int B, int NH, int Nq, int Nk)
     if (chunk <= 0) {
         size_t row = (size_t)B * NH * Nk * sizeof(float); /* bytes of one query row's scores */
         size_t fit = row > 0 ? TD_ATTN_BLOCK_BYTES / row : (size_t)Nq;
+        size_t seq = (size_t)NH * Nq * Nk * sizeof(float); /* one sequence's scores */
         chunk = fit < 1 ? 1 : fit < (size_t)Nq ? (int)fit : Nq;
+        /* a block too small for a whole sequence that TD_ATTN_SEQ_BYTES holds grows to one,
+         * so that the kernels read each sequence's keys once (kernels/attn_plan.h) */
+        if (chunk < Nq && B > 0 && seq > (size_t)chunk * row && seq <= TD_ATTN_SEQ_BYTES)
+            chunk = (Nq + B - 1) / B;
     }
     return chunk < Nq ? chunk : Nq > 0 ? Nq : 1;
 }

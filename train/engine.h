@@ -241,10 +241,15 @@ td_tensor *td_attention_packed(td_ctx *c, td_tensor *qkv, int NH, int causal, in
 /* The automatic chunk's bound: the largest chunk whose block of scores, B*NH*chunk*Nk floats,
  * takes at most this many bytes (the backward takes two such blocks). */
 #define TD_ATTN_BLOCK_BYTES ((size_t)64 << 20)
+/* ... unless one sequence's scores, NH*Nq*Nk floats, do not fit there but fit in this many
+ * bytes: then the block holds one whole sequence. */
+#define TD_ATTN_SEQ_BYTES ((size_t)512 << 20)
 
 /* The chunk an attention op of these dimensions uses for `chunk`: 0 picks the largest chunk
- * whose block B*NH*chunk*Nk floats fits in TD_ATTN_BLOCK_BYTES (at least 1), any other value
- * is taken as it is; either way at most Nq. */
+ * whose block B*NH*chunk*Nk floats fits in TD_ATTN_BLOCK_BYTES (at least 1), or, when that
+ * block is smaller than one sequence's scores and those take at most TD_ATTN_SEQ_BYTES, the
+ * smallest whose block holds them, ceil(Nq / B); any other value is taken as it is; either way
+ * at most Nq. */
 int td_attn_chunk(int chunk, int B, int NH, int Nq, int Nk);
 
 /* Arena bytes the ops above take, for models to size the arena exactly: each mirrors the op's

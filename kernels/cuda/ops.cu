@@ -24,6 +24,7 @@
 
 #include <cuda_bf16.h>
 
+#include "kernels/attn_plan.h"
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/heads.h"
 
@@ -593,6 +594,26 @@ __global__ void attn_d_kernel(float *D, const float *dout, const float *out, int
         D[row] = s;
 }
 
+// The pointer arrays of a block's batched gemms: array a, entry p (the pair (p / NH, p % NH)
+// of the block) = base[a] + (p / NH) * sb[a] + (p % NH) * sh[a]; arrays of npair pointers one
+// after another from ptrs
+struct attn_ptr_set {
+    const float *base[TD_ATTN_PTR_ARRAYS];
+    long long sb[TD_ATTN_PTR_ARRAYS], sh[TD_ATTN_PTR_ARRAYS];
+};
+
+__global__ void attn_ptrs_kernel(const float **ptrs, attn_ptr_set set, int n, int npair, int NH)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int a, pr;
+
+    if (i >= (size_t)n * npair)
+        return;
+    a = (int)(i / (size_t)npair);
+    pr = (int)(i % (size_t)npair);
+    ptrs[i] = set.base[a] + (long long)(pr / NH) * set.sb[a] + (long long)(pr % NH) * set.sh[a];
+}
+
 // ---- sumsq ----------------------------------------------------------------------------------
 
 // Sum of squares in double: each block's grid-stride share, tree-summed, into partial[block]
@@ -1067,44 +1088,47 @@ static void residual_backward(float *dinp1, float *dinp2, const float *dout, siz
 
 // ---- fused attention ------------------------------------------------------------------------
 //
-// cuBLAS per block of query rows: for each block of d->chunk rows [r0, r0 + rows), the scores
-// of every (sequence, head) against keys [0, cols) (cols = r0 + rows when causal: the block's
-// last row's diagonal) by strided-batched gemms into the block of the scratch (slot
-// chunk * Nk floats per (sequence, head)), a warp per row for the softmax, and the gemms
-// that use them. The gemms batch over the heads of a sequence (q, k, v and out of head h sit
-// hs floats after head h-1's) or over the sequences of a head, whichever are more, and loop
-// over the other. Nothing is kept but out and lse; the backward recomputes the scores. With
-// bf16 on, these fp32 gemms run in TF32 (the context's math mode: 10 mantissa bits, more than
-// bf16's 7), where the replaced attention multiplied bf16 copies.
+// The plan's blocks one after another (kernels/attn_plan.h, the CPU table's blocks): for each,
+// one kernel fills the pointer arrays of its (sequence, head) pairs (in the scratch's tail),
+// then every product is one cublasSgemmBatched over all nb * NH pairs of the block: the scores
+// against keys [0, cols) (cols = r0 + rows when causal: the block's last row's diagonal) into
+// the block's part of the scratch (pair p at p * rows * cols floats), a warp per row for the
+// softmax, and the gemms that use them. So a GPT-2 layer at B 16, T 1024 is 8 blocks (56
+// gemms a step, where a loop over heads or sequences in row chunks of 85 issued 1,092). Nothing
+// is kept but out and lse; the backward recomputes the scores. With bf16 on, these fp32 gemms
+// run in TF32 (the context's math mode: 10 mantissa bits, more than bf16's 7), where the
+// replaced attention multiplied bf16 copies.
 
-// For every sequence b < nb and head h < nh: C_bh = alpha op(A_bh) op(B_bh) + beta C_bh,
-// column-major, X_bh = X + b * xb + h * xh for X in A, B, C
-static void gemm_bh(td_cuda_ctx *x, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                    float alpha, const float *A, int lda, long long ab, long long ah,
-                    const float *B, int ldb, long long bb, long long bh, float beta, float *C,
-                    int ldc, long long cb, long long ch, int nb, int nh)
+// The pointer arrays of one block (npair pairs from sequence b0) for n sets: set a's array at
+// ptrs + a * npair; X_p = base + (b0 + p / NH) * sb + (p % NH) * sh
+static const float **attn_ptrs(td_cuda_ctx *x, float *scratch, size_t at, attn_ptr_set *set, int n,
+                               int npair, int NH)
 {
-    if (nh >= nb)
-        for (int b = 0; b < nb; b++)
-            TD_CUBLAS_OP(x, cublasSgemmStridedBatched(x->blas, ta, tb, m, n, k, &alpha, A + b * ab,
-                                                      lda, ah, B + b * bb, ldb, bh, &beta,
-                                                      C + b * cb, ldc, ch, nh));
-    else
-        for (int h = 0; h < nh; h++)
-            TD_CUBLAS_OP(x, cublasSgemmStridedBatched(x->blas, ta, tb, m, n, k, &alpha, A + h * ah,
-                                                      lda, ab, B + h * bh, ldb, bb, &beta,
-                                                      C + h * ch, ldc, cb, nb));
+    const float **ptrs = (const float **)(scratch + at);
+    size_t total = (size_t)n * npair;
+
+    attn_ptrs_kernel<<<(unsigned)((total + THREADS - 1) / THREADS), THREADS, 0, x->stream>>>(
+        ptrs, *set, n, npair, NH);
+    LAUNCH_CHECK("attn_ptrs_kernel");
+    return ptrs;
 }
 
-// Scores of rows [r0, r0 + rows) against keys [0, cols) into s (every (b, h) at bh * slot,
-// row-major (rows, cols)): s^T = alpha k q^T, column-major; src is q (forward) or dout with
-// alpha 1 and v for k (the backward's dout v^T)
-static void attn_scores(td_cuda_ctx *x, float *s, const float *a, int lda, long long as,
-                        const float *kk, int ldk, long long ks, float alpha, int rows, int cols,
-                        size_t slot, const td_attn_dims *d)
+// For every pair p < npair: C_p = alpha op(A_p) op(B_p) + beta C_p, column-major, A_p, B_p,
+// C_p from the pointer arrays
+static void gemm_pairs(td_cuda_ctx *x, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                       int k, float alpha, const float *const *A, int lda, const float *const *B,
+                       int ldb, float beta, const float *const *C, int ldc, int npair)
 {
-    gemm_bh(x, CUBLAS_OP_T, CUBLAS_OP_N, cols, rows, d->hs, alpha, kk, ldk, ks, d->hs, a, lda, as,
-            d->hs, 0.0f, s, cols, (long long)d->NH * slot, (long long)slot, d->B, d->NH);
+    TD_CUBLAS_OP(x, cublasSgemmBatched(x->blas, ta, tb, m, n, k, &alpha, A, lda, B, ldb, &beta,
+                                       (float *const *)C, ldc, npair));
+}
+
+// Pointer set a: base + b0's offset, strides by sequence and by head
+static void set_ptr(attn_ptr_set *set, int a, const float *base, int b0, long long sb, long long sh)
+{
+    set->base[a] = base + (long long)b0 * sb;
+    set->sb[a] = sb;
+    set->sh[a] = sh;
 }
 
 // out is (B,Nq,NH*hs), lse is (B,NH,Nq), scratch is td_attn_scratch(d, 0),
@@ -1113,27 +1137,34 @@ static void attention_forward(float *out, float *lse, float *scratch, const floa
                               const float *k, const float *v, const td_attn_dims *d)
 {
     td_cuda_ctx *x = td__cuda_ctx();
-    int C = d->NH * d->hs, BH = d->B * d->NH;
-    size_t slot = (size_t)d->chunk * d->Nk;
+    int C = d->NH * d->hs;
+    size_t at = td_attn_scratch_ptrs(d, 0);
     float scale = 1.0f / sqrtf((float)d->hs);
+    td_attn_block blk = {};
 
     if (d->chunk < 1)
         td_panic(TD_EINVAL, "attention: a chunk of %d query rows", d->chunk);
-    if (BH == 0 || d->Nq == 0 || d->Nk == 0)
-        return;
-    for (int r0 = 0; r0 < d->Nq; r0 += d->chunk) {
-        int rows = d->Nq - r0 < d->chunk ? d->Nq - r0 : d->chunk;
-        int cols = d->causal ? r0 + rows : d->Nk;
-        attn_scores(x, scratch, q + (size_t)r0 * d->ldq, d->ldq, (long long)d->Nq * d->ldq, k,
-                    d->ldk, (long long)d->Nk * d->ldk, scale, rows, cols, slot, d);
-        attn_softmax_kernel<<<row_blocks((size_t)BH * rows), ROW_WARPS * 32, 0, x->stream>>>(
-            scratch, lse, BH, rows, cols, slot, r0, d->Nq, d->causal);
+    while (td_attn_next(d, &blk)) {
+        int np = blk.nb * d->NH, rows = blk.rows, cols = blk.cols;
+        long long slot = (long long)rows * cols;
+        attn_ptr_set set;
+        const float **P;
+        set_ptr(&set, 0, k, blk.b0, (long long)d->Nk * d->ldk, d->hs);
+        set_ptr(&set, 1, q + (size_t)blk.r0 * d->ldq, blk.b0, (long long)d->Nq * d->ldq, d->hs);
+        set_ptr(&set, 2, scratch, 0, d->NH * slot, slot);
+        set_ptr(&set, 3, v, blk.b0, (long long)d->Nk * d->ldv, d->hs);
+        set_ptr(&set, 4, out + (size_t)blk.r0 * C, blk.b0, (long long)d->Nq * C, d->hs);
+        P = attn_ptrs(x, scratch, at, &set, 5, np, d->NH);
+        /* s^T (cols, rows) = scale k q^T */
+        gemm_pairs(x, CUBLAS_OP_T, CUBLAS_OP_N, cols, rows, d->hs, scale, P, d->ldk, P + np, d->ldq,
+                   0.0f, P + 2 * np, cols, np);
+        attn_softmax_kernel<<<row_blocks((size_t)np * rows), ROW_WARPS * 32, 0, x->stream>>>(
+            scratch, lse + (size_t)blk.b0 * d->NH * d->Nq, np, rows, cols, (size_t)slot, blk.r0,
+            d->Nq, d->causal);
         LAUNCH_CHECK("attn_softmax_kernel");
         /* out^T (hs, rows) = v^T (hs, cols) p^T (cols, rows) */
-        gemm_bh(x, CUBLAS_OP_N, CUBLAS_OP_N, d->hs, rows, cols, 1.0f, v, d->ldv,
-                (long long)d->Nk * d->ldv, d->hs, scratch, cols, (long long)d->NH * slot,
-                (long long)slot, 0.0f, out + (size_t)r0 * C, C, (long long)d->Nq * C, d->hs, d->B,
-                d->NH);
+        gemm_pairs(x, CUBLAS_OP_N, CUBLAS_OP_N, d->hs, rows, cols, 1.0f, P + 3 * np, d->ldv,
+                   P + 2 * np, cols, 0.0f, P + 4 * np, C, np);
     }
 }
 
@@ -1141,45 +1172,63 @@ static void attention_forward(float *out, float *lse, float *scratch, const floa
 // (then their softmax from lse), dp = dout v^T, one kernel turning them into p and
 // dS = scale p (dp - D), and dv += p^T dout, dq += dS k, dk += dS^T q.
 // dq, dk, dv like q, k, v (or NULL), scratch is td_attn_scratch(d, 1): D (B*NH*Nq), then the
-// p blocks, then the dp blocks; dout and out are (B,Nq,NH*hs), lse is (B,NH,Nq)
+// block's p, then its dp (B*NH*chunk*Nk floats of room each), then the pointer arrays; dout and
+// out are (B,Nq,NH*hs), lse is (B,NH,Nq)
 static void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                const float *q, const float *k, const float *v, const float *out,
                                const float *lse, const td_attn_dims *d)
 {
     td_cuda_ctx *x = td__cuda_ctx();
-    int C = d->NH * d->hs, BH = d->B * d->NH;
-    size_t slot = (size_t)d->chunk * d->Nk, nd = (size_t)BH * d->Nq;
-    float scale = 1.0f / sqrtf((float)d->hs), *D = scratch, *p = scratch + nd;
-    float *dp = p + (size_t)BH * slot;
+    int C = d->NH * d->hs;
+    size_t nd = (size_t)d->B * d->NH * d->Nq, room = (size_t)d->B * d->NH * d->chunk * d->Nk;
+    size_t at = td_attn_scratch_ptrs(d, 1);
+    float scale = 1.0f / sqrtf((float)d->hs), *D = scratch, *p = scratch + nd, *dp = p + room;
     long long qs = (long long)d->Nq * d->ldq, ks = (long long)d->Nk * d->ldk;
     long long vs = (long long)d->Nk * d->ldv, os = (long long)d->Nq * C;
-    long long sb = (long long)d->NH * slot, sh = (long long)slot;
+    td_attn_block blk = {};
 
     if (d->chunk < 1)
         td_panic(TD_EINVAL, "attention: a chunk of %d query rows", d->chunk);
-    if (BH == 0 || d->Nq == 0 || d->Nk == 0 || (dq == NULL && dk == NULL && dv == NULL))
+    if (d->B == 0 || d->NH == 0 || d->Nq == 0 || d->Nk == 0 ||
+        (dq == NULL && dk == NULL && dv == NULL))
         return;
     attn_d_kernel<<<row_blocks(nd), ROW_WARPS * 32, 0, x->stream>>>(D, dout, out, d->B, d->NH,
                                                                     d->Nq, d->hs);
     LAUNCH_CHECK("attn_d_kernel");
-    for (int r0 = 0; r0 < d->Nq; r0 += d->chunk) {
-        int rows = d->Nq - r0 < d->chunk ? d->Nq - r0 : d->chunk;
-        int cols = d->causal ? r0 + rows : d->Nk;
-        const float *qc = q + (size_t)r0 * d->ldq, *gc = dout + (size_t)r0 * C;
-        attn_scores(x, p, qc, d->ldq, qs, k, d->ldk, ks, scale, rows, cols, slot, d);
-        attn_scores(x, dp, gc, C, os, v, d->ldv, vs, 1.0f, rows, cols, slot, d);
-        attn_grad_kernel<<<row_blocks((size_t)BH * rows), ROW_WARPS * 32, 0, x->stream>>>(
-            p, dp, lse, D, BH, rows, cols, slot, r0, d->Nq, d->causal, scale);
+    while (td_attn_next(d, &blk)) {
+        int np = blk.nb * d->NH, rows = blk.rows, cols = blk.cols, b0 = blk.b0;
+        long long slot = (long long)rows * cols;
+        size_t r0 = (size_t)blk.r0, lo = (size_t)b0 * d->NH * d->Nq;
+        attn_ptr_set set;
+        const float **P;
+        /* a gradient not asked for points at its input: its array is filled, never used */
+        set_ptr(&set, 0, k, b0, ks, d->hs);
+        set_ptr(&set, 1, q + r0 * d->ldq, b0, qs, d->hs);
+        set_ptr(&set, 2, p, 0, d->NH * slot, slot);
+        set_ptr(&set, 3, v, b0, vs, d->hs);
+        set_ptr(&set, 4, dout + r0 * C, b0, os, d->hs);
+        set_ptr(&set, 5, dp, 0, d->NH * slot, slot);
+        set_ptr(&set, 6, dv != NULL ? dv : v, b0, vs, d->hs);
+        set_ptr(&set, 7, (dq != NULL ? dq : q) + r0 * d->ldq, b0, qs, d->hs);
+        set_ptr(&set, 8, dk != NULL ? dk : k, b0, ks, d->hs);
+        P = attn_ptrs(x, scratch, at, &set, 9, np, d->NH);
+        /* p^T = scale k q^T, dp^T = v dout^T */
+        gemm_pairs(x, CUBLAS_OP_T, CUBLAS_OP_N, cols, rows, d->hs, scale, P, d->ldk, P + np, d->ldq,
+                   0.0f, P + 2 * np, cols, np);
+        gemm_pairs(x, CUBLAS_OP_T, CUBLAS_OP_N, cols, rows, d->hs, 1.0f, P + 3 * np, d->ldv,
+                   P + 4 * np, C, 0.0f, P + 5 * np, cols, np);
+        attn_grad_kernel<<<row_blocks((size_t)np * rows), ROW_WARPS * 32, 0, x->stream>>>(
+            p, dp, lse + lo, D + lo, np, rows, cols, (size_t)slot, blk.r0, d->Nq, d->causal, scale);
         LAUNCH_CHECK("attn_grad_kernel");
         if (dv != NULL) /* dv^T (hs, cols) += dout^T (hs, rows) p (rows, cols) */
-            gemm_bh(x, CUBLAS_OP_N, CUBLAS_OP_T, d->hs, cols, rows, 1.0f, gc, C, os, d->hs, p, cols,
-                    sb, sh, 1.0f, dv, d->ldv, vs, d->hs, d->B, d->NH);
+            gemm_pairs(x, CUBLAS_OP_N, CUBLAS_OP_T, d->hs, cols, rows, 1.0f, P + 4 * np, C,
+                       P + 2 * np, cols, 1.0f, P + 6 * np, d->ldv, np);
         if (dq != NULL) /* dq^T (hs, rows) += k^T (hs, cols) dS^T (cols, rows) */
-            gemm_bh(x, CUBLAS_OP_N, CUBLAS_OP_N, d->hs, rows, cols, 1.0f, k, d->ldk, ks, d->hs, dp,
-                    cols, sb, sh, 1.0f, dq + (size_t)r0 * d->ldq, d->ldq, qs, d->hs, d->B, d->NH);
+            gemm_pairs(x, CUBLAS_OP_N, CUBLAS_OP_N, d->hs, rows, cols, 1.0f, P, d->ldk, P + 5 * np,
+                       cols, 1.0f, P + 7 * np, d->ldq, np);
         if (dk != NULL) /* dk^T (hs, cols) += q^T (hs, rows) dS (rows, cols) */
-            gemm_bh(x, CUBLAS_OP_N, CUBLAS_OP_T, d->hs, cols, rows, 1.0f, qc, d->ldq, qs, d->hs, dp,
-                    cols, sb, sh, 1.0f, dk, d->ldk, ks, d->hs, d->B, d->NH);
+            gemm_pairs(x, CUBLAS_OP_N, CUBLAS_OP_T, d->hs, cols, rows, 1.0f, P + np, d->ldq,
+                       P + 5 * np, cols, 1.0f, P + 8 * np, d->ldk, np);
     }
 }
 
