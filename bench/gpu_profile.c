@@ -110,6 +110,10 @@ WRAP(GP_LAYERNORM, layernorm_forward,
      (float *out, float *mean, float *rstd, const float *inp, const float *weight,
       const float *bias, int N, int C),
      (out, mean, rstd, inp, weight, bias, N, C))
+WRAP(GP_LAYERNORM, residual_layernorm_forward,
+     (float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+      const float *weight, const float *bias, int N, int C),
+     (res, out, mean, rstd, a, b, weight, bias, N, C))
 WRAP(GP_LAYERNORM, layernorm_backward,
      (float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
       const float *weight, const float *mean, const float *rstd, int N, int C),
@@ -204,6 +208,7 @@ const td_kernels *gp_table(void)
     SET(bias_forward), SET(bias_backward), SET(relu_forward), SET(relu_backward);
     SET(softmax_xent_forward), SET(softmax_xent_backward), SET(argmax_correct);
     SET(encoder_forward), SET(encoder_backward), SET(layernorm_forward), SET(layernorm_backward);
+    SET(residual_layernorm_forward);
     SET(gelu_forward), SET(gelu_backward), SET(residual_forward), SET(residual_backward);
     SET(attention_forward), SET(attention_backward), SET(sumsq), SET(scale);
     SET(adamw_update), SET(sgd_update), SET(token_mean_forward), SET(token_mean_backward);

@@ -508,8 +508,8 @@ static void encoder_backward(float *dwte, float *dwpe, const float *dout, const 
 }
 
 typedef struct ln_job {
-    float *out, *mean, *rstd, *dinp, *dweight, *dbias;
-    const float *inp, *weight, *bias, *dout, *cmean, *crstd;
+    float *out, *mean, *rstd, *dinp, *dweight, *dbias, *res;
+    const float *inp, *weight, *bias, *dout, *cmean, *crstd, *a, *b;
     int N, C, per, row_tasks;
 } ln_job;
 
@@ -564,6 +564,43 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
                 .C = C};
 
     td__cpu_team_run(row_tasks(N, ROW_GRAIN, ROW_TASKS, &J.per), layernorm_forward_task, &J);
+}
+
+// The residual stream's sum and its layernorm in one pass over rows [i0, i1): res = a + b by row,
+// then layernorm_forward_rows of that row while it is in cache: the bits of residual_forward
+// and then layernorm_forward
+static void residual_layernorm_task(void *ctx, int task)
+{
+    const ln_job *J = ctx;
+    int i0 = task * J->per, i1 = i0 + J->per < J->N ? i0 + J->per : J->N;
+
+    for (int i = i0; i < i1; i++) {
+        size_t at = (size_t)i * J->C;
+        for (int j = 0; j < J->C; j++)
+            J->res[at + j] = J->a[at + j] + J->b[at + j];
+        layernorm_forward_rows(J->out, J->mean, J->rstd, J->res, J->weight, J->bias, i, i + 1,
+                               J->C);
+    }
+}
+
+// res = a + b, out = layernorm(res)
+// res and out are (N,C), mean and rstd are (N), a and b are (N,C), weight and bias are (C)
+static void residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
+                                       const float *a, const float *b, const float *weight,
+                                       const float *bias, int N, int C)
+{
+    ln_job J = {.out = out,
+                .mean = mean,
+                .rstd = rstd,
+                .res = res,
+                .a = a,
+                .b = b,
+                .weight = weight,
+                .bias = bias,
+                .N = N,
+                .C = C};
+
+    td__cpu_team_run(row_tasks(N, ROW_GRAIN, ROW_TASKS, &J.per), residual_layernorm_task, &J);
 }
 
 // llm.c's layernorm backward of rows [i0, i1): with norm = (x - mean) rstd and
@@ -1188,6 +1225,7 @@ static const td_kernels cpu_kernels = {
     .encoder_forward = encoder_forward,
     .encoder_backward = encoder_backward,
     .layernorm_forward = layernorm_forward,
+    .residual_layernorm_forward = residual_layernorm_forward,
     .layernorm_backward = layernorm_backward,
     .gelu_forward = gelu_forward,
     .gelu_backward = gelu_backward,

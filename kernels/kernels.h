@@ -142,6 +142,13 @@ typedef struct td_kernels {
     // weight and bias are (C)
     void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
                               const float *weight, const float *bias, int N, int C);
+    // res = a + b, then out = layernorm(res) as layernorm_forward (the residual stream's sum and
+    // the next layernorm in one pass: the bits of residual_forward then layernorm_forward)
+    // res and out are (N,C), mean and rstd are (N), a and b are (N,C), weight and bias are (C);
+    // NULL in a table that has no fused form (the engine then calls the two)
+    void (*residual_layernorm_forward)(float *res, float *out, float *mean, float *rstd,
+                                       const float *a, const float *b, const float *weight,
+                                       const float *bias, int N, int C);
     // dinp += d/dinp, dweight += sum over rows of dout*norm, dbias += sum over rows of dout
     // dinp is (N,C) or NULL, dweight and dbias are (C) or NULL, dout and inp are (N,C),
     // weight is (C), mean and rstd are (N) from the forward

@@ -144,6 +144,14 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
     CPU->layernorm_forward(H(out), H(mean), H(rstd), HC(inp), HC(weight), HC(bias), N, C);
 }
 
+static void residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
+                                       const float *a, const float *b, const float *weight,
+                                       const float *bias, int N, int C)
+{
+    CPU->residual_layernorm_forward(H(res), H(out), H(mean), H(rstd), HC(a), HC(b), HC(weight),
+                                    HC(bias), N, C);
+}
+
 static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, const float *mean,
                                const float *rstd, int N, int C)
@@ -275,6 +283,7 @@ static const td_kernels fake = {
     .encoder_forward = encoder_forward,
     .encoder_backward = encoder_backward,
     .layernorm_forward = layernorm_forward,
+    .residual_layernorm_forward = residual_layernorm_forward,
     .layernorm_backward = layernorm_backward,
     .gelu_forward = gelu_forward,
     .gelu_backward = gelu_backward,

@@ -1085,10 +1085,50 @@ static void layernorm_case(int N, int C)
         dev_free(d_cmean), dev_free(d_crstd);
 }
 
+/* residual_layernorm_forward against the same table's residual_forward then layernorm_forward,
+ * bit for bit (res, out, mean and rstd): it is those two kernels' arithmetic in one launch */
+static void residual_layernorm_case(int N, int C)
+{
+    size_t n = (size_t)N * C;
+    float *a = rand_host(n, -2, 2), *b = rand_host(n, -1, 1), *w = rand_host(C, -1, 1);
+    float *bias = rand_host(C, -1, 1);
+    float *d_a = to_dev(a, n), *d_b = to_dev(b, n), *d_w = to_dev(w, C), *d_bias = to_dev(bias, C);
+    float *d_res[2], *d_out[2], *d_mean[2], *d_rstd[2], *h[2];
+    char what[64];
+
+    for (int i = 0; i < 2; i++) {
+        d_res[i] = dev_alloc(n * sizeof(float)), d_out[i] = dev_alloc(n * sizeof(float));
+        d_mean[i] = dev_alloc((size_t)N * sizeof(float));
+        d_rstd[i] = dev_alloc((size_t)N * sizeof(float));
+    }
+    KD->residual_forward(d_res[0], d_a, d_b, n);
+    KD->layernorm_forward(d_out[0], d_mean[0], d_rstd[0], d_res[0], d_w, d_bias, N, C);
+    KD->residual_layernorm_forward(d_res[1], d_out[1], d_mean[1], d_rstd[1], d_a, d_b, d_w, d_bias,
+                                   N, C);
+    for (int k = 0; k < 4; k++) {
+        float *const *src = k == 0 ? d_res : k == 1 ? d_out : k == 2 ? d_mean : d_rstd;
+        size_t m = k < 2 ? n : (size_t)N;
+        h[0] = to_host(src[0], m), h[1] = to_host(src[1], m);
+        snprintf(what, sizeof(what), "residual+layernorm %dx%d %s", N, C,
+                 k == 0   ? "res"
+                 : k == 1 ? "out"
+                 : k == 2 ? "mean"
+                          : "rstd");
+        check_same_bits(what, h[1], h[0], m);
+        free(h[0]), free(h[1]);
+    }
+    for (int i = 0; i < 2; i++)
+        dev_free(d_res[i]), dev_free(d_out[i]), dev_free(d_mean[i]), dev_free(d_rstd[i]);
+    dev_free(d_a), dev_free(d_b), dev_free(d_w), dev_free(d_bias);
+    free(a), free(b), free(w), free(bias);
+}
+
 static void body_layernorm(void)
 {
     layernorm_case(67, 100);
     layernorm_case(512, 768);
+    residual_layernorm_case(67, 100);
+    residual_layernorm_case(4099, 768);
 }
 
 /* ---- attention --------------------------------------------------------------------------------

@@ -556,6 +556,32 @@ static void test_residual(void **state)
     assert_true(db[1] == 1.0f);
 }
 
+/* residual_layernorm_forward is residual_forward then layernorm_forward, bit for bit (res, out,
+ * mean, rstd), on one thread and on a team of 3 (rows cut into tasks), over 37 rows of 300 */
+static void test_residual_layernorm(void **state)
+{
+    const int N = 37, C = 300;
+    size_t n = (size_t)N * C;
+    float *a = rand_buf(n, -2, 2), *b = rand_buf(n, -1, 1), *w = rand_buf(C, 0.5f, 1.5f);
+    float *bias = rand_buf(C, -1, 1);
+    float *res0 = zero_buf(n), *out0 = zero_buf(n), *m0 = zero_buf(N), *r0 = zero_buf(N);
+
+    K->residual_forward(res0, a, b, n);
+    K->layernorm_forward(out0, m0, r0, res0, w, bias, N, C);
+    for (int threads = 1; threads <= 3; threads += 2) {
+        float *res = zero_buf(n), *out = zero_buf(n), *m = zero_buf(N), *r = zero_buf(N);
+        K->set_threads(threads);
+        K->residual_layernorm_forward(res, out, m, r, a, b, w, bias, N, C);
+        assert_memory_equal(res, res0, n * sizeof(float));
+        assert_memory_equal(out, out0, n * sizeof(float));
+        assert_memory_equal(m, m0, N * sizeof(float));
+        assert_memory_equal(r, r0, N * sizeof(float));
+        free(res), free(out), free(m), free(r);
+    }
+    K->set_threads(1);
+    free(a), free(b), free(w), free(bias), free(res0), free(out0), free(m0), free(r0);
+}
+
 /* ---- fused attention ------------------------------------------------------------------------ */
 
 /* One attention case: q, k, v in one buffer each (packed: one (B,T,3C) buffer, k and v inside
@@ -1055,6 +1081,7 @@ int main(void)
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_gelu),
         cmocka_unit_test(test_residual),
+        cmocka_unit_test(test_residual_layernorm),
         cmocka_unit_test(test_attention_forward_vs_double),
         cmocka_unit_test(test_attention_fd),
         cmocka_unit_test(test_attention_accumulates),

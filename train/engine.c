@@ -432,6 +432,39 @@ td_tensor *td_layernorm(td_ctx *c, td_tensor *inp, td_tensor *w, td_tensor *b)
     return out;
 }
 
+td_tensor *td_residual_layernorm(td_ctx *c, td_tensor *a, td_tensor *b, td_tensor *w,
+                                 td_tensor *bias, td_tensor **res)
+{
+    int C = a->shape[a->ndim - 1];
+    int N = rows_of(a);
+    td_tensor *r, *out, *mean, *rstd;
+
+    if (c->k->residual_layernorm_forward == NULL) {
+        *res = td_residual(c, a, b);
+        return td_layernorm(c, *res, w, bias);
+    }
+    if (a->n != b->n)
+        td_panic(TD_ESHAPE, "residual: %zu + %zu elements", a->n, b->n);
+    if ((int)w->n != C || (int)bias->n != C)
+        td_panic(TD_ESHAPE, "layernorm: %d features, weight %zu, bias %zu", C, w->n, bias->n);
+    /* td_residual's and then td_layernorm's tensors and tape entries, one for one */
+    r = td_tensor_new(c, a->ndim, a->shape, wants_grad(c, a, b, NULL));
+    out = td_tensor_new(c, r->ndim, r->shape, wants_grad(c, r, w, bias));
+    mean = td_tensor_new(c, 1, (int[]){N}, 0);
+    rstd = td_tensor_new(c, 1, (int[]){N}, 0);
+    c->k->residual_layernorm_forward(r->data, out->data, mean->data, rstd->data, a->data, b->data,
+                                     w->data, bias->data, N, C);
+    if (r->grad != NULL)
+        tape_push(c->tape, TD_OP_RESIDUAL, r, a, b, NULL);
+    if (out->grad != NULL) {
+        td_tape_entry *e = tape_push(c->tape, TD_OP_LAYERNORM, out, r, w, bias);
+        e->saved[0] = mean;
+        e->saved[1] = rstd;
+    }
+    *res = r;
+    return out;
+}
+
 size_t td_op_bytes_layernorm(size_t rows, int C, int train)
 {
     return td_tensor_bytes(rows * (size_t)C, train) + 2 * td_tensor_bytes(rows, 0);

@@ -218,6 +218,12 @@ td_tensor *td_gelu(td_ctx *c, td_tensor *inp);
 /* out = a + b, same shape (the residual stream). */
 td_tensor *td_residual(td_ctx *c, td_tensor *a, td_tensor *b);
 
+/* *res = td_residual(a, b), then td_layernorm(*res, w, bias) returned: the same tensors in the
+ * arena, the same tape entries and bits, computed in one pass when the table has
+ * residual_layernorm_forward (one launch on CUDA where there were two). */
+td_tensor *td_residual_layernorm(td_ctx *c, td_tensor *a, td_tensor *b, td_tensor *w,
+                                 td_tensor *bias, td_tensor **res);
+
 /* Multi-head attention, fused (kernels.h's attention_forward): queries in blocks of `chunk`
  * rows against all keys, the scores only in a transient block of the arena, given back when
  * the op is done, so an op keeps only out and each row's log-sum-exp, O(B*NH*N) floats. Its

@@ -174,23 +174,30 @@ void td_gpt_init(td_gpt *m, uint64_t seed)
         }
 }
 
-/* Block l of the residual stream x (B,T,C):
- * x + attproj(attention(qkv(ln1(x)))), then + fcproj(gelu(fc(ln2(.)))) */
-static td_tensor *block(td_ctx *c, td_gpt *m, int l, td_tensor *x)
+/* Block l of the residual stream x (B,T,C), h = ln1(x) given:
+ * x + attproj(attention(qkv(h))), then + fcproj(gelu(fc(ln2(.)))) into *x, and returned the
+ * layernorm after it (the next block's ln1, or lnf after the last): each residual and the
+ * layernorm that reads it in one op (td_residual_layernorm) */
+static td_tensor *block(td_ctx *c, td_gpt *m, int l, td_tensor **x, td_tensor *h)
 {
     td_tensor *w = m->layer[l];
-    td_tensor *h, *x2;
+    td_tensor *x2, *nw, *nb;
 
-    h = td_layernorm(c, x, &w[TD_GPT_LN1W - 2], &w[TD_GPT_LN1B - 2]);
+    if (l + 1 < m->d.L) {
+        nw = &m->layer[l + 1][TD_GPT_LN1W - 2];
+        nb = &m->layer[l + 1][TD_GPT_LN1B - 2];
+    } else {
+        nw = &m->p[TD_GPT_LNFW];
+        nb = &m->p[TD_GPT_LNFB];
+    }
     h = td_linear(c, h, &w[TD_GPT_QKVW - 2], &w[TD_GPT_QKVB - 2]); /* (B,T,3C) */
     h = td_attention_chunk(c, h, m->d.NH, m->attn_chunk);          /* (B,T,C) */
     h = td_linear(c, h, &w[TD_GPT_ATTPROJW - 2], &w[TD_GPT_ATTPROJB - 2]);
-    x2 = td_residual(c, x, h);
-    h = td_layernorm(c, x2, &w[TD_GPT_LN2W - 2], &w[TD_GPT_LN2B - 2]);
+    h = td_residual_layernorm(c, *x, h, &w[TD_GPT_LN2W - 2], &w[TD_GPT_LN2B - 2], &x2);
     h = td_linear(c, h, &w[TD_GPT_FCW - 2], &w[TD_GPT_FCB - 2]); /* (B,T,4C) */
     h = td_gelu(c, h);
     h = td_linear(c, h, &w[TD_GPT_FCPROJW - 2], &w[TD_GPT_FCPROJB - 2]); /* (B,T,C) */
-    return td_residual(c, x2, h);
+    return td_residual_layernorm(c, x2, h, nw, nb, x);
 }
 
 td_tensor *td_gpt_forward(td_ctx *c, td_gpt *m, const int *tokens, const int *targets, int B, int T,
@@ -199,10 +206,13 @@ td_tensor *td_gpt_forward(td_ctx *c, td_gpt *m, const int *tokens, const int *ta
     td_tensor *x = td_embed(c, tokens, B, T, &m->p[TD_GPT_WTE], &m->p[TD_GPT_WPE]); /* (B,T,C) */
     td_tensor *h;
 
+    /* ln1 of the first block; each block returns the next one's (lnf after the last) */
+    h = m->d.L > 0
+            ? td_layernorm(c, x, &m->layer[0][TD_GPT_LN1W - 2], &m->layer[0][TD_GPT_LN1B - 2])
+            : td_layernorm(c, x, &m->p[TD_GPT_LNFW], &m->p[TD_GPT_LNFB]);
     for (int l = 0; l < m->d.L; l++)
-        x = block(c, m, l, x);
-    x = td_layernorm(c, x, &m->p[TD_GPT_LNFW], &m->p[TD_GPT_LNFB]);
-    h = td_linear(c, x, &m->p[TD_GPT_WTE], NULL); /* (B,T,Vp) */
+        h = block(c, m, l, &x, h);
+    h = td_linear(c, h, &m->p[TD_GPT_WTE], NULL); /* (B,T,Vp) */
     if (logits != NULL)
         *logits = h;
     return targets != NULL ? td_softmax_xent_padded(c, h, targets, m->d.V) : NULL;

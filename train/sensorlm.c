@@ -326,9 +326,8 @@ static td_tensor *block(td_ctx *c, const td_slm_block *b, td_tensor *x, int H, i
     h = td_linear(c, h, b->qkv_w, b->qkv_b);         /* (B,N,3D) */
     h = td_attention_packed(c, h, H, causal, chunk); /* (B,N,D) */
     h = td_linear(c, h, b->out_w, b->out_b);
-    x2 = td_residual(c, x, h);
-    h = td_layernorm(c, x2, b->ln2_w, b->ln2_b);
-    h = td_linear(c, h, b->fc1_w, b->fc1_b); /* (B,N,M) */
+    h = td_residual_layernorm(c, x, h, b->ln2_w, b->ln2_b, &x2); /* x2 = x + h, ln2(x2) */
+    h = td_linear(c, h, b->fc1_w, b->fc1_b);                     /* (B,N,M) */
     h = td_gelu(c, h);
     h = td_linear(c, h, b->fc2_w, b->fc2_b); /* (B,N,D) */
     return td_residual(c, x2, h);

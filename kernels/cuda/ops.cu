@@ -409,19 +409,13 @@ __global__ void encoder_backward_wpe_kernel(float *dwpe, const float *dout, int 
 
 // ---- layernorm --------------------------------------------------------------------------------
 
-// A warp per row: mean, the biased variance around it, rstd = 1/sqrt(var + eps)
-// out is (N,C), mean and rstd are (N), inp is (N,C), weight and bias are (C)
-__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
-                                         const float *weight, const float *bias, int N, int C)
+// One row by one warp: mean, the biased variance around it, rstd = 1/sqrt(var + eps)
+// o and x are (C), weight and bias are (C)
+__device__ void layernorm_row(float *o, float *mean, float *rstd, const float *x,
+                              const float *weight, const float *bias, int C, int lane)
 {
-    int lane = threadIdx.x & 31;
-    size_t row = (size_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
-    const float *x = inp + row * C;
-    float *o = out + row * C;
     float m = 0.0f, v = 0.0f, s;
 
-    if (row >= (size_t)N)
-        return;
     for (int j = lane; j < C; j += 32)
         m += x[j];
     m = warp_sum(m) / (float)C;
@@ -432,9 +426,40 @@ __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, c
     for (int j = lane; j < C; j += 32)
         o[j] = (s * (x[j] - m)) * weight[j] + bias[j];
     if (lane == 0) {
-        mean[row] = m;
-        rstd[row] = s;
+        *mean = m;
+        *rstd = s;
     }
+}
+
+// A warp per row
+// out is (N,C), mean and rstd are (N), inp is (N,C), weight and bias are (C)
+__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
+                                         const float *weight, const float *bias, int N, int C)
+{
+    int lane = threadIdx.x & 31;
+    size_t row = (size_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+
+    if (row >= (size_t)N)
+        return;
+    layernorm_row(out + row * C, mean + row, rstd + row, inp + row * C, weight, bias, C, lane);
+}
+
+// res = a + b by row, then the row's layernorm from res (each lane reads back the columns it
+// wrote): the bits of residual_forward_kernel then layernorm_forward_kernel
+// res and out are (N,C), mean and rstd are (N), a and b are (N,C), weight and bias are (C)
+__global__ void residual_layernorm_kernel(float *res, float *out, float *mean, float *rstd,
+                                          const float *a, const float *b, const float *weight,
+                                          const float *bias, int N, int C)
+{
+    int lane = threadIdx.x & 31;
+    size_t row = (size_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+    float *r = res + row * C;
+
+    if (row >= (size_t)N)
+        return;
+    for (int j = lane; j < C; j += 32)
+        r[j] = a[row * C + j] + b[row * C + j];
+    layernorm_row(out + row * C, mean + row, rstd + row, r, weight, bias, C, lane);
 }
 
 // dinp += rstd (dnorm - mean(dnorm) - norm mean(dnorm norm)), dnorm = weight * dout; a warp per row
@@ -1014,6 +1039,19 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
     LAUNCH_CHECK("layernorm_forward_kernel");
 }
 
+static void residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
+                                       const float *a, const float *b, const float *weight,
+                                       const float *bias, int N, int C)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+
+    if (N <= 0)
+        return;
+    residual_layernorm_kernel<<<row_blocks((size_t)N), ROW_WARPS * 32, 0, x->stream>>>(
+        res, out, mean, rstd, a, b, weight, bias, N, C);
+    LAUNCH_CHECK("residual_layernorm_kernel");
+}
+
 // dinp a warp per row; dweight and dbias by the two-stage column sum, its (2G, C) partial sums
 // in the context's scratch (G row chunks, as many up to COL_CHUNKS as fit)
 static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -1300,6 +1338,7 @@ static const td_kernels cuda_kernels = {
     .encoder_forward = encoder_forward,
     .encoder_backward = encoder_backward,
     .layernorm_forward = layernorm_forward,
+    .residual_layernorm_forward = residual_layernorm_forward,
     .layernorm_backward = layernorm_backward,
     .gelu_forward = gelu_forward,
     .gelu_backward = gelu_backward,
