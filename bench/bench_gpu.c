@@ -32,18 +32,23 @@
  *  5. With --probe, instead of all of that: the driver's and the runtime's CUDA versions (a
  *     driver too old for the runtime said as such), cuBLAS's and NCCL's versions as the
  *     libraries loaded report them, and each device with its memory. Exit 0; no GPU needed.
+ *  6. With --plan, instead of all of that: the fused attention's plan (kernels/attn_plan.h)
+ *     for GPT-2 124M (B 16 unless --batch, T 1024) and SensorLM base's towers at batch 32:
+ *     blocks, cuBLAS calls and other launches a layer a step, how often a sequence's keys are
+ *     read, the largest block, next to the loop over heads in row chunks that the plan
+ *     replaced. Exit 0; no GPU needed.
  *
  *   bench_gpu [--batch B] [--steps S] [--warmup W] [--precision LIST] [--direct] [--no-gemm]
- *             [--csv FILE] [--profile [--slm-data SHARD]] [--probe]
+ *             [--csv FILE] [--profile [--slm-data SHARD]] [--probe] [--plan]
  *     B rows of T=1024 tokens (default: the largest that fits, at most 16); S timed steps
  *     (default 20) after W untimed (default 3); LIST of bf16,tf32,fp32 (default all three, in
  *     that order); --csv appends one line per run:
  *     path,precision,batch,ms_per_step,tokens_per_s,tflops,mfu,first_loss,last_loss,gemm_tflops
  *
- * The attention is the fused one of every model (kernels.h, ops.cu): query rows in chunks
- * against the keys by cuBLAS strided-batched gemms in TF32, a warp per row for the online
- * softmax, only the output and each row's log-sum-exp kept, the scores recomputed in the
- * backward. Nothing else is fused: this is the backend's speed, not llm.c's. */
+ * The attention is the fused one of every model (kernels.h, ops.cu): the plan's blocks, each
+ * product one cuBLAS batched gemm over a block's (sequence, head) pairs in TF32, a warp per row
+ * for the softmax, only the output and each row's log-sum-exp kept, the scores recomputed in
+ * the backward. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +68,7 @@
 #include <nccl.h>
 
 #include "bench/gpu_profile.h"
+#include "kernels/attn_plan.h"
 #include "kernels/cuda/td_cuda.h"
 
 #define GEMM_N     8192      /* the reference GEMM's m = n = k */
@@ -844,6 +850,39 @@ static int parse_precisions(const char *list)
     return mask;
 }
 
+/* One attention's plan and what the replaced kernel issued: row chunks of all B sequences
+ * within 64 MiB, each product a loop of min(B, NH) strided-batched gemms. */
+static void plan_line(const char *what, int B, int NH, int Nq, int Nk, int causal)
+{
+    td_attn_dims d = {.B = B, .NH = NH, .Nq = Nq, .Nk = Nk, .hs = 64, .causal = causal};
+    size_t row = (size_t)B * NH * Nk * sizeof(float), fit = TD_ATTN_BLOCK_BYTES / row;
+    int old = fit < 1 ? 1 : fit < (size_t)Nq ? (int)fit : Nq, chunks = (Nq + old - 1) / old;
+    int loop = B < NH ? B : NH;
+    td_attn_calls c;
+
+    d.ldq = d.ldk = d.ldv = 3 * NH * 64;
+    d.chunk = td_attn_chunk(0, B, NH, Nq, Nk);
+    td_attn_plan(&d, &c);
+    printf("%s (B %d, %d heads, %d x %d%s):\n"
+           "  plan:     chunk %d, %d blocks of %s, gemms %d fwd + %d bwd, other launches %d + %d "
+           "a layer; keys read %d times a sequence; largest block %.0f MiB\n"
+           "  replaced: chunk %d, %d row chunks, gemms %d fwd + %d bwd, other launches %d + %d "
+           "a layer; keys read %d times a sequence\n",
+           what, B, NH, Nq, Nk, causal ? ", causal" : "", d.chunk, c.blocks,
+           c.by_seq ? "whole sequences" : "rows of every sequence", c.gemms_fwd, c.gemms_bwd,
+           c.kernels_fwd, c.kernels_bwd, c.kv_reads, c.block_floats * 4.0 / 1048576.0, old, chunks,
+           2 * loop * chunks, 5 * loop * chunks, chunks, chunks + 1, chunks);
+}
+
+static int plan(int B)
+{
+    plan_line("GPT-2 124M", B > 0 ? B : 16, 12, 1024, 1024, 1);
+    plan_line("SensorLM base, sensor tower", 32, 12, 2448, 2448, 0);
+    plan_line("SensorLM base, text tower", 32, 12, 64, 64, 1);
+    plan_line("SensorLM base, MAP head", 32, 12, 1, 2448, 0);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static model m;
@@ -877,6 +916,8 @@ int main(int argc, char **argv)
             slm = argv[++i];
         else if (strcmp(argv[i], "--probe") == 0)
             return probe();
+        else if (strcmp(argv[i], "--plan") == 0)
+            return plan(B);
         else
             return usage();
     }
