@@ -43,7 +43,9 @@
  *     B rows of T=1024 tokens (default: the largest that fits, at most 16); S timed steps
  *     (default 20) after W untimed (default 3); LIST of bf16,tf32,fp32 (default all three, in
  *     that order); --csv appends one line per run:
- *     path,precision,batch,ms_per_step,tokens_per_s,tflops,mfu,first_loss,last_loss,gemm_tflops
+ *     path,precision,batch,ms_per_step,tokens_per_s,tflops,mfu,first_loss,last_loss,gemm_tflops,
+ *     host_syncs (the context's host syncs per timed step: 1 for the trainer, whose step reads
+ *     its loss and gradient norm back in one download)
  *
  * The attention is the fused one of every model (kernels.h, ops.cu): the plan's blocks, each
  * product one cuBLAS batched gemm over a block's (sequence, head) pairs in TF32, a warp per row
@@ -306,7 +308,8 @@ static void backward(model *m)
                         T, C);
 }
 
-/* AdamW as the trainer runs it (td_optim_step): tensor by tensor, decay where td_params says. */
+/* AdamW tensor by tensor (td_optim_step), decay where td_params says; the trainer's
+ * single-process step runs the same update in one adamw_flat call. */
 static void update(model *m, int64_t t)
 {
     K->sumsq(m->norm, m->grads, m->hp.n);
@@ -339,6 +342,7 @@ typedef struct result {
     prec p;
     int B;
     double ms, flops_per_step, first_loss, last_loss;
+    double host_syncs; /* the context's host syncs per timed step (td_cuda_counts) */
 } result;
 
 static void report(const result *r, int device, double gemm_tflops, const char *csv)
@@ -350,15 +354,16 @@ static void report(const result *r, int device, double gemm_tflops, const char *
     if (peak > 0)
         snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * tf * 1e12 / peak);
     printf("%s %s: B=%d, %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %s (peak %.1f TFLOP/s), "
-           "loss %.3f -> %.3f\n",
+           "loss %.3f -> %.3f, host_syncs %.2f/step\n",
            prec_names[r->p], r->path, r->B, r->ms, tokens / sec, tf, mfu, peak / 1e12,
-           r->first_loss, r->last_loss);
+           r->first_loss, r->last_loss, r->host_syncs);
     if (csv != NULL) {
         FILE *f = fopen(csv, "a");
         if (f != NULL) {
-            fprintf(f, "%s,%s,%d,%.2f,%.0f,%.2f,%.4f,%.4f,%.4f,%.1f\n", r->path, prec_names[r->p],
-                    r->B, r->ms, tokens / sec, tf, peak > 0 ? tf * 1e12 / peak : 0.0, r->first_loss,
-                    r->last_loss, gemm_tflops);
+            fprintf(f, "%s,%s,%d,%.2f,%.0f,%.2f,%.4f,%.4f,%.4f,%.1f,%.2f\n", r->path,
+                    prec_names[r->p], r->B, r->ms, tokens / sec, tf,
+                    peak > 0 ? tf * 1e12 / peak : 0.0, r->first_loss, r->last_loss, gemm_tflops,
+                    r->host_syncs);
             fclose(f);
         }
     }
@@ -535,6 +540,7 @@ static void train_run(void *arg)
     size_t free0 = 0, free1 = 0, total = 0;
     int dev = td_cuda_ctx_device(a->ctx);
     double t0 = 0.0;
+    td_cuda_counts c0 = {0}, c1 = {0};
 
     set_precision(a->ctx, a->r.p);
     a->cfg.precision = a->r.p == P_BF16 ? TD_PRECISION_BF16 : TD_PRECISION_FP32;
@@ -555,8 +561,10 @@ static void train_run(void *arg)
                  free0 > free1 ? (free0 - free1) >> 20 : 0, e.params >> 20);
     }
     for (int s = 0; s < a->warmup + a->steps; s++) {
-        if (s == a->warmup)
+        if (s == a->warmup) {
             t0 = (td_mono_ms() / 1e3);
+            td_cuda_counts_get(&c0);
+        }
         if (td_trainer_step_caught(t, &err) < 0) {
             td_trainer_free(t);
             td_panic(err.code, "step %d: %s", s + 1, err.msg);
@@ -566,6 +574,8 @@ static void train_run(void *arg)
                    s < a->warmup ? " (warm-up)" : "");
     }
     a->r.ms = ((td_mono_ms() / 1e3) - t0) * 1e3 / a->steps;
+    td_cuda_counts_get(&c1);
+    a->r.host_syncs = (double)(c1.syncs - c0.syncs) / a->steps;
     a->r.flops_per_step = td_train_flops_per_step(&a->cfg);
     td_trainer_free(t);
     set_precision(a->ctx, P_FP32);
@@ -618,6 +628,7 @@ static void run(void *arg)
     model *m = a->m;
     double t0 = 0.0, N = (double)td_gpt_num_params(&m->d);
     float loss = 0.0f;
+    td_cuda_counts c0 = {0}, c1 = {0};
 
     set_precision(a->ctx, a->r.p);
     td_cuda_upload(m->params, m->hp.data, m->hp.n * sizeof(float));
@@ -627,6 +638,7 @@ static void run(void *arg)
         if (s == a->warmup) {
             td_cuda_sync();
             t0 = (td_mono_ms() / 1e3);
+            td_cuda_counts_get(&c0);
         }
         forward(m);
         backward(m);
@@ -638,6 +650,8 @@ static void run(void *arg)
             printf("  step %2d: loss %.4f%s\n", s + 1, loss, s < a->warmup ? " (warm-up)" : "");
     }
     a->r.ms = ((td_mono_ms() / 1e3) - t0) * 1e3 / a->steps;
+    td_cuda_counts_get(&c1);
+    a->r.host_syncs = (double)(c1.syncs - c0.syncs) / a->steps;
     a->r.last_loss = loss;
     a->r.flops_per_step = (6.0 * N + 6.0 * m->d.L * m->d.C * m->T) * (double)m->B * m->T;
     set_precision(a->ctx, P_FP32);

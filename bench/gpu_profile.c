@@ -135,6 +135,13 @@ WRAP(GP_ATTN_BWD, attention_backward,
      (dq, dk, dv, scratch, dout, q, k, v, out, lse, d))
 WRAP(GP_OPTIM, sumsq, (double *out, const float *p, size_t n), (out, p, n))
 WRAP(GP_OPTIM, scale, (float *p, float s, size_t n), (p, s, n))
+WRAP(GP_OPTIM, clip_scale, (float *out, const double *sumsq, const float *loss, float max_norm),
+     (out, sumsq, loss, max_norm))
+WRAP(GP_OPTIM, adamw_flat,
+     (float *param, float *m, float *v, float *grad, size_t n, const td_adamw_span *spans,
+      int nspans, const float *scale, float lr, float beta1, float beta2, float eps,
+      float weight_decay, int64_t t),
+     (param, m, v, grad, n, spans, nspans, scale, lr, beta1, beta2, eps, weight_decay, t))
 WRAP(GP_OPTIM, adamw_update,
      (float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
       float beta2, float eps, float weight_decay, int64_t t),
@@ -211,7 +218,8 @@ const td_kernels *gp_table(void)
     SET(residual_layernorm_forward);
     SET(gelu_forward), SET(gelu_backward), SET(residual_forward), SET(residual_backward);
     SET(attention_forward), SET(attention_backward), SET(sumsq), SET(scale);
-    SET(adamw_update), SET(sgd_update), SET(token_mean_forward), SET(token_mean_backward);
+    SET(adamw_update), SET(clip_scale), SET(adamw_flat), SET(sgd_update), SET(token_mean_forward),
+        SET(token_mean_backward);
     SET(gather_rows_forward), SET(gather_rows_backward), SET(l2norm_forward);
     SET(l2norm_backward), SET(siglip_forward), SET(siglip_backward);
 #undef SET

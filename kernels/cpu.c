@@ -1148,6 +1148,43 @@ static void adamw_update(float *param, float *m, float *v, const float *grad, si
     run_spans(&j);
 }
 
+// The clip's factor from the sum of squares and the loss, as the trainer computed it on the
+// host before adamw_flat (double norm and coefficient)
+// out is (2), sumsq is (1), loss is (1) or NULL
+static void clip_scale(float *out, const double *sumsq, const float *loss, float max_norm)
+{
+    double norm = sqrt(*sumsq);
+    float l = loss != NULL ? *loss : 0.0f;
+
+    if (!isfinite(l) || !isfinite(norm))
+        out[0] = NAN;
+    else if (max_norm > 0.0f && norm > max_norm)
+        out[0] = (float)(max_norm / (norm + 1e-6));
+    else
+        out[0] = 1.0f;
+    out[1] = l;
+}
+
+// The clip over the whole buffer (scale), then adamw_update span by span: exactly the per-tensor
+// path the trainer took before, bit for bit
+// param, m, v, grad are (n), spans is (nspans), factor is (1)
+static void adamw_flat(float *param, float *m, float *v, float *grad, size_t n,
+                       const td_adamw_span *spans, int nspans, const float *factor, float lr,
+                       float beta1, float beta2, float eps, float weight_decay, int64_t t)
+{
+    float s = *factor;
+
+    if (!isfinite(s))
+        return;
+    if (s != 1.0f)
+        scale(grad, s, n);
+    for (int i = 0; i < nspans; i++) {
+        size_t o = spans[i].offset;
+        adamw_update(param + o, m + o, v + o, grad + o, spans[i].n, lr, beta1, beta2, eps,
+                     spans[i].decay ? weight_decay : 0.0f, t);
+    }
+}
+
 // One SGD step with momentum (dampening 0) and L2 weight decay folded into the gradient.
 // param, buf, grad are (n); buf NULL when momentum is 0
 TD_VECTOR_CLONES
@@ -1211,6 +1248,7 @@ static const td_kernels cpu_kernels = {
     .free = cpu_free,
     .upload = cpu_copy,
     .download = cpu_copy,
+    .upload_async = cpu_copy,
     .set_threads = td__cpu_team_set_threads,
     .zero = zero,
     .matmul_forward = matmul_forward,
@@ -1236,6 +1274,8 @@ static const td_kernels cpu_kernels = {
     .sumsq = sumsq,
     .scale = scale,
     .adamw_update = adamw_update,
+    .clip_scale = clip_scale,
+    .adamw_flat = adamw_flat,
     .sgd_update = sgd_update,
     .token_mean_forward = td__cpu_token_mean_forward,
     .token_mean_backward = td__cpu_token_mean_backward,

@@ -63,6 +63,15 @@ static inline size_t td_attn_scratch(const td_attn_dims *d, int backward)
     return td_attn_scratch_ptrs(d, backward) + (size_t)TD_ATTN_PTR_ARRAYS * 2 * d->B * d->NH;
 }
 
+/* One tensor of a flat parameter buffer for adamw_flat: floats [offset, offset + n), decayed
+ * when decay is 1. */
+typedef struct td_adamw_span {
+    uint64_t offset; /* floats */
+    uint64_t n;      /* floats */
+    uint32_t decay;  /* 1: weight_decay applies; 0: none */
+    uint32_t pad;
+} td_adamw_span;
+
 typedef struct td_kernels {
     const char *name; /* "cpu", "cuda" */
 
@@ -81,6 +90,11 @@ typedef struct td_kernels {
     // dst (host memory) = src (backend memory); returns when the copy is done, after every op
     // queued before it. A failed op queued earlier panics here
     void (*download)(void *dst, const void *src, size_t bytes);
+    // dst (backend memory) = src (host memory), queued after every op before it; returns at
+    // once, without waiting for the device. src must stay unchanged until the next download or
+    // sync (the trainer refills its stage only after the step's one read-back); pinned memory
+    // makes it a true DMA. cpu: a memcpy, done on return
+    void (*upload_async)(void *dst, const void *src, size_t bytes);
 
     // How many threads the calling thread's ops may use, n > 0. cpu: the calling thread gets a
     // team of n-1 helper threads (made here, kept until the thread exits or calls again), which
@@ -202,6 +216,22 @@ typedef struct td_kernels {
     // param, m, v, grad are (n)
     void (*adamw_update)(float *param, float *m, float *v, const float *grad, size_t n, float lr,
                          float beta1, float beta2, float eps, float weight_decay, int64_t t);
+    // The gradient clip's factor and the step's loss, on the backend, for adamw_flat: with
+    // norm = sqrt(*sumsq) (double), out[0] = NaN when *loss or norm is not finite (adamw_flat
+    // then skips the step), else (float)(max_norm / (norm + 1e-6)) when max_norm > 0 and norm >
+    // max_norm (torch.nn.utils.clip_grad_norm_'s coefficient, computed in double), else 1;
+    // out[1] = *loss (0 when loss is NULL), so that one download reads the step's values
+    // out is (2), sumsq is (1), loss is (1) or NULL
+    void (*clip_scale)(float *out, const double *sumsq, const float *loss, float max_norm);
+    // AdamW (adamw_update's arithmetic) over every span of one flat buffer in one call, the
+    // span's weight decay weight_decay when its decay flag is set and 0 otherwise; elements in
+    // no span (padding) are untouched. First, when *scale != 1, grad *= *scale over all n (the
+    // clip, as scale does); when *scale is not finite nothing at all is written.
+    // param, m, v, grad are (n); spans is (nspans) in backend memory, sorted by offset, not
+    // overlapping, each within [0,n); scale is (1) in backend memory (clip_scale's out[0])
+    void (*adamw_flat)(float *param, float *m, float *v, float *grad, size_t n,
+                       const struct td_adamw_span *spans, int nspans, const float *scale, float lr,
+                       float beta1, float beta2, float eps, float weight_decay, int64_t t);
     // SGD with momentum, PyTorch's torch.optim.SGD (dampening 0, not Nesterov):
     // g = grad + weight_decay*param; buf = momentum*buf + g; param -= lr*buf
     // (buf starts at zero, so the first step sets buf = g as PyTorch does)

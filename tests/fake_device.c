@@ -61,6 +61,12 @@ static void fd_upload(void *dst, const void *src, size_t bytes)
     memcpy(fd_host(dst), src, bytes);
 }
 
+static void fd_upload_async(void *dst, const void *src, size_t bytes)
+{
+    __atomic_add_fetch(&counts.uploads, 1, __ATOMIC_RELAXED); /* replicas share it */
+    memcpy(fd_host(dst), src, bytes);
+}
+
 static void fd_download(void *dst, const void *src, size_t bytes)
 {
     __atomic_add_fetch(&counts.downloads, 1, __ATOMIC_RELAXED); /* replicas share it */
@@ -210,6 +216,19 @@ static void adamw_update(float *param, float *m, float *v, const float *grad, si
     CPU->adamw_update(H(param), H(m), H(v), HC(grad), n, lr, beta1, beta2, eps, weight_decay, t);
 }
 
+static void clip_scale(float *out, const double *sumsq, const float *loss, float max_norm)
+{
+    CPU->clip_scale(H(out), fd_host(sumsq), HC(loss), max_norm);
+}
+
+static void adamw_flat(float *param, float *m, float *v, float *grad, size_t n,
+                       const td_adamw_span *spans, int nspans, const float *scale, float lr,
+                       float beta1, float beta2, float eps, float weight_decay, int64_t t)
+{
+    CPU->adamw_flat(H(param), H(m), H(v), H(grad), n, fd_host(spans), nspans, HC(scale), lr, beta1,
+                    beta2, eps, weight_decay, t);
+}
+
 static void sgd_update(float *param, float *buf, const float *grad, size_t n, float lr,
                        float momentum, float weight_decay)
 {
@@ -269,6 +288,7 @@ static const td_kernels fake = {
     .free = fd_free,
     .upload = fd_upload,
     .download = fd_download,
+    .upload_async = fd_upload_async,
     .set_threads = set_threads,
     .zero = zero,
     .matmul_forward = matmul_forward,
@@ -294,6 +314,8 @@ static const td_kernels fake = {
     .sumsq = sumsq,
     .scale = scale,
     .adamw_update = adamw_update,
+    .clip_scale = clip_scale,
+    .adamw_flat = adamw_flat,
     .sgd_update = sgd_update,
     .token_mean_forward = token_mean_forward,
     .token_mean_backward = token_mean_backward,

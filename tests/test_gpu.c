@@ -1560,11 +1560,73 @@ static void optimizers_case(size_t n)
     dev_free(d_p), dev_free(d_g), dev_free(d_m), dev_free(d_v);
 }
 
+/* adamw_flat in one launch against the CPU twin: three spans over n (decay on, off, on) with
+ * padding between and after them, the clip factor from clip_scale on each side (a norm above
+ * max_norm, so the gradient is scaled), two steps, then a NaN loss whose factor skips the third
+ * step on the device as on the CPU. The factor within 4 ulp (the sums of squares add in other
+ * orders; the sqrt and division are correctly rounded doubles on both); the update within 4 ulp
+ * as adamw_update's (nvcc may contract into fma), m and v within 16 (the scaled gradient). */
+static void adamw_flat_case(size_t n)
+{
+    float *p = rand_host(n, -1, 1), *g = rand_host(n, -1, 1), *m = calloc(n, sizeof(float));
+    float *v = calloc(n, sizeof(float)), *d_p = to_dev(p, n), *d_g, *d_m = to_dev(m, n);
+    float *d_v = to_dev(v, n), *h, out[2], dout[2], *d_out = dev_alloc(2 * sizeof(float));
+    float *d_loss = dev_alloc(sizeof(float)), loss = 1.5f;
+    double ss, *d_ss = dev_alloc(sizeof(double));
+    size_t a = n / 3, b = n / 3 + 5, c = 2 * (n / 3);
+    const td_adamw_span spans[3] = {
+        {.offset = 0, .n = a, .decay = 1},
+        {.offset = b, .n = c - b - 3, .decay = 0},
+        {.offset = c, .n = n - c - 7, .decay = 1},
+    };
+    td_adamw_span *d_spans = dev_alloc(sizeof(spans));
+    const float max_norm[3] = {1.0f, 0.25f, 1.0f}; /* step 1 leaves the norm at 1: 0.25 clips */
+
+    for (size_t i = 0; i < n; i++) /* padding has a zero gradient, as td_params' */
+        if ((i >= a && i < b) || (i >= c - 3 && i < c) || i >= n - 7)
+            g[i] = 0.0f;
+    d_g = to_dev(g, n);
+    dev_up(d_spans, spans, sizeof(spans));
+    for (int64_t t = 1; t <= 3; t++) {
+        if (t == 3)
+            loss = NAN;
+        dev_up(d_loss, &loss, sizeof(loss));
+        KC->sumsq(&ss, g, n);
+        KC->clip_scale(out, &ss, &loss, max_norm[t - 1]);
+        KD->sumsq(d_ss, d_g, n);
+        KD->clip_scale(d_out, d_ss, d_loss, max_norm[t - 1]);
+        dev_down(dout, d_out, sizeof(dout));
+        if (t < 3) {
+            assert_true(out[0] < 1.0f);
+            assert_true(fabs(dout[0] - out[0]) <= ULP4 * out[0]);
+        } else {
+            assert_true(isnan(out[0]) && isnan(dout[0]));
+        }
+        KC->adamw_flat(p, m, v, g, n, spans, 3, out, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        KD->adamw_flat(d_p, d_m, d_v, d_g, n, d_spans, 3, d_out, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                       t);
+    }
+    h = to_host(d_p, n);
+    check_ulps("adamw_flat param", h, p, n, ULP4);
+    free(h);
+    h = to_host(d_m, n);
+    check_ulps("adamw_flat m", h, m, n, 4 * ULP4); /* the scaled gradient, twice */
+    free(h);
+    h = to_host(d_v, n);
+    check_ulps("adamw_flat v", h, v, n, 4 * ULP4);
+    free(h);
+    free(p), free(g), free(m), free(v);
+    dev_free(d_p), dev_free(d_g), dev_free(d_m), dev_free(d_v);
+    dev_free(d_out), dev_free(d_loss), dev_free(d_ss), dev_free(d_spans);
+}
+
 /* Several blocks with a partial last one, then the grid-stride wrap-around. */
 static void body_optimizers(void)
 {
     optimizers_case(NE);
     optimizers_case(WRAP_N);
+    adamw_flat_case(NE);
+    adamw_flat_case(WRAP_N);
 }
 
 /* ---- a two-tower model's heads (kernels/cpu_heads.c, cuda/heads.cu) ----------------------- */

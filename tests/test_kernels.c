@@ -1008,6 +1008,89 @@ static void test_adamw_two_steps(void **state)
     }
 }
 
+/* Fills a with n pseudo-random floats in [-r, r) (a fixed LCG: the same values every run). */
+static void fill_lcg(float *a, size_t n, float r, uint32_t seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        a[i] = r * ((float)(seed >> 8) / 8388608.0f - 1.0f);
+    }
+}
+
+/* adamw_flat over spans equals what the trainer did before it, bit for bit: scale over the
+ * whole buffer by clip_scale's factor, then adamw_update tensor by tensor with weight_decay
+ * where the tensor decays. Four tensors, decay mixed, padding between them (left untouched),
+ * three steps: one clipped (norm 7.x > 0.5), one unclipped (factor exactly 1), one whose
+ * factor is NaN (a NaN loss: nothing at all is written). Exact: the same arithmetic. */
+static void test_adamw_flat_vs_per_tensor(void **state)
+{
+    enum { N = 1000 };
+    static float p[N], m[N], v[N], g[N], p2[N], m2[N], v2[N], g2[N];
+    const td_adamw_span spans[4] = {
+        {.offset = 0, .n = 300, .decay = 1},
+        {.offset = 304, .n = 7, .decay = 0},
+        {.offset = 320, .n = 500, .decay = 1},
+        {.offset = 832, .n = 160, .decay = 0},
+    };
+    const float max_norm[3] = {0.5f, 1e9f, 0.5f};
+
+    fill_lcg(p, N, 1.0f, 1);
+    memcpy(p2, p, sizeof(p));
+    memset(m, 0, sizeof(m)), memset(v, 0, sizeof(v));
+    memset(m2, 0, sizeof(m)), memset(v2, 0, sizeof(v));
+    for (int t = 1; t <= 3; t++) {
+        float loss = t == 3 ? NAN : 2.5f, out[2];
+        double ss, norm;
+
+        fill_lcg(g, N, 0.5f, 100u + (uint32_t)t);
+        for (int i = 0; i < 4; i++) /* the padding's gradient stays zero, as td_params' */
+            for (size_t j = (i < 3 ? spans[i].offset + spans[i].n : 992);
+                 j < (i < 3 ? spans[i + 1].offset : N); j++)
+                g[j] = 0.0f;
+        memcpy(g2, g, sizeof(g));
+
+        K->sumsq(&ss, g, N);
+        norm = sqrt(ss);
+        K->clip_scale(out, &ss, &loss, max_norm[t - 1]);
+        if (t == 1)
+            assert_true(norm > 0.5 && out[0] == (float)(0.5f / (norm + 1e-6)));
+        if (t == 2)
+            assert_true(out[0] == 1.0f);
+        if (t == 3)
+            assert_true(isnan(out[0]));
+        assert_memory_equal(&out[1], &loss, sizeof(loss));
+        K->adamw_flat(p, m, v, g, N, spans, 4, out, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+
+        if (t == 3) /* the old trainer skipped the step altogether */
+            continue;
+        if (max_norm[t - 1] > 0.0f && norm > max_norm[t - 1])
+            K->scale(g2, (float)(max_norm[t - 1] / (norm + 1e-6)), N);
+        for (int i = 0; i < 4; i++) {
+            size_t o = spans[i].offset;
+            K->adamw_update(p2 + o, m2 + o, v2 + o, g2 + o, spans[i].n, 1e-2f, 0.9f, 0.95f, 1e-8f,
+                            spans[i].decay ? 0.1f : 0.0f, t);
+        }
+    }
+    assert_memory_equal(p, p2, sizeof(p));
+    assert_memory_equal(m, m2, sizeof(m));
+    assert_memory_equal(v, v2, sizeof(v));
+    assert_memory_equal(g, g2, sizeof(g));
+    for (int j = 300; j < 304; j++) /* padding: untouched */
+        assert_true(m[j] == 0.0f && v[j] == 0.0f);
+
+    /* no loss (a replica without rows): factor from the norm alone, loss 0 */
+    {
+        double ss = 4.0;
+        float out[2];
+
+        K->clip_scale(out, &ss, NULL, 1.0f);
+        assert_true(out[0] == (float)(1.0 / (2.0 + 1e-6)) && out[1] == 0.0f);
+        ss = INFINITY;
+        K->clip_scale(out, &ss, NULL, 0.0f);
+        assert_true(isnan(out[0]));
+    }
+}
+
 /* torch.optim.SGD (momentum 0.9, dampening 0, weight decay 0.01 added to the gradient), lr
  * 0.1, the same gradient twice, by hand:
  *   step 1: g = (0.5, 0.25) + 0.01 (1, -2) = (0.51, 0.23); buf = g; p = (0.949, -2.023)
@@ -1089,6 +1172,7 @@ int main(void)
         cmocka_unit_test(test_softmax_xent_padded),
         cmocka_unit_test(test_sumsq_and_scale),
         cmocka_unit_test(test_adamw_two_steps),
+        cmocka_unit_test(test_adamw_flat_vs_per_tensor),
         cmocka_unit_test(test_sgd_momentum),
         cmocka_unit_test(test_zero_and_name),
         cmocka_unit_test(test_cuda_probe),

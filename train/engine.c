@@ -945,7 +945,9 @@ void td_backward(td_ctx *c, td_tensor *loss)
 {
     if (c->tape == NULL || loss->grad == NULL)
         td_panic(TD_ESTATE, "backward without a recorded forward");
-    c->k->upload(loss->grad, &(float){1.0f}, sizeof(float));
+    static const float one = 1.0f; /* never changes, so an asynchronous upload may read it late */
+
+    c->k->upload_async(loss->grad, &one, sizeof(one));
     for (int i = c->tape->len - 1; i >= 0; i--) {
         const td_tape_entry *e = &c->tape->entries[i];
         backward_of[e->op](c, e);

@@ -580,6 +580,17 @@ int td_optim_moments(const td_train_config *cfg);
 void td_optim_step(const td_kernels *k, td_params *p, const td_train_config *cfg, float lr,
                    int64_t t);
 
+/* AdamW's spans of p (one per tensor, its offset, size and decay flag) in k's memory, for
+ * td_optim_step_flat: *spans is p->count of them; caller frees with k->free(). TD_ENOMEM or
+ * TD_ECUDA from k->alloc; a device's upload panics on its errors (call under a boundary). */
+int td_optim_spans(const td_kernels *k, const td_params *p, td_adamw_span **spans, td_error_t *err);
+
+/* AdamW over every tensor of p in one adamw_flat call, the gradient first multiplied by *scale
+ * (k's memory, from clip_scale; not finite: the step is skipped on the backend). Bit for bit
+ * td_optim_step after the host's clip on the CPU. */
+void td_optim_step_flat(const td_kernels *k, td_params *p, const td_train_config *cfg,
+                        const td_adamw_span *spans, const float *scale, float lr, int64_t t);
+
 /* The global L2 norm of the gradients (over p->n floats; padding is zero). sumsq is one double
  * of k's memory for the kernel's result (downloaded; panics on a device error). */
 double td_grad_norm(const td_kernels *k, const td_params *p, double *sumsq);

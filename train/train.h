@@ -238,6 +238,12 @@ int64_t td_trainer_total_steps(const td_trainer *t);
 /* Steps taken so far (the number of the last completed step; steps count from 1). */
 int64_t td_trainer_steps_done(const td_trainer *t);
 
+/* Host syncs of the last step's training part (evaluation and checkpoints not counted): the
+ * trainer's downloads and waiting uploads, each of which blocks the host until the backend has
+ * run every op queued before it. One for a single-process AdamW step (the loss and norm in one
+ * read-back); SGD, data parallel and a debug.fail NaN step read the loss, then the norm. */
+int64_t td_trainer_host_syncs(const td_trainer *t);
+
 /* Takes one optimizer step, then evaluates and writes a checkpoint when due. Returns 0 when
  * steps remain and 1 when the job has taken its last step (and 1, doing nothing, when called
  * after that). With max_steps 0 the first call only evaluates (metrics at step 0) and returns

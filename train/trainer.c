@@ -36,7 +36,9 @@
 #include "common/td_panic.h"
 #include "train/weights.h"
 
-#define CLIP_EPS 1e-6 /* torch.nn.utils.clip_grad_norm_'s: coef = max_norm / (norm + 1e-6) */
+#define CLIP_EPS       1e-6 /* torch.nn.utils.clip_grad_norm_'s: coef = max_norm / (norm + 1e-6) */
+#define SCALARS_FLOATS 16   /* bytes from scalars to clip_scale's out */
+#define SCALARS_READ   (SCALARS_FLOATS + 8) /* bytes: sumsq, the count, factor and loss */
 
 struct td_trainer {
     td_train_config cfg;
@@ -46,10 +48,15 @@ struct td_trainer {
     td_arena arena;
     td_tape tape;
     uint64_t config_hash;
-    void *scalars; /* backend memory: the grad norm's double, then the accuracy count */
-    char *stage;   /* host memory a batch is built in before its upload; NULL when the
-                    * backend's memory is host memory (the batch is built in place) */
-    double flops;  /* per step, td_train_flops_per_step() */
+    void *scalars;        /* backend memory: the grad norm's double, then the accuracy count, then
+                           * clip_scale's factor and loss (floats): the step's one read-back is the
+                           * first SCALARS_READ bytes */
+    td_adamw_span *spans; /* backend memory: AdamW's tensors for adamw_flat (td_optim_spans) */
+    int64_t syncs;        /* downloads and waiting uploads since the step began */
+    int64_t step_syncs;   /* syncs of the last step's training part (td_trainer_host_syncs) */
+    char *stage;          /* host memory a batch is built in before its upload; NULL when the
+                           * backend's memory is host memory (the batch is built in place) */
+    double flops;         /* per step, td_train_flops_per_step() */
 
     /* mlp */
     td_mlp mlp;
@@ -534,7 +541,9 @@ static int place(td_trainer *t, td_error_t *err)
     if (rc == 0 && t->cfg.model == TD_MODEL_GPT)
         td_gpt_bind(&t->gpt);
     if (rc == 0)
-        rc = t->k->alloc(&t->scalars, 2 * sizeof(double), err);
+        rc = t->k->alloc(&t->scalars, 3 * sizeof(double), err);
+    if (rc == 0)
+        rc = td_optim_spans(t->k, &t->params, &t->spans, err);
     td_boundary_leave(&b);
     return rc;
 }
@@ -597,6 +606,11 @@ int64_t td_trainer_steps_done(const td_trainer *t)
     return t->steps_done;
 }
 
+int64_t td_trainer_host_syncs(const td_trainer *t)
+{
+    return t->step_syncs;
+}
+
 /* ---- evaluation ----------------------------------------------------------------------------- */
 
 static void emit(const td_trainer *t, const char *key, int64_t step, double value)
@@ -605,12 +619,19 @@ static void emit(const td_trainer *t, const char *key, int64_t step, double valu
         t->hooks.metric(t->hooks.ud, key, step, value);
 }
 
+/* k->download, counted: each blocks the host until the backend has run every op before it. */
+static void sync_download(td_trainer *t, void *dst, const void *src, size_t bytes)
+{
+    t->syncs++;
+    t->k->download(dst, src, bytes);
+}
+
 /* A one-element tensor's value, from wherever the backend keeps it. */
-static float scalar(const td_trainer *t, const td_tensor *x)
+static float scalar(td_trainer *t, const td_tensor *x)
 {
     float v;
 
-    t->k->download(&v, x->data, sizeof(v));
+    sync_download(t, &v, x->data, sizeof(v));
     return v;
 }
 
@@ -631,8 +652,8 @@ static void upload_tokens(const td_trainer *t, int rows, int *tok, int *tgt, con
 
     if (t->stage == NULL)
         return;
-    t->k->upload(tok, htok, bytes);
-    t->k->upload(tgt, htgt, bytes);
+    t->k->upload_async(tok, htok, bytes); /* the stage is refilled after the step's read-back */
+    t->k->upload_async(tgt, htgt, bytes);
 }
 
 /* A batch of N samples of d into the arena: samples idx[0..N) (or first..first+N when idx is
@@ -657,8 +678,8 @@ static td_tensor *load_batch(const td_trainer *t, td_ctx *c, const td_idx *d, co
         hy[i] = d->labels[s];
     }
     if (t->stage != NULL) {
-        t->k->upload(x->data, hx, xbytes);
-        t->k->upload(y, hy, (size_t)N * sizeof(int));
+        t->k->upload_async(x->data, hx, xbytes);
+        t->k->upload_async(y, hy, (size_t)N * sizeof(int));
     }
     *targets = y;
     return x;
@@ -685,7 +706,7 @@ static void evaluate_idx(td_trainer *t, const td_idx *d, int first, int n, const
         x = load_batch(t, &c, d, NULL, first + i, N, &y);
         loss = td_mlp_forward(&c, &t->mlp, x, y, &logits);
         t->k->argmax_correct((int64_t *)t->scalars + 1, logits->data, y, N, V);
-        t->k->download(&right, (int64_t *)t->scalars + 1, sizeof(right));
+        sync_download(t, &right, (int64_t *)t->scalars + 1, sizeof(right));
         loss_sum += (double)scalar(t, loss) * N;
         correct += right;
     }
@@ -950,11 +971,11 @@ static pass slm_forward(td_trainer *t, td_ctx *c)
     if (lab != NULL)
         td__slm_fill_labels(t->sdata, hlab);
     if (t->stage != NULL) {
-        t->k->upload(x->data, hx, (size_t)p.rows * d->N * d->P * sizeof(float));
-        t->k->upload(tok, htok, (size_t)p.rows * d->L * sizeof(int));
-        t->k->upload(end, hend, (size_t)p.rows * sizeof(int));
+        t->k->upload_async(x->data, hx, (size_t)p.rows * d->N * d->P * sizeof(float));
+        t->k->upload_async(tok, htok, (size_t)p.rows * d->L * sizeof(int));
+        t->k->upload_async(end, hend, (size_t)p.rows * sizeof(int));
         if (lab != NULL)
-            t->k->upload(lab, hlab, (size_t)B * sizeof(int));
+            t->k->upload_async(lab, hlab, (size_t)B * sizeof(int));
     }
     if (cfg->world > 1) {
         c->allreduce = t->hooks.allreduce;
@@ -973,8 +994,9 @@ static const char *nonfinite(float x)
 }
 
 /* Forward, the NaN policy's first check (this replica's loss, before any work is shared),
- * backward. Returns the local loss (NaN when poisoned by debug.fail). */
-static float step_loss(td_trainer *t, td_ctx *c, int64_t step, pass *p)
+ * backward. Returns the local loss (NaN when poisoned by debug.fail). With defer, the loss is
+ * not read back (0 returned): the fused step reads it with the norm, after the update. */
+static float step_loss(td_trainer *t, td_ctx *c, int64_t step, pass *p, int defer)
 {
     const td_train_config *cfg = &t->cfg;
     float value = 0.0f;
@@ -982,6 +1004,11 @@ static float step_loss(td_trainer *t, td_ctx *c, int64_t step, pass *p)
     *p = cfg->model == TD_MODEL_MLP   ? mlp_forward(t, c, step)
          : cfg->model == TD_MODEL_GPT ? gpt_forward(t, c)
                                       : slm_forward(t, c);
+    if (defer) {
+        if (p->loss != NULL)
+            td_backward(c, p->loss);
+        return 0.0f;
+    }
     if (p->loss != NULL)
         value = scalar(t, p->loss);
     if (cfg->debug_fail_kind == TD_FAIL_NAN && cfg->debug_fail_step == step)
@@ -1004,13 +1031,36 @@ static float allreduce(td_trainer *t, const pass *p, float value)
 
     if (t->cfg.world == 1)
         return value;
+    t->syncs++;
     t->k->upload(g + n, &value, sizeof(value));
     w = (float)((double)t->cfg.world * p->rows / p->global_rows);
     if (w != 1.0f && t->cfg.model != TD_MODEL_SENSORLM) /* its loss is weighted already */
         t->k->scale(g, w, n + 1);
     t->hooks.allreduce(t->hooks.ud, g, n + 1);
-    t->k->download(&value, g + n, sizeof(value));
+    sync_download(t, &value, g + n, sizeof(value));
     return value;
+}
+
+/* One process, AdamW: the norm, the clip's factor and the update on the backend, then the
+ * step's only host sync, one download of the sum of squares and the loss. A NaN or Inf loss or
+ * norm has made adamw_flat skip the update; the caller applies the NaN policy to what comes
+ * back. Returns the loss, *norm the gradient's global norm. */
+static float fused_update(td_trainer *t, const pass *p, float lr, int64_t step, double *norm)
+{
+    unsigned char *s = t->scalars;
+    unsigned char back[SCALARS_READ];
+    float *f = (float *)(void *)(s + SCALARS_FLOATS), out[2];
+    double ss;
+
+    t->k->sumsq((double *)t->scalars, t->params.grad, t->params.n);
+    t->k->clip_scale(f, (double *)t->scalars, p->loss != NULL ? p->loss->data : NULL,
+                     t->cfg.grad_clip);
+    td_optim_step_flat(t->k, &t->params, &t->cfg, t->spans, f, lr, step);
+    sync_download(t, back, s, sizeof(back));
+    memcpy(&ss, back, sizeof(ss));
+    memcpy(out, back + SCALARS_FLOATS, sizeof(out));
+    *norm = sqrt(ss);
+    return out[1];
 }
 
 int td_trainer_step_caught(td_trainer *t, td_error_t *err)
@@ -1036,7 +1086,7 @@ int td_trainer_step(td_trainer *t)
     int64_t step = t->steps_done + 1;
     double t0, ms, norm;
     float lr, value;
-    int skipped = 0;
+    int skipped = 0, fused;
     pass p;
 
     if (t->total_steps == 0 && !t->evaluated_zero) {
@@ -1052,17 +1102,25 @@ int td_trainer_step(td_trainer *t)
     td_tape_reset(&t->tape);
     t->k->zero(t->params.grad, t->params.n);
 
-    value = step_loss(t, &c, step, &p);
-    value = allreduce(t, &p, value);
-    norm = td_grad_norm(t->k, &t->params, t->scalars);
+    t->syncs = 0;
+    fused = cfg->optim == TD_OPTIM_ADAMW && cfg->world == 1 && t->k->adamw_flat != NULL &&
+            !(cfg->debug_fail_kind == TD_FAIL_NAN && cfg->debug_fail_step == step);
+    value = step_loss(t, &c, step, &p, fused);
     lr = td_schedule_lr(cfg, step, t->total_steps);
+    if (fused) {
+        value = fused_update(t, &p, lr, step, &norm);
+    } else {
+        value = allreduce(t, &p, value);
+        t->syncs++;
+        norm = td_grad_norm(t->k, &t->params, t->scalars);
+    }
     if (!isfinite(value) || !isfinite(norm)) {
         if (cfg->on_nan == TD_ON_NAN_FAIL)
             td_panic(TD_ENAN, "%s is %s at step %lld", isfinite(value) ? "gradient" : "loss",
                      isfinite(value) ? nonfinite((float)norm) : nonfinite(value), (long long)step);
         skipped = 1;
         t->nan_skipped++;
-    } else {
+    } else if (!fused) {
         if (cfg->grad_clip > 0.0f && norm > cfg->grad_clip)
             t->k->scale(t->params.grad, (float)(cfg->grad_clip / (norm + CLIP_EPS)), t->params.n);
         td_optim_step(t->k, &t->params, cfg, lr, step);
@@ -1073,6 +1131,7 @@ int td_trainer_step(td_trainer *t)
         td__slm_advance(t->sdata);
     ms = td_mono_ms() - t0;
     t->steps_done = step;
+    t->step_syncs = t->syncs;
 
     if (cfg->model == TD_MODEL_MLP && (step - 1) % t->steps_per_epoch == 0)
         emit(t, "epoch", step, (double)((step - 1) / t->steps_per_epoch + 1));
@@ -1108,6 +1167,8 @@ void td_trainer_free(td_trainer *t)
     free(t->ev.pemb);
     if (t->scalars != NULL)
         t->k->free(t->scalars);
+    if (t->spans != NULL)
+        t->k->free(t->spans);
     free(t->stage);
     td_arena_free(&t->arena);
     td_params_free(&t->params); /* it points into t->slm's tensors */

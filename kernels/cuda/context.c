@@ -454,6 +454,14 @@ void td_cuda_upload(void *dst, const void *src, size_t bytes)
     TD_CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
+void td_cuda_upload_async(void *dst, const void *src, size_t bytes)
+{
+    td_cuda_ctx *c = td__cuda_ctx();
+
+    c->counts.copies++;
+    TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+}
+
 void td_cuda_download(void *dst, const void *src, size_t bytes)
 {
     td_cuda_ctx *c = td__cuda_ctx();

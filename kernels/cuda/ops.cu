@@ -226,6 +226,62 @@ __global__ void adamw_kernel(float *param, float *m, float *v, const float *grad
     }
 }
 
+// cpu.c's clip_scale, one thread: the norm and the coefficient in double
+__global__ void clip_scale_kernel(float *out, const double *sumsq, const float *loss,
+                                  float max_norm)
+{
+    double norm = sqrt(*sumsq);
+    float l = loss != NULL ? *loss : 0.0f;
+
+    if (!isfinite(l) || !isfinite(norm))
+        out[0] = __int_as_float(0x7fc00000); /* a quiet NaN */
+    else if (max_norm > 0.0f && norm > max_norm)
+        out[0] = (float)(max_norm / (norm + 1e-6));
+    else
+        out[0] = 1.0f;
+    out[1] = l;
+}
+
+// adamw_kernel over every element of the flat buffer: each finds its span by binary search
+// (spans sorted by offset); elements in no span are untouched. The clip's factor is read from
+// device memory, so no host sync sits between the norm and the update; a factor that is not
+// finite (a NaN or Inf loss or norm) skips the step, as the trainer's NaN policy asks
+__global__ void adamw_flat_kernel(float *param, float *m, float *v, float *grad, size_t n,
+                                  const td_adamw_span *spans, int nspans, const float *scale,
+                                  float beta2, float eps, float step_size, float bc2_sqrt,
+                                  float decay_on, float decay_off, float w1, float w2)
+{
+    float s = *scale;
+
+    if (!isfinite(s))
+        return;
+    GRID_STRIDE(i, n)
+    {
+        int lo = 0, hi = nspans - 1;
+        float g = grad[i];
+
+        if (s != 1.0f) {
+            g *= s;
+            grad[i] = g; /* as scale leaves it */
+        }
+        while (lo < hi) { /* the last span starting at or before i */
+            int mid = (lo + hi + 1) / 2;
+            if (spans[mid].offset <= i)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        if (nspans == 0 || i < spans[lo].offset || i >= spans[lo].offset + spans[lo].n)
+            continue;
+        float mi = m[i] + w1 * (g - m[i]);
+        float vi = beta2 * v[i] + w2 * g * g;
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        m[i] = mi;
+        v[i] = vi;
+        param[i] = param[i] * (spans[lo].decay ? decay_on : decay_off) - step_size * mi / denom;
+    }
+}
+
 __global__ void sgd_kernel(float *param, float *buf, const float *grad, size_t n, float lr,
                            float momentum, float weight_decay)
 {
@@ -1307,6 +1363,31 @@ static void adamw_update(float *param, float *m, float *v, const float *grad, si
              w2);
 }
 
+static void clip_scale(float *out, const double *sumsq, const float *loss, float max_norm)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+
+    clip_scale_kernel<<<1, 1, 0, x->stream>>>(out, sumsq, loss, max_norm);
+    LAUNCH_CHECK("clip_scale_kernel");
+}
+
+// One launch over all n elements; the scalars as adamw_update computes them
+static void adamw_flat(float *param, float *m, float *v, float *grad, size_t n,
+                       const td_adamw_span *spans, int nspans, const float *scale, float lr,
+                       float beta1, float beta2, float eps, float weight_decay, int64_t t)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+    double bc1 = 1.0 - pow(beta1, (double)t);
+    double bc2 = 1.0 - pow(beta2, (double)t);
+    float step_size = (float)(lr / bc1);
+    float bc2_sqrt = (float)sqrt(bc2);
+    float decay_on = 1.0f - lr * weight_decay, decay_off = 1.0f - lr * 0.0f;
+    float w1 = 1.0f - beta1, w2 = 1.0f - beta2;
+
+    LAUNCH_N(x, adamw_flat_kernel, n, param, m, v, grad, n, spans, nspans, scale, beta2, eps,
+             step_size, bc2_sqrt, decay_on, decay_off, w1, w2);
+}
+
 static void sgd_update(float *param, float *buf, const float *grad, size_t n, float lr,
                        float momentum, float weight_decay)
 {
@@ -1324,6 +1405,7 @@ static const td_kernels cuda_kernels = {
     .free = td_cuda_free,
     .upload = td_cuda_upload,
     .download = td_cuda_download,
+    .upload_async = td_cuda_upload_async,
     .set_threads = set_threads,
     .zero = zero,
     .matmul_forward = matmul_forward,
@@ -1349,6 +1431,8 @@ static const td_kernels cuda_kernels = {
     .sumsq = sumsq,
     .scale = scale,
     .adamw_update = adamw_update,
+    .clip_scale = clip_scale,
+    .adamw_flat = adamw_flat,
     .sgd_update = sgd_update,
     .token_mean_forward = td__cuda_token_mean_forward,
     .token_mean_backward = td__cuda_token_mean_backward,

@@ -147,6 +147,10 @@ void td_cuda_free(void *p); /* accepts NULL; errors ignored */
  * Panics (TD_ECUDA) on a CUDA error. */
 void td_cuda_upload(void *dst, const void *src, size_t bytes);
 void td_cuda_download(void *dst, const void *src, size_t bytes);
+/* Host to device queued on the current context's stream, returning at once (not a host sync):
+ * src must stay unchanged until the next download or td_cuda_sync; from cudaHostAlloc'd memory
+ * the copy is a true DMA. Panics (TD_ECUDA) on a CUDA error. */
+void td_cuda_upload_async(void *dst, const void *src, size_t bytes);
 
 /* Waits for everything queued on the current context's stream. Panics with the first error
  * an op met (an illegal address shows up here). */
