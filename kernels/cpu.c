@@ -320,7 +320,7 @@ typedef struct xent_job {
     const float *logits, *dloss, *cprobs;
     const int *targets;
     float *dlogits;
-    int N, V, Vp, per;
+    int N, V, Vp, per, grad;
     double part[ROW_TASKS];
 } xent_job;
 
@@ -403,6 +403,60 @@ static void softmax_xent_backward(float *dlogits, const float *dloss, const floa
                               .Vp = Vp};
 
     td__cpu_team_run(row_tasks(N, ROW_GRAIN, ROW_TASKS, &J->per), xent_backward_task, J);
+}
+
+// The fused classifier's rows: the forward's softmax and loss, arithmetic for arithmetic (so
+// the loss has softmax_xent_forward's bits), then, where J->grad is set, the row overwritten
+// with softmax_xent_backward's dlogits for dloss 1 (1/N * (p - onehot), padding 0) instead of kept
+// as probs: the row's exps live in the logits' own row between the two passes.
+static void xent_fused_task(void *ctx, int task)
+{
+    xent_job *J = ctx;
+    int V = J->V, Vp = J->Vp, i1 = (task + 1) * J->per < J->N ? (task + 1) * J->per : J->N;
+    float scale = 1.0f / (float)J->N; /* softmax_xent_backward's *dloss / N, dloss 1 */
+    double total = 0.0;
+
+    for (int i = task * J->per; i < i1; i++) {
+        float *x = J->dlogits + (size_t)i * Vp;
+        float maxv = x[0];
+        double sum = 0.0;
+        int t = J->targets[i];
+
+        for (int j = 1; j < V; j++)
+            if (x[j] > maxv)
+                maxv = x[j];
+        for (int j = 0; j < V; j++)
+            sum += expf(x[j] - maxv);
+        total += log(sum) - ((double)x[t] - maxv);
+        if (!J->grad)
+            continue;
+        float inv = (float)(1.0 / sum);
+        for (int j = 0; j < V; j++) {
+            float p = expf(x[j] - maxv) * inv;
+            x[j] = scale * (p - (j == t ? 1.0f : 0.0f));
+        }
+        for (int j = V; j < Vp; j++)
+            x[j] = 0.0f;
+    }
+    J->part[task] = total;
+}
+
+// The loss as softmax_xent_forward sums it (same cut, same order); logits become the dlogits
+// (of a loss whose gradient is 1) in place when grad, and are left as they are otherwise.
+// loss is (1), logits is (N,Vp), targets is (N)
+static void softmax_xent_fused(float *loss, float *logits, const int *targets, int N, int V, int Vp,
+                               int grad)
+{
+    xent_job *J =
+        &(xent_job){.dlogits = logits, .grad = grad, .targets = targets, .N = N, .V = V, .Vp = Vp};
+    int tasks = row_tasks(N, ROW_GRAIN, ROW_TASKS, &J->per);
+    double total = 0.0;
+
+    td__cpu_team_run(tasks, xent_fused_task, J);
+    for (int t = 0; t < tasks; t++)
+        total += J->part[t];
+    total /= N;
+    *loss = total > FLT_MAX ? INFINITY : (float)total;
 }
 
 typedef struct argmax_job {
@@ -1259,6 +1313,7 @@ static const td_kernels cpu_kernels = {
     .relu_backward = relu_backward,
     .softmax_xent_forward = softmax_xent_forward,
     .softmax_xent_backward = softmax_xent_backward,
+    .softmax_xent_fused = softmax_xent_fused,
     .argmax_correct = argmax_correct,
     .encoder_forward = encoder_forward,
     .encoder_backward = encoder_backward,

@@ -138,6 +138,14 @@ typedef struct td_kernels {
     // dlogits is (N,Vp), dloss is (1), probs is (N,Vp) from the forward, targets is (N)
     void (*softmax_xent_backward)(float *dlogits, const float *dloss, const float *probs,
                                   const int *targets, int N, int V, int Vp);
+    // The fused classifier (llm.c's): loss as softmax_xent_forward computes it, bit for bit,
+    // and, when grad, logits overwritten in place by the dlogits softmax_xent_backward gives
+    // for dloss 1 into a zeroed buffer (1/N * (probs - onehot), padding columns 0), without a
+    // probs buffer; grad 0: logits are only read (eval). The gradient is the loss's with
+    // respect to the logits at dloss 1: the caller scales it if the loss's own gradient is not 1.
+    // loss is (1), logits is (N,Vp), targets is (N) in [0,V)
+    void (*softmax_xent_fused)(float *loss, float *logits, const int *targets, int N, int V, int Vp,
+                               int grad);
     // correct = how many rows have their largest logit (first of equals) at the target
     // correct is (1), logits is (N,V), targets is (N)
     void (*argmax_correct)(int64_t *correct, const float *logits, const int *targets, int N, int V);

@@ -127,6 +127,12 @@ static void softmax_xent_backward(float *dlogits, const float *dloss, const floa
     CPU->softmax_xent_backward(H(dlogits), HC(dloss), HC(probs), fd_host(targets), N, V, Vp);
 }
 
+static void softmax_xent_fused(float *loss, float *logits, const int *targets, int N, int V, int Vp,
+                               int grad)
+{
+    CPU->softmax_xent_fused(H(loss), H(logits), fd_host(targets), N, V, Vp, grad);
+}
+
 static void argmax_correct(int64_t *correct, const float *logits, const int *targets, int N, int V)
 {
     CPU->argmax_correct(fd_host(correct), HC(logits), fd_host(targets), N, V);
@@ -299,6 +305,7 @@ static const td_kernels fake = {
     .relu_backward = relu_backward,
     .softmax_xent_forward = softmax_xent_forward,
     .softmax_xent_backward = softmax_xent_backward,
+    .softmax_xent_fused = softmax_xent_fused,
     .argmax_correct = argmax_correct,
     .encoder_forward = encoder_forward,
     .encoder_backward = encoder_backward,

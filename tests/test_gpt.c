@@ -252,6 +252,80 @@ static void test_gpt_gradient_fd(void **state)
     free(m);
 }
 
+/* The fused classifier against the unfused op over a few steps of plain SGD: td_gpt_forward
+ * fuses when no logits are asked for and keeps probs when they are, so the same model goes both
+ * ways at each step. Same float operations in the same order (test_kernels's
+ * test_softmax_xent_fused), so losses and every gradient are equal bit for bit, and the fused
+ * step's arena peak is td_gpt_arena_bytes exactly (the unfused one takes the probs on top). */
+static void test_gpt_fused_classifier(void **state)
+{
+    td_gpt_dims d = {.maxT = 6, .V = 11, .Vp = 64, .L = 2, .NH = 2, .C = 8};
+    const int B = 2, T = 5;
+    int tok[10], tgt[10];
+    td_params p = {0};
+    td_gpt *m = calloc(1, sizeof(*m));
+    td_arena arena;
+    td_tape tape;
+    td_ctx c = {.k = td_kernels_cpu(), .arena = &arena, .tape = &tape};
+    td_error_t err = {0};
+    td_boundary b;
+    td_rng rng;
+    float *grad;
+    size_t fused_bytes;
+
+    assert_int_equal(td_gpt_declare(m, &p, &d, &err), 0);
+    assert_int_equal(td_params_alloc(&p, 0), 0);
+    td_gpt_bind(m);
+    td_gpt_init(m, 3);
+    td_rng_seed(&rng, 9, 0);
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (int)td_rng_below(&rng, 11);
+        tgt[i] = (int)td_rng_below(&rng, 11);
+    }
+    fused_bytes = td_gpt_arena_bytes(m, B, T, 1);
+    assert_int_equal(td_arena_init(&arena, fused_bytes + td_op_bytes_softmax_xent(B * T, d.Vp, 1)),
+                     0);
+    assert_int_equal(td_tape_init(&tape, td_gpt_tape_len(m)), 0);
+    grad = malloc(p.n * sizeof(float));
+    assert_non_null(grad);
+    td_boundary_enter(&b);
+    if (TD_TRY(&b)) {
+        for (int step = 0; step < 4; step++) {
+            td_tensor *logits = NULL, *loss;
+            float fused, unfused;
+
+            memset(p.grad, 0, p.n * sizeof(float));
+            td_arena_reset(&arena);
+            arena.peak = 0;
+            loss = td_gpt_forward(&c, m, tok, tgt, B, T, NULL);
+            fused = loss->data[0];
+            td_backward(&c, loss);
+            assert_int_equal(arena.peak, fused_bytes);
+            memcpy(grad, p.grad, p.n * sizeof(float));
+
+            memset(p.grad, 0, p.n * sizeof(float));
+            td_arena_reset(&arena);
+            loss = td_gpt_forward(&c, m, tok, tgt, B, T, &logits);
+            unfused = loss->data[0];
+            td_backward(&c, loss);
+            if (fused != unfused)
+                fail_msg("step %d: fused loss %.9g, unfused %.9g", step, fused, unfused);
+            print_message("step %d: loss %.9g\n", step, fused);
+            assert_memory_equal(grad, p.grad, p.n * sizeof(float));
+            for (size_t j = 0; j < p.n; j++)
+                p.data[j] -= 0.5f * grad[j];
+        }
+        td_boundary_leave(&b);
+    } else {
+        fail_msg("panic: %s", b.err.msg);
+    }
+    free(grad);
+    td_tape_free(&tape);
+    td_arena_free(&arena);
+    td_params_free(&p);
+    free(m);
+}
+
 /* llm.c's init: LayerNorm weights 1, biases 0, wte's padding rows 0, weights with standard
  * deviation 0.02 and the residual projections 0.02/sqrt(2L) (sample std within 5%: tens of
  * thousands of draws), and the same seed gives the same bits. */
@@ -1239,6 +1313,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt_gradient_fd),
+        cmocka_unit_test(test_gpt_fused_classifier),
         cmocka_unit_test(test_gpt_init),
         cmocka_unit_test(test_gpt_trains_and_metrics),
         cmocka_unit_test(test_gpt_determinism),

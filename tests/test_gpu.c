@@ -843,6 +843,39 @@ static void softmax_case(int N, int V, int Vp)
     check_exact("softmax bwd (padding kept)", h, dl, n);
     free(h);
 
+    /* The fused classifier: the unfused kernel's arithmetic, so its loss has gloss[0]'s bits
+     * (eval, logits untouched, and training alike); dlogits = (p - onehot)/N within the probs'
+     * bound over N plus the subtraction's and the scale's rounding (2 u |ref|), padding 0 on
+     * both sides exactly (bound 0). */
+    {
+        float *cf = copy_host(logits, n), fl = 0.0f, gf[2];
+        float *d_f = to_dev(logits, n);
+
+        KD->softmax_xent_fused(d_loss, d_f, d_targets, N, V, Vp, 0);
+        dev_down(&gf[0], d_loss, sizeof(float));
+        h = to_host(d_f, n);
+        check_exact("fused eval leaves logits", h, logits, n);
+        free(h);
+        KD->softmax_xent_fused(d_loss, d_f, d_targets, N, V, Vp, 1);
+        dev_down(&gf[1], d_loss, sizeof(float));
+        check_same_bits("fused loss (eval)", &gf[0], &gloss[0], 1);
+        check_same_bits("fused loss (train)", &gf[1], &gloss[0], 1);
+        KC->softmax_xent_fused(&fl, cf, targets, N, V, Vp, 1);
+        assert_true(fl == loss);
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < Vp; j++) {
+                size_t k = (size_t)i * Vp + j;
+                double r = (ref[k] - (j == targets[i] ? 1.0 : 0.0)) / N;
+                bound[k] = j < V ? bound[k] / N + 2.0 * U * fabs(r) : 0.0;
+                ref[k] = j < V ? r : 0.0;
+            }
+        h = to_host(d_f, n);
+        snprintf(what, sizeof(what), "fused dlogits %dx%d/%d", N, V, Vp);
+        check_bound(what, h, cf, ref, bound, n);
+        free(h), free(cf);
+        dev_free(d_f);
+    }
+
     free(logits), free(probs), free(g0), free(dl), free(targets), free(ref), free(bound);
     dev_free(d_logits), dev_free(d_probs), dev_free(d_loss), dev_free(d_dl), dev_free(d_dloss),
         dev_free(d_cpu_probs), dev_free(d_targets);

@@ -955,6 +955,59 @@ static void test_softmax_xent_padded(void **state)
     free(d);
 }
 
+/* The fused classifier against softmax_xent_forward + softmax_xent_backward into a zeroed
+ * buffer with dloss 1: the same float operations on the same numbers in the same order, so the
+ * loss and every dlogit are equal bit for bit (no tolerance); the padding columns come out 0
+ * whatever their logits held; the answer does not depend on the thread count (rows are cut by
+ * N alone); grad 0 leaves the logits as they were and gives the same loss. N = 300 rows make
+ * several row tasks. */
+static void test_softmax_xent_fused(void **state)
+{
+    enum { N = 300, V = 50, Vp = 64 };
+    float *l = rand_buf((size_t)N * Vp, -4, 4), *probs = zero_buf((size_t)N * Vp);
+    float *d = zero_buf((size_t)N * Vp), *f1 = malloc((size_t)N * Vp * sizeof(float));
+    float *f3 = malloc((size_t)N * Vp * sizeof(float)), *e = malloc((size_t)N * Vp * sizeof(float));
+    int *targets = malloc(N * sizeof(int));
+    float loss, loss1, loss3, loss_e, dloss = 1.0f;
+
+    assert_true(f1 != NULL && f3 != NULL && e != NULL && targets != NULL);
+    for (int i = 0; i < N; i++) {
+        targets[i] = (i * 7) % V;
+        l[(size_t)i * Vp + V + 3] = 1e30f; /* padding: would dominate a softmax over all Vp */
+    }
+    l[5 * Vp + targets[5]] = 30.0f; /* a near-certain row, and one whose target underflows */
+    l[6 * Vp + (targets[6] + 1) % V] = 80.0f;
+    memcpy(f1, l, (size_t)N * Vp * sizeof(float));
+    memcpy(f3, l, (size_t)N * Vp * sizeof(float));
+    memcpy(e, l, (size_t)N * Vp * sizeof(float));
+    K->softmax_xent_forward(&loss, probs, l, targets, N, V, Vp);
+    K->softmax_xent_backward(d, &dloss, probs, targets, N, V, Vp);
+    K->set_threads(1);
+    K->softmax_xent_fused(&loss1, f1, targets, N, V, Vp, 1);
+    K->set_threads(3);
+    K->softmax_xent_fused(&loss3, f3, targets, N, V, Vp, 1);
+    K->softmax_xent_fused(&loss_e, e, targets, N, V, Vp, 0);
+    K->set_threads(1);
+    assert_true(loss1 == loss);
+    assert_true(loss3 == loss);
+    assert_true(loss_e == loss);
+    assert_memory_equal(e, l, (size_t)N * Vp * sizeof(float));
+    assert_memory_equal(f1, f3, (size_t)N * Vp * sizeof(float));
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < Vp; j++) {
+            float want = j < V ? d[(size_t)i * Vp + j] : 0.0f;
+            if (f1[(size_t)i * Vp + j] != want)
+                fail_msg("dlogits[%d][%d]: %g, want %g", i, j, f1[(size_t)i * Vp + j], want);
+        }
+    free(l);
+    free(probs);
+    free(d);
+    free(f1);
+    free(f3);
+    free(e);
+    free(targets);
+}
+
 /* sumsq in double of 1..1000 (odd length: the tail) is exactly 333833500; scale multiplies. */
 static void test_sumsq_and_scale(void **state)
 {
@@ -1170,6 +1223,7 @@ int main(void)
         cmocka_unit_test(test_attention_accumulates),
         cmocka_unit_test(test_team_each_task_once),
         cmocka_unit_test(test_softmax_xent_padded),
+        cmocka_unit_test(test_softmax_xent_fused),
         cmocka_unit_test(test_sumsq_and_scale),
         cmocka_unit_test(test_adamw_two_steps),
         cmocka_unit_test(test_adamw_flat_vs_per_tensor),

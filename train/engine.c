@@ -371,8 +371,13 @@ td_tensor *td_softmax_xent_padded(td_ctx *c, td_tensor *logits, const int *targe
 
     if (V < 1 || V > Vp)
         td_panic(TD_ESHAPE, "softmax_xent: %d classes in %d logits", V, Vp);
+    if (!wants_grad(c, logits, NULL, NULL)) { /* eval: the loss alone, no probs kept */
+        loss = td_tensor_new(c, 1, (int[]){1}, 0);
+        c->k->softmax_xent_fused(loss->data, logits->data, targets, N, V, Vp, 0);
+        return loss;
+    }
     probs = td_tensor_new(c, logits->ndim, logits->shape, 0);
-    loss = td_tensor_new(c, 1, (int[]){1}, wants_grad(c, logits, NULL, NULL));
+    loss = td_tensor_new(c, 1, (int[]){1}, 1);
     c->k->softmax_xent_forward(loss->data, probs->data, logits->data, targets, N, V, Vp);
     if (loss->grad != NULL) {
         td_tape_entry *e = tape_push(c->tape, TD_OP_SOFTMAX_XENT, loss, logits, NULL, NULL);
@@ -390,7 +395,42 @@ td_tensor *td_softmax_xent(td_ctx *c, td_tensor *logits, const int *targets)
 
 size_t td_op_bytes_softmax_xent(size_t rows, int Vp, int train)
 {
-    return td_tensor_bytes(rows * (size_t)Vp, 0) + td_tensor_bytes(1, train);
+    return (train ? td_tensor_bytes(rows * (size_t)Vp, 0) : 0) + td_tensor_bytes(1, train);
+}
+
+/* The fused classifier. td_backward seeds the loss's gradient with 1 and nothing else reads
+ * the loss, so the logits' gradient is known at forward time: the kernel writes it over the
+ * logits' data (their values are no longer needed: the loss is their only consumer) for
+ * dloss 1; a loss used further (scaled, summed) would need the unfused op. The logits'
+ * grad pointer is then turned to their data, so the matmul's backward reads dlogits where the
+ * kernel put them, and the tape entry's backward (saved[0] NULL) does nothing. The buffer the
+ * logits' grad had stays allocated in the arena, unused (td_op_bytes_softmax_xent_fused and
+ * the models' estimates count it as before): what goes is the (N,Vp) probs buffer and the
+ * backward's read-modify-write over the logits' gradient. */
+td_tensor *td_softmax_xent_fused(td_ctx *c, td_tensor *logits, const int *targets, int V)
+{
+    int Vp = logits->shape[logits->ndim - 1];
+    int N = rows_of(logits);
+    td_tensor *loss;
+    td_tape_entry *e;
+
+    if (V < 1 || V > Vp)
+        td_panic(TD_ESHAPE, "softmax_xent: %d classes in %d logits", V, Vp);
+    if (!wants_grad(c, logits, NULL, NULL))
+        return td_softmax_xent_padded(c, logits, targets, V);
+    loss = td_tensor_new(c, 1, (int[]){1}, 1);
+    c->k->softmax_xent_fused(loss->data, logits->data, targets, N, V, Vp, 1);
+    logits->grad = logits->data;
+    e = tape_push(c->tape, TD_OP_SOFTMAX_XENT, loss, logits, NULL, NULL);
+    e->saved[0] = NULL;
+    e->ids = targets;
+    e->arg[0] = V;
+    return loss;
+}
+
+size_t td_op_bytes_softmax_xent_fused(int train)
+{
+    return td_tensor_bytes(1, train);
 }
 
 td_tensor *td_embed(td_ctx *c, const int *tokens, int B, int T, td_tensor *wte, td_tensor *wpe)
@@ -806,7 +846,7 @@ static void softmax_xent_backward(td_ctx *c, const td_tape_entry *e)
 {
     const td_tensor *logits = e->in[0];
 
-    if (logits->grad != NULL)
+    if (logits->grad != NULL && e->saved[0] != NULL) /* fused: the gradient is in place */
         c->k->softmax_xent_backward(logits->grad, e->out->grad, e->saved[0]->data, e->ids,
                                     rows_of(logits), e->arg[0], logits->shape[logits->ndim - 1]);
 }

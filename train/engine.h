@@ -203,6 +203,12 @@ td_tensor *td_softmax_xent(td_ctx *c, td_tensor *logits, const int *targets);
  * padding columns get probability 0 and no gradient. */
 td_tensor *td_softmax_xent_padded(td_ctx *c, td_tensor *logits, const int *targets, int V);
 
+/* td_softmax_xent_padded through the fused classifier, for logits whose only consumer is this
+ * loss and a loss that is td_backward's root (its gradient 1): training, the logits' data are
+ * overwritten by their gradient at forward time and their grad pointer aliases their data, no
+ * probs buffer. Without gradients, td_softmax_xent_padded (which keeps no probs either). */
+td_tensor *td_softmax_xent_fused(td_ctx *c, td_tensor *logits, const int *targets, int V);
+
 /* Token + position embedding: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:].
  * tokens is (B,T) (borrowed until the tape is reset), wte is (V,C), wpe is (maxT,C), T <= maxT;
  * out is (B,T,C). */
@@ -261,6 +267,7 @@ int td_attn_chunk(int chunk, int B, int NH, int Nq, int Nk);
 /* Arena bytes the ops above take, for models to size the arena exactly: each mirrors the op's
  * allocations one for one (train: the op records, so outputs carry gradients). */
 size_t td_op_bytes_softmax_xent(size_t rows, int Vp, int train);
+size_t td_op_bytes_softmax_xent_fused(int train);
 size_t td_op_bytes_layernorm(size_t rows, int C, int train);
 /* An attention op's out (B,Nq,C) (with its gradient when train) and lse (B,NH,Nq). */
 size_t td_op_bytes_attention(int B, int Nq, int C, int NH, int train);

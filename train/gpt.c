@@ -215,7 +215,12 @@ td_tensor *td_gpt_forward(td_ctx *c, td_gpt *m, const int *tokens, const int *ta
     h = td_linear(c, h, &m->p[TD_GPT_WTE], NULL); /* (B,T,Vp) */
     if (logits != NULL)
         *logits = h;
-    return targets != NULL ? td_softmax_xent_padded(c, h, targets, m->d.V) : NULL;
+    if (targets == NULL)
+        return NULL;
+    /* The fused classifier overwrites the logits with their gradient in training; a caller
+     * that asked for them gets the unfused op (td_gpt_arena_bytes counts the fused one). */
+    return logits != NULL ? td_softmax_xent_padded(c, h, targets, m->d.V)
+                          : td_softmax_xent_fused(c, h, targets, m->d.V);
 }
 
 /* Mirrors td_gpt_forward's allocations one for one, and the transient blocks on the arena's
@@ -241,7 +246,7 @@ size_t td_gpt_arena_bytes(const td_gpt *m, int B, int T, int train)
     }
     bytes += td_op_bytes_layernorm(BT, d->C, train);
     bytes += td_tensor_bytes(BT * (size_t)d->Vp, train); /* logits */
-    bytes += td_op_bytes_softmax_xent(BT, d->Vp, train);
+    bytes += td_op_bytes_softmax_xent_fused(train);      /* no probs buffer */
     if (train)
         bytes += td_op_bytes_attention_scratch(B, d->NH, T, T, m->attn_chunk, 1);
     return bytes > peak ? bytes : peak;

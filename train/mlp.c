@@ -69,8 +69,7 @@ size_t td_mlp_arena_bytes(const td_mlp *m, int N, int train)
         if (l + 1 < layers)
             bytes += td_tensor_bytes(n, train);
     }
-    bytes += td_tensor_bytes((size_t)N * (size_t)m->sizes[layers], 0);
-    bytes += td_tensor_bytes(1, train);
+    bytes += td_op_bytes_softmax_xent((size_t)N, m->sizes[layers], train); /* probs: train only */
     return bytes;
 }
 

@@ -366,6 +366,49 @@ __global__ void softmax_xent_backward_kernel(float *dlogits, const float *dloss,
     }
 }
 
+// The fused classifier (llm.c's): softmax_xent_kernel's rows and loss, arithmetic for
+// arithmetic, but the exps are not stored: where grad, a second pass over the row overwrites
+// the logits with 1/N * (p - onehot) (softmax_xent_backward_kernel's value into
+// a zeroed buffer) and the padding with 0. The block reads the row's target and max before any
+// thread writes (the __syncthreads in block_sum_d orders them).
+// partial is (gridDim.x), logits is (N,Vp), targets is (N)
+__global__ void softmax_xent_fused_kernel(double *partial, float *logits, const int *targets, int N,
+                                          int V, int Vp, int grad)
+{
+    __shared__ float smax[32];
+    __shared__ double ssum[32];
+    float scale = 1.0f / (float)N; /* the backward kernel's *dloss / N, dloss 1 */
+    double acc = 0.0;
+
+    for (int i = blockIdx.x; i < N; i += gridDim.x) {
+        float *x = logits + (size_t)i * Vp;
+        float maxv = x[0], inv;
+        double sum = 0.0, xt;
+        int t = targets[i];
+
+        for (int j = threadIdx.x; j < V; j += blockDim.x)
+            maxv = x[j] > maxv ? x[j] : maxv;
+        maxv = block_max(maxv, smax);
+        for (int j = threadIdx.x; j < V; j += blockDim.x)
+            sum += expf(x[j] - maxv);
+        xt = t >= 0 && t < V ? (double)x[t] : (double)NAN;
+        sum = block_sum_d(sum, ssum);
+        if (threadIdx.x == 0)
+            acc += log(sum) - (xt - maxv);
+        if (!grad)
+            continue;
+        inv = (float)(1.0 / sum);
+        for (int j = threadIdx.x; j < V; j += blockDim.x) {
+            float p = expf(x[j] - maxv) * inv;
+            x[j] = scale * (p - (j == t ? 1.0f : 0.0f));
+        }
+        for (int j = V + threadIdx.x; j < Vp; j += blockDim.x)
+            x[j] = 0.0f;
+    }
+    if (threadIdx.x == 0)
+        partial[blockIdx.x] = acc;
+}
+
 // One block per row (strided): cpu.c's answer, the first largest logit, where a NaN never
 // wins unless it is the first logit. The block's count is added once to *correct (integers:
 // the order does not matter). correct is (1), logits is (N,V), targets is (N)
@@ -1032,6 +1075,22 @@ static void softmax_xent_backward(float *dlogits, const float *dloss, const floa
     LAUNCH_N(x, softmax_xent_backward_kernel, n, dlogits, dloss, probs, targets, N, V, Vp);
 }
 
+// softmax_xent_forward's grid and partial sums, so the loss has its bits
+static void softmax_xent_fused(float *loss, float *logits, const int *targets, int N, int V, int Vp,
+                               int grad)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+    int G = N < TD_CUDA_REDUCE_BLOCKS ? N : TD_CUDA_REDUCE_BLOCKS;
+
+    if (N <= 0)
+        td_panic(TD_ESHAPE, "softmax_xent: %d rows", N);
+    softmax_xent_fused_kernel<<<G, ROW_BLOCK, 0, x->stream>>>(x->partial, logits, targets, N, V, Vp,
+                                                              grad);
+    LAUNCH_CHECK("softmax_xent_fused_kernel");
+    finish_loss_kernel<<<1, 1, 0, x->stream>>>(loss, x->partial, G, N);
+    LAUNCH_CHECK("finish_loss_kernel");
+}
+
 static void argmax_correct(int64_t *correct, const float *logits, const int *targets, int N, int V)
 {
     td_cuda_ctx *x = td__cuda_ctx();
@@ -1416,6 +1475,7 @@ static const td_kernels cuda_kernels = {
     .relu_backward = relu_backward,
     .softmax_xent_forward = softmax_xent_forward,
     .softmax_xent_backward = softmax_xent_backward,
+    .softmax_xent_fused = softmax_xent_fused,
     .argmax_correct = argmax_correct,
     .encoder_forward = encoder_forward,
     .encoder_backward = encoder_backward,
