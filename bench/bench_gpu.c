@@ -36,7 +36,10 @@
  *     for GPT-2 124M (B 16 unless --batch, T 1024) and SensorLM base's towers at batch 32:
  *     blocks, cuBLAS calls and other launches a layer a step, how often a sequence's keys are
  *     read, the largest block, next to the loop over heads in row chunks that the plan
- *     replaced. Exit 0; no GPU needed.
+ *     replaced; then a training step of each model through the engine on a table that only
+ *     counts (plan_count.c): table calls, memsets and their bytes, activation gradients stored
+ *     and added into, residual gradients passed through, now and with every gradient zeroed
+ *     when allocated (the path before the first writers). Exit 0; no GPU needed.
  *
  *   bench_gpu [--batch B] [--steps S] [--warmup W] [--precision LIST] [--direct] [--no-gemm]
  *             [--csv FILE] [--profile [--slm-data SHARD]] [--probe] [--plan]
@@ -70,6 +73,7 @@
 #include <nccl.h>
 
 #include "bench/gpu_profile.h"
+#include "bench/plan_count.h"
 #include "kernels/attn_plan.h"
 #include "kernels/cuda/td_cuda.h"
 
@@ -265,44 +269,48 @@ static void forward(model *m)
     K->softmax_xent_forward(m->loss, m->a.probs, m->a.logits, m->targets, BT, d->V, d->Vp);
 }
 
-/* The tape of td_gpt_forward, replayed by hand in reverse; every backward accumulates, so the
- * gradients of parameters and activations are zeroed first. */
+/* The tape of td_gpt_forward, replayed by hand in reverse with the engine's first writers: each
+ * activation gradient stored by the op that writes it first (kernels.h's store), added into by
+ * the rest; only the parameters' gradients and the logits' (the unfused classifier adds) are
+ * zeroed. */
 static void backward(model *m)
 {
     const td_gpt_dims *d = &m->d;
     int B = m->B, T = m->T, C = d->C, BT = B * T;
     float *p = m->params, *gp = m->grads;
     acts *a = &m->a, *g = &m->g;
+    const int S1 = TD_STORE_1, S12 = TD_STORE_1 | TD_STORE_2;
+    const int S123 = TD_STORE_1 | TD_STORE_2 | TD_STORE_3;
 
     K->zero(m->grads, m->hp.n);
-    K->zero(m->grads_block, m->acts_n);
+    K->zero(g->logits, (size_t)BT * d->Vp);
     K->softmax_xent_backward(g->logits, m->dloss, a->probs, m->targets, BT, d->V, d->Vp);
     K->matmul_backward(g->lnf, P(m, gp, TD_GPT_WTE, 0), NULL, g->logits, a->lnf,
-                       P(m, p, TD_GPT_WTE, 0), BT, C, d->Vp);
+                       P(m, p, TD_GPT_WTE, 0), BT, C, d->Vp, S1);
     K->layernorm_backward(g->l[d->L - 1].res3, P(m, gp, TD_GPT_LNFW, 0), P(m, gp, TD_GPT_LNFB, 0),
                           g->lnf, a->l[d->L - 1].res3, P(m, p, TD_GPT_LNFW, 0), a->lnf_mean,
-                          a->lnf_rstd, BT, C);
+                          a->lnf_rstd, BT, C, S1);
     for (int l = d->L - 1; l >= 0; l--) {
         layer_acts *x = &a->l[l], *gx = &g->l[l];
         float *res = l > 0 ? a->l[l - 1].res3 : a->encoded;
         float *gres = l > 0 ? g->l[l - 1].res3 : g->encoded;
-        K->residual_backward(gx->res2, gx->fcproj, gx->res3, (size_t)BT * C);
+        K->residual_backward(gx->res2, gx->fcproj, gx->res3, (size_t)BT * C, S12);
         K->matmul_backward(gx->fch_gelu, P(m, gp, TD_GPT_FCPROJW, l), P(m, gp, TD_GPT_FCPROJB, l),
-                           gx->fcproj, x->fch_gelu, P(m, p, TD_GPT_FCPROJW, l), BT, 4 * C, C);
-        K->gelu_backward(gx->fch, x->fch, gx->fch_gelu, (size_t)BT * 4 * C);
+                           gx->fcproj, x->fch_gelu, P(m, p, TD_GPT_FCPROJW, l), BT, 4 * C, C, S1);
+        K->gelu_backward(gx->fch, x->fch, gx->fch_gelu, (size_t)BT * 4 * C, S1);
         K->matmul_backward(gx->ln2, P(m, gp, TD_GPT_FCW, l), P(m, gp, TD_GPT_FCB, l), gx->fch,
-                           x->ln2, P(m, p, TD_GPT_FCW, l), BT, C, 4 * C);
+                           x->ln2, P(m, p, TD_GPT_FCW, l), BT, C, 4 * C, S1);
         K->layernorm_backward(gx->res2, P(m, gp, TD_GPT_LN2W, l), P(m, gp, TD_GPT_LN2B, l), gx->ln2,
-                              x->res2, P(m, p, TD_GPT_LN2W, l), x->ln2_mean, x->ln2_rstd, BT, C);
-        K->residual_backward(gres, gx->attproj, gx->res2, (size_t)BT * C);
+                              x->res2, P(m, p, TD_GPT_LN2W, l), x->ln2_mean, x->ln2_rstd, BT, C, 0);
+        K->residual_backward(gres, gx->attproj, gx->res2, (size_t)BT * C, S12);
         K->matmul_backward(gx->atty, P(m, gp, TD_GPT_ATTPROJW, l), P(m, gp, TD_GPT_ATTPROJB, l),
-                           gx->attproj, x->atty, P(m, p, TD_GPT_ATTPROJW, l), BT, C, C);
+                           gx->attproj, x->atty, P(m, p, TD_GPT_ATTPROJW, l), BT, C, C, S1);
         K->attention_backward(gx->qkv, gx->qkv + C, gx->qkv + 2 * C, m->scratch, gx->atty, x->qkv,
-                              x->qkv + C, x->qkv + 2 * C, x->atty, x->lse, &m->ad);
+                              x->qkv + C, x->qkv + 2 * C, x->atty, x->lse, &m->ad, S123);
         K->matmul_backward(gx->ln1, P(m, gp, TD_GPT_QKVW, l), P(m, gp, TD_GPT_QKVB, l), gx->qkv,
-                           x->ln1, P(m, p, TD_GPT_QKVW, l), BT, C, 3 * C);
+                           x->ln1, P(m, p, TD_GPT_QKVW, l), BT, C, 3 * C, S1);
         K->layernorm_backward(gres, P(m, gp, TD_GPT_LN1W, l), P(m, gp, TD_GPT_LN1B, l), gx->ln1,
-                              res, P(m, p, TD_GPT_LN1W, l), x->ln1_mean, x->ln1_rstd, BT, C);
+                              res, P(m, p, TD_GPT_LN1W, l), x->ln1_mean, x->ln1_rstd, BT, C, 0);
     }
     K->encoder_backward(P(m, gp, TD_GPT_WTE, 0), P(m, gp, TD_GPT_WPE, 0), g->encoded, m->tokens, B,
                         T, C);
@@ -888,12 +896,141 @@ static void plan_line(const char *what, int B, int NH, int Nq, int Nk, int causa
            2 * loop * chunks, 5 * loop * chunks, chunks, chunks + 1, chunks);
 }
 
+/* ---- a whole step on the counting table (--plan) ----------------------------------------------
+ */
+
+typedef td_tensor *(*plan_fwd)(td_ctx *c, void *mdl);
+
+/* One forward and backward of mdl through the engine on plan_count.c's table, in an arena
+ * of bytes (address space only): the first writers (zero_grads 0) or the reference path that
+ * zeroes every gradient when it is allocated and adds everywhere (1: the backward before
+ * issue 24). */
+static pc_counts plan_count(plan_fwd fwd, void *mdl, size_t bytes, int tape_len, int zero_grads)
+{
+    const td_kernels *k = pc_table();
+    td_arena arena = {0};
+    td_tape tape = {0};
+    td_error_t err = {0};
+    td_ctx c = {.k = k, .arena = &arena, .tape = &tape, .zero_grads = zero_grads};
+    td_boundary b;
+    pc_counts r;
+
+    if (td_arena_init_on(&arena, bytes, k, &err) != 0 || td_tape_init(&tape, tape_len) != 0) {
+        fprintf(stderr, "bench_gpu --plan: %s\n", err.msg[0] ? err.msg : "no memory for the tape");
+        exit(1);
+    }
+    pc_reset();
+    td_boundary_enter(&b);
+    if (TD_TRY(&b)) {
+        td_backward(&c, fwd(&c, mdl));
+        td_boundary_leave(&b);
+    } else {
+        fprintf(stderr, "bench_gpu --plan: %s\n", b.err.msg);
+        exit(1);
+    }
+    r = pc_get();
+    td_tape_free(&tape);
+    td_arena_free(&arena);
+    return r;
+}
+
+static void plan_counts_line(const char *when, const pc_counts *c)
+{
+    printf("  %-7s %ld table calls; memsets %ld, %.2f GB; activation gradients %ld stored (%.2f "
+           "GB written), %ld added into (%.2f GB read and written); %ld residual gradients "
+           "passed through\n",
+           when, c->calls, c->zero_calls, c->zero_b / 1e9, c->stored, c->stored_b / 1e9, c->added,
+           c->added_b / 1e9, c->passthrough);
+}
+
+static void plan_step(const char *what, plan_fwd fwd, void *mdl, size_t bytes, int tape_len)
+{
+    pc_counts now = plan_count(fwd, mdl, bytes, tape_len, 0);
+    pc_counts before = plan_count(fwd, mdl, bytes, tape_len, 1);
+
+    printf("%s, one step's forward and backward through the engine (a counting table):\n", what);
+    plan_counts_line("now:", &now);
+    plan_counts_line("before:", &before);
+}
+
+typedef struct plan_gpt {
+    td_gpt m;
+    int *tok; /* B*T, never read: the table computes nothing */
+    int B, T;
+} plan_gpt;
+
+static td_tensor *plan_gpt_fwd(td_ctx *c, void *mdl)
+{
+    plan_gpt *g = mdl;
+
+    return td_gpt_forward(c, &g->m, g->tok, g->tok, g->B, g->T, NULL);
+}
+
+typedef struct plan_slm {
+    td_sensorlm m;
+    int *tok, *end; /* never read */
+    int B;
+} plan_slm;
+
+static td_tensor *plan_slm_fwd(td_ctx *c, void *mdl)
+{
+    plan_slm *s = mdl;
+    td_tensor *x = td_tensor_new(c, 3, (int[]){s->B, s->m.d.N, s->m.d.P}, 0);
+    td_tensor *se = td_sensorlm_sensor(c, &s->m, x);
+    td_tensor *u = td_sensorlm_text(c, &s->m, s->tok, s->end, s->B);
+
+    return td_sensorlm_loss(c, &s->m, se, u, s->B, 0);
+}
+
+/* GPT-2 124M at B, T 1024, and SensorLM base (T 1440, C 34) at batch 32: the parameters in host
+ * memory never touched (calloc), the arena address space. */
+static void plan_steps(int B)
+{
+    static plan_gpt g;
+    static plan_slm s;
+    td_gpt_dims d = {.maxT = 1024, .V = 50257, .Vp = 50304, .L = 12, .NH = 12, .C = 768};
+    td_sensorlm_config cfg = {.size = TD_SLM_BASE, .time_steps = 1440, .channels = 34};
+    td_params gp = {0}, sp = {0};
+    td_slm_dims sd;
+    td_error_t err = {0};
+    char what[96];
+
+    g.B = B, g.T = 1024;
+    g.tok = calloc((size_t)B * 1024, sizeof(int));
+    if (g.tok == NULL || td_gpt_declare(&g.m, &gp, &d, &err) != 0 || td_params_alloc(&gp, 0) != 0) {
+        fprintf(stderr, "bench_gpu --plan: the GPT: %s\n", err.msg[0] ? err.msg : "no memory");
+        exit(1);
+    }
+    td_gpt_bind(&g.m);
+    snprintf(what, sizeof(what), "GPT-2 124M (B %d, T 1024)", B);
+    plan_step(what, plan_gpt_fwd, &g, td_gpt_arena_bytes(&g.m, B, 1024, 1), td_gpt_tape_len(&g.m));
+    td_params_free(&gp);
+    free(g.tok);
+
+    s.B = 32;
+    s.tok = calloc((size_t)32 * 64, sizeof(int));
+    s.end = calloc(32, sizeof(int));
+    if (s.tok == NULL || s.end == NULL || td_slm_dims_of(&cfg, 1440, 34, &sd, &err) != 0 ||
+        td_sensorlm_declare(&s.m, &sp, &sd, &err) != 0 || td_params_alloc(&sp, 0) != 0) {
+        fprintf(stderr, "bench_gpu --plan: SensorLM base: %s\n",
+                err.msg[0] ? err.msg : "no memory");
+        exit(1);
+    }
+    plan_step("SensorLM base (B 32, T 1440, C 34)", plan_slm_fwd, &s,
+              td_sensorlm_arena_bytes(&s.m, 32, 32, 1, 1) +
+                  td_tensor_bytes((size_t)32 * sd.N * sd.P, 0), /* and the patches */
+              td_sensorlm_tape_len(&s.m));
+    td_params_free(&sp);
+    free(s.tok), free(s.end);
+}
+
 static int plan(int B)
 {
     plan_line("GPT-2 124M", B > 0 ? B : 16, 12, 1024, 1024, 1);
     plan_line("SensorLM base, sensor tower", 32, 12, 2448, 2448, 0);
     plan_line("SensorLM base, text tower", 32, 12, 64, 64, 1);
     plan_line("SensorLM base, MAP head", 32, 12, 1, 2448, 0);
+    plan_steps(B > 0 ? B : 16);
     return 0;
 }
 

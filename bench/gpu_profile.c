@@ -81,8 +81,8 @@ WRAP(GP_MATMUL, matmul_forward,
      (out, inp, weight, bias, N, C, OC))
 WRAP(GP_MATMUL, matmul_backward,
      (float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-      const float *weight, int N, int C, int OC),
-     (dinp, dweight, dbias, dout, inp, weight, N, C, OC))
+      const float *weight, int N, int C, int OC, int store),
+     (dinp, dweight, dbias, dout, inp, weight, N, C, OC, store))
 WRAP(GP_OTHER, bias_forward, (float *out, const float *inp, const float *bias, int N, int C),
      (out, inp, bias, N, C))
 WRAP(GP_OTHER, bias_backward, (float *dinp, float *dbias, const float *dout, int N, int C),
@@ -116,23 +116,26 @@ WRAP(GP_LAYERNORM, residual_layernorm_forward,
      (res, out, mean, rstd, a, b, weight, bias, N, C))
 WRAP(GP_LAYERNORM, layernorm_backward,
      (float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-      const float *weight, const float *mean, const float *rstd, int N, int C),
-     (dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C))
+      const float *weight, const float *mean, const float *rstd, int N, int C, int store),
+     (dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, store))
 WRAP(GP_GELU, gelu_forward, (float *out, const float *inp, size_t n), (out, inp, n))
-WRAP(GP_GELU, gelu_backward, (float *dinp, const float *inp, const float *dout, size_t n),
-     (dinp, inp, dout, n))
+WRAP(GP_GELU, gelu_backward,
+     (float *dinp, const float *inp, const float *dout, size_t n, int store),
+     (dinp, inp, dout, n, store))
 WRAP(GP_RESIDUAL, residual_forward, (float *out, const float *inp1, const float *inp2, size_t n),
      (out, inp1, inp2, n))
-WRAP(GP_RESIDUAL, residual_backward, (float *dinp1, float *dinp2, const float *dout, size_t n),
-     (dinp1, dinp2, dout, n))
+WRAP(GP_RESIDUAL, residual_backward,
+     (float *dinp1, float *dinp2, const float *dout, size_t n, int store),
+     (dinp1, dinp2, dout, n, store))
 WRAP(GP_ATTN_FWD, attention_forward,
      (float *out, float *lse, float *scratch, const float *q, const float *k, const float *v,
       const td_attn_dims *d),
      (out, lse, scratch, q, k, v, d))
 WRAP(GP_ATTN_BWD, attention_backward,
      (float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *q,
-      const float *k, const float *v, const float *out, const float *lse, const td_attn_dims *d),
-     (dq, dk, dv, scratch, dout, q, k, v, out, lse, d))
+      const float *k, const float *v, const float *out, const float *lse, const td_attn_dims *d,
+      int store),
+     (dq, dk, dv, scratch, dout, q, k, v, out, lse, d, store))
 WRAP(GP_OPTIM, sumsq, (double *out, const float *p, size_t n), (out, p, n))
 WRAP(GP_OPTIM, scale, (float *p, float s, size_t n), (p, s, n))
 WRAP(GP_OPTIM, clip_scale, (float *out, const double *sumsq, const float *loss, float max_norm),

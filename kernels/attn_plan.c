@@ -79,6 +79,13 @@ int td_attn_next(const td_attn_dims *d, td_attn_block *k)
     return 1;
 }
 
+int td_attn_by_seq(const td_attn_dims *d)
+{
+    td_attn_block k = {0};
+
+    return td_attn_next(d, &k) && k.by_seq;
+}
+
 void td_attn_plan(const td_attn_dims *d, td_attn_calls *c)
 {
     td_attn_block k = {0};
@@ -100,4 +107,6 @@ void td_attn_plan(const td_attn_dims *d, td_attn_calls *c)
         c->block_floats = floats > c->block_floats ? floats : c->block_floats;
     }
     c->kv_reads = reads;
+    if (c->blocks > 0 && d->causal && !c->by_seq)
+        c->kernels_bwd += 2;
 }

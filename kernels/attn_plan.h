@@ -45,14 +45,21 @@ typedef struct td_attn_block {
  * when the plan is done (at once when B, NH, Nq or Nk is 0). d->chunk must be >= 1. */
 int td_attn_next(const td_attn_dims *d, td_attn_block *k);
 
-/* What one forward and one backward (every gradient asked for) of d issue. */
+/* Whether d's plan takes whole sequences (td_attn_block's by_seq of its first block). A causal
+ * plan in rows of every sequence is the one whose first block does not see every key: a
+ * backward storing dk or dv (kernels.h's store) zeroes their head columns first there. */
+int td_attn_by_seq(const td_attn_dims *d);
+
+/* What one forward and one backward (every gradient asked for and stored, as the engine's
+ * first writer asks) of d issue. */
 typedef struct td_attn_calls {
     int blocks;          /* blocks of the plan */
     int by_seq;          /* the plan's way (td_attn_block's) */
     int gemms_fwd;       /* cuBLAS calls of attention_forward: 2 a block (scores, P v) */
     int gemms_bwd;       /* of attention_backward: 5 a block (scores, dout v^T, dv, dq, dk) */
     int kernels_fwd;     /* other launches: a block's pointer arrays and its softmax */
-    int kernels_bwd;     /* D once, then a block's pointer arrays and its scores' gradient */
+    int kernels_bwd;     /* D once, then a block's pointer arrays and its scores' gradient;
+                          * 2 more zeroing dk and dv when causal in rows of every sequence */
     int kv_reads;        /* blocks that read one sequence's keys and values (the most of any) */
     int min_rows;        /* the fewest query rows in a block (its sgemms' smallest side) */
     size_t block_floats; /* the largest block's scores: nb * NH * rows * cols */

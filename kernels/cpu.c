@@ -43,6 +43,7 @@ struct span_job {
     float *p[3];
     const float *c[2];
     float s[8];
+    int store; /* a backward's TD_STORE_ mask */
 };
 
 static void span_task(void *ctx, int task)
@@ -232,15 +233,17 @@ static void matmul_forward(float *out, const float *inp, const float *weight, co
     td__cpu_sgemm(CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
 }
 
-// dinp += dout . weight; dweight += dout^T . inp; dbias += sum over rows of dout
+// dinp += dout . weight; dweight += dout^T . inp; dbias += sum over rows of dout. Storing dinp
+// is beta 0, which OpenBLAS does by zeroing it and then adding the same partial products as
+// beta 1 does: the bits of accumulating into zeros
 // dinp is (N,C) or NULL, dweight is (OC,C) or NULL, dbias is (OC) or NULL,
 // dout is (N,OC), inp is (N,C), weight is (OC,C)
 static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int N, int C, int OC)
+                            const float *inp, const float *weight, int N, int C, int OC, int store)
 {
     if (dinp != NULL)
-        td__cpu_sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp,
-                      C);
+        td__cpu_sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
+                      store & TD_STORE_1 ? 0.0f : 1.0f, dinp, C);
     if (dweight != NULL)
         td__cpu_sgemm(CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
     if (dbias != NULL)
@@ -564,7 +567,7 @@ static void encoder_backward(float *dwte, float *dwpe, const float *dout, const 
 typedef struct ln_job {
     float *out, *mean, *rstd, *dinp, *dweight, *dbias, *res;
     const float *inp, *weight, *bias, *dout, *cmean, *crstd, *a, *b;
-    int N, C, per, row_tasks;
+    int N, C, per, row_tasks, store;
 } ln_job;
 
 // llm.c's layernorm of rows [i0, i1): mean, then the biased variance around it,
@@ -662,7 +665,7 @@ static void residual_layernorm_forward(float *res, float *out, float *mean, floa
 TD_VECTOR_CLONES
 static void layernorm_backward_rows(float *dinp, const float *dout, const float *inp,
                                     const float *weight, const float *mean, const float *rstd,
-                                    int i0, int i1, int C)
+                                    int i0, int i1, int C, int store)
 {
     for (int i = i0; i < i1; i++) {
         const float *d = dout + (size_t)i * C;
@@ -689,7 +692,8 @@ static void layernorm_backward_rows(float *dinp, const float *dout, const float 
         float *di = dinp + (size_t)i * C;
         for (j = 0; j < C; j++) {
             float norm = (x[j] - m) * s;
-            di[j] += (weight[j] * d[j] - dnorm_mean - norm * dnorm_norm_mean) * s;
+            di[j] = (store ? 0.0f : di[j]) +
+                    (weight[j] * d[j] - dnorm_mean - norm * dnorm_norm_mean) * s;
         }
     }
 }
@@ -723,7 +727,7 @@ static void layernorm_backward_task(void *ctx, int task)
     if (task < J->row_tasks) {
         int i0 = task * J->per, i1 = i0 + J->per < J->N ? i0 + J->per : J->N;
         layernorm_backward_rows(J->dinp, J->dout, J->inp, J->weight, J->cmean, J->crstd, i0, i1,
-                                J->C);
+                                J->C, J->store);
     } else {
         int c0 = (task - J->row_tasks) * COL_BLOCK;
         int c1 = c0 + COL_BLOCK < J->C ? c0 + COL_BLOCK : J->C;
@@ -736,7 +740,7 @@ static void layernorm_backward_task(void *ctx, int task)
 // weight is (C), mean and rstd are (N)
 static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, const float *mean,
-                               const float *rstd, int N, int C)
+                               const float *rstd, int N, int C, int store)
 {
     ln_job J = {.dinp = dinp,
                 .dweight = dweight,
@@ -747,7 +751,8 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
                 .cmean = mean,
                 .crstd = rstd,
                 .N = N,
-                .C = C};
+                .C = C,
+                .store = store & TD_STORE_1};
     int cols = dweight != NULL || dbias != NULL ? (C + COL_BLOCK - 1) / COL_BLOCK : 0;
 
     J.row_tasks = dinp != NULL ? row_tasks(N, ROW_GRAIN, ROW_TASKS, &J.per) : 0;
@@ -782,28 +787,28 @@ static void gelu_forward(float *out, const float *inp, size_t n)
 
 // With s = 1/(1 + exp(-2u)) = (1 + tanh u)/2, sech^2 u = 4 s (1 - s), so
 // GELU'(x) = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 0.044715 x^2)
-// dinp is (n), inp is (n), dout is (n)
+// dinp is (n), inp is (n), dout is (n); store: dinp = 0 + ..., never read
 TD_VECTOR_CLONES
 static void gelu_backward_n(float *restrict dinp, const float *restrict inp,
-                            const float *restrict dout, size_t n)
+                            const float *restrict dout, size_t n, int store)
 {
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         float u = GELU_K * (x + GELU_C * x * x * x);
         float s = 1.0f / (1.0f + fexp(-2.0f * u));
         float du = GELU_K * (1.0f + 3.0f * GELU_C * x * x);
-        dinp[i] += (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
+        dinp[i] = (store ? 0.0f : dinp[i]) + (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
     }
 }
 
 static void gelu_backward_span(const span_job *j, size_t i0, size_t i1)
 {
-    gelu_backward_n(j->p[0] + i0, j->c[0] + i0, j->c[1] + i0, i1 - i0);
+    gelu_backward_n(j->p[0] + i0, j->c[0] + i0, j->c[1] + i0, i1 - i0, j->store & TD_STORE_1);
 }
 
-static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, int store)
 {
-    span_job j = {.fn = gelu_backward_span, .n = n, .p = {dinp}, .c = {inp, dout}};
+    span_job j = {.fn = gelu_backward_span, .n = n, .p = {dinp}, .c = {inp, dout}, .store = store};
 
     run_spans(&j);
 }
@@ -843,19 +848,29 @@ static void add_span(const span_job *j, size_t i0, size_t i1)
     add_n(j->p[0] + i0, j->c[0] + i0, i1 - i0);
 }
 
-static void add2_span(const span_job *j, size_t i0, size_t i1)
+// dst = 0 + src (accumulating into zeros, bit for bit: -0 becomes +0)
+// dst is (n), src is (n)
+TD_VECTOR_CLONES
+static void store_n(float *restrict dst, const float *restrict src, size_t n)
 {
-    if (j->p[0] != NULL)
-        add_n(j->p[0] + i0, j->c[0] + i0, i1 - i0);
-    if (j->p[1] != NULL)
-        add_n(j->p[1] + i0, j->c[0] + i0, i1 - i0);
+    for (size_t i = 0; i < n; i++)
+        dst[i] = 0.0f + src[i];
 }
 
-// dinp1 += dout; dinp2 += dout
-// dinp1 and dinp2 are (n) or NULL, dout is (n)
-static void residual_backward(float *dinp1, float *dinp2, const float *dout, size_t n)
+static void add2_span(const span_job *j, size_t i0, size_t i1)
 {
-    span_job j = {.fn = add2_span, .n = n, .p = {dinp1, dinp2}, .c = {dout}};
+    for (int a = 0; a < 2; a++)
+        if (j->p[a] != NULL && j->store & (TD_STORE_1 << a))
+            store_n(j->p[a] + i0, j->c[0] + i0, i1 - i0);
+        else if (j->p[a] != NULL)
+            add_n(j->p[a] + i0, j->c[0] + i0, i1 - i0);
+}
+
+// dinp1 += dout; dinp2 += dout (each stored instead when store names it)
+// dinp1 and dinp2 are (n) or NULL, dout is (n)
+static void residual_backward(float *dinp1, float *dinp2, const float *dout, size_t n, int store)
+{
+    span_job j = {.fn = add2_span, .n = n, .p = {dinp1, dinp2}, .c = {dout}, .store = store};
 
     run_spans(&j);
 }
@@ -937,6 +952,7 @@ typedef struct attn_job {
     const float *q, *k, *v, *dout, *o, *clse;
     const td_attn_dims *d;
     const td_attn_block *blk; /* the plan's block the tasks are of */
+    int store;                /* the backward's TD_STORE_ mask */
 } attn_job;
 
 /* One (sequence, head)'s pointers: q, k, v and out at its first row and column. */
@@ -1012,9 +1028,18 @@ static void attention_d_task(void *ctx, int bh)
         D[i] = dot8(dout + (size_t)i * a.C, o + (size_t)i * a.C, d->hs);
 }
 
+// rows (rows, cols) ld floats apart = 0
+static void zero_cols(float *p, int rows, int cols, int ld)
+{
+    for (int i = 0; i < rows; i++)
+        memset(p + (size_t)i * ld, 0, (size_t)cols * sizeof(float));
+}
+
 // Per block of rows: P = exp(scale q k^T - lse) again, dP = dout v^T, dv += P^T dout,
-// dS = scale P (dP - D) (D_i = dout_i . out_i), dq += dS k, dk += dS^T q. The scratch holds
-// D (B*NH*Nq) first, then the block's P (B*NH*chunk*Nk floats of room), then its dP; task p
+// dS = scale P (dP - D) (D_i = dout_i . out_i), dq += dS k, dk += dS^T q; a stored gradient's
+// head columns zeroed first (dq's rows of the block; dk's and dv's at the pair's first block,
+// r0 = 0), the sgemms then as they accumulate, so stored and accumulated bits agree. The scratch
+// holds D (B*NH*Nq) first, then the block's P (B*NH*chunk*Nk floats of room), then its dP; task p
 // of a block is its pair p, as the forward's.
 static void attention_backward_task(void *ctx, int p)
 {
@@ -1033,6 +1058,12 @@ static void attention_backward_task(void *ctx, int p)
     float scale = 1.0f / sqrtf((float)d->hs);
     int blk = att_block(d), rend = K->r0 + K->rows;
 
+    if (dq != NULL && J->store & TD_STORE_1)
+        zero_cols(dq + (size_t)K->r0 * d->ldq, K->rows, d->hs, d->ldq);
+    if (dk != NULL && J->store & TD_STORE_2 && K->r0 == 0)
+        zero_cols(dk, d->Nk, d->hs, d->ldk);
+    if (dv != NULL && J->store & TD_STORE_3 && K->r0 == 0)
+        zero_cols(dv, d->Nk, d->hs, d->ldv);
     for (int s0 = K->r0; s0 < rend; s0 += blk) {
         int rows = rend - s0 < blk ? rend - s0 : blk, cols = d->causal ? s0 + rows : d->Nk;
         const float *qs = q + (size_t)s0 * d->ldq, *gs = dout + (size_t)s0 * a.C;
@@ -1059,7 +1090,7 @@ static void attention_backward_task(void *ctx, int p)
 // (B,Nq,NH*hs), lse is (B,NH,Nq)
 static void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                const float *q, const float *k, const float *v, const float *out,
-                               const float *lse, const td_attn_dims *d)
+                               const float *lse, const td_attn_dims *d, int store)
 {
     attn_job J = {.scratch = scratch,
                   .dq = dq,
@@ -1071,7 +1102,8 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
                   .dout = dout,
                   .o = out,
                   .clse = lse,
-                  .d = d};
+                  .d = d,
+                  .store = store};
     td_attn_block blk = {0};
 
     if (d->chunk < 1)

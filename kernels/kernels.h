@@ -6,8 +6,12 @@
  *
  * Conventions, llm.c style: outputs first, then inputs, then dimensions; shapes in comments
  * (`// inp is (N,C)`), row-major. Backward kernels ACCUMULATE (+=) into their gradient
- * outputs, so a tensor read by several ops collects every contribution; the caller zeroes
- * gradients before a backward pass. A gradient output given as NULL is not computed.
+ * outputs, so a tensor read by several ops collects every contribution. The five whose
+ * activation gradients are large (matmul, layernorm, GELU, residual, attention) take a `store`
+ * mask besides: an output whose bit is set is STORED, 0 + its contribution (the bits of
+ * accumulating into a zeroed buffer), and never read, so it may hold anything before (the
+ * engine's first writer of a gradient stores, and nobody zeroes it). A gradient output given
+ * as NULL is not computed.
  *
  * Threads: a table may be used by any number of threads at once. The only state is per calling
  * thread: the CPU's team of helper threads (set_threads), the CUDA context (cuda/td_cuda.h). */
@@ -22,6 +26,12 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The store mask's bits: a backward kernel's first gradient output (dinp, dinp1, dq), its
+ * second (dinp2, dk), its third (dv). Parameter gradients (dweight, dbias) always accumulate. */
+#define TD_STORE_1 1
+#define TD_STORE_2 2
+#define TD_STORE_3 4
 
 /* One fused attention call's shape and layout (attention_forward, attention_backward).
  * Sequence b's rows of q start at q + b*Nq*ldq, its rows of k and v at k + b*Nk*ldk and
@@ -109,11 +119,12 @@ typedef struct td_kernels {
     // out is (N,OC), inp is (N,C), weight is (OC,C), bias is (OC) or NULL
     void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
                            int N, int C, int OC);
-    // dinp += dout . weight, dweight += dout^T . inp, dbias += sum over rows of dout
+    // dinp += dout . weight (= when store has TD_STORE_1), dweight += dout^T . inp,
+    // dbias += sum over rows of dout
     // dinp is (N,C) or NULL, dweight is (OC,C) or NULL, dbias is (OC) or NULL,
     // dout is (N,OC), inp is (N,C), weight is (OC,C)
     void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int N, int C, int OC);
+                            const float *inp, const float *weight, int N, int C, int OC, int store);
 
     // out = inp + bias, the bias broadcast over rows
     // out is (N,C), inp is (N,C), bias is (C); out may be inp
@@ -171,26 +182,27 @@ typedef struct td_kernels {
     void (*residual_layernorm_forward)(float *res, float *out, float *mean, float *rstd,
                                        const float *a, const float *b, const float *weight,
                                        const float *bias, int N, int C);
-    // dinp += d/dinp, dweight += sum over rows of dout*norm, dbias += sum over rows of dout
+    // dinp += d/dinp (= with TD_STORE_1), dweight += sum over rows of dout*norm,
+    // dbias += sum over rows of dout
     // dinp is (N,C) or NULL, dweight and dbias are (C) or NULL, dout and inp are (N,C),
     // weight is (C), mean and rstd are (N) from the forward
     void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, const float *mean,
-                               const float *rstd, int N, int C);
+                               const float *rstd, int N, int C, int store);
 
     // out = GELU(inp), the tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
     // out is (n), inp is (n)
     void (*gelu_forward)(float *out, const float *inp, size_t n);
-    // dinp += GELU'(inp) * dout
+    // dinp += GELU'(inp) * dout (= with TD_STORE_1)
     // dinp is (n), inp is (n) (the forward's input), dout is (n)
-    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n, int store);
 
     // out = inp1 + inp2
     // out, inp1, inp2 are (n)
     void (*residual_forward)(float *out, const float *inp1, const float *inp2, size_t n);
-    // dinp1 += dout, dinp2 += dout
+    // dinp1 += dout (= with TD_STORE_1), dinp2 += dout (= with TD_STORE_2)
     // dinp1 and dinp2 are (n) or NULL, dout is (n)
-    void (*residual_backward)(float *dinp1, float *dinp2, const float *dout, size_t n);
+    void (*residual_backward)(float *dinp1, float *dinp2, const float *dout, size_t n, int store);
 
     // Fused multi-head attention (see td_attn_dims): for sequence b, head h and query row i,
     // with S_ij = q_i . k_j / sqrt(hs) over the keys j it sees (all Nk, or j <= i when causal),
@@ -204,12 +216,13 @@ typedef struct td_kernels {
                               const float *k, const float *v, const td_attn_dims *d);
     // dq += dL/dq, dk += dL/dk, dv += dL/dv from dout = dL/dout, the scores recomputed block by
     // block from q, k and the forward's lse; D_i = dout_i . out_i stands in for the softmax's
-    // row sum. Each of dq, dk, dv may be NULL (not computed).
+    // row sum. Each of dq, dk, dv may be NULL (not computed); store's TD_STORE_1, _2, _3 store
+    // dq, dk, dv (their head columns: packed q, k, v's gradients are one tensor's thirds).
     // dq is like q (ldq), dk like k (ldk), dv like v (ldv); scratch is td_attn_scratch(d, 1)
     // floats; dout and out are (B,Nq,NH*hs), q, k, v and lse as in the forward
     void (*attention_backward)(float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                const float *q, const float *k, const float *v, const float *out,
-                               const float *lse, const td_attn_dims *d);
+                               const float *lse, const td_attn_dims *d, int store);
 
     // sumsq = sum of p[i]^2, accumulated in double in a fixed order (the same bits every call)
     // sumsq is (1), p is (n)

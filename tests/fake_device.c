@@ -90,9 +90,10 @@ static void matmul_forward(float *out, const float *inp, const float *weight, co
 }
 
 static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int N, int C, int OC)
+                            const float *inp, const float *weight, int N, int C, int OC, int store)
 {
-    CPU->matmul_backward(H(dinp), H(dweight), H(dbias), HC(dout), HC(inp), HC(weight), N, C, OC);
+    CPU->matmul_backward(H(dinp), H(dweight), H(dbias), HC(dout), HC(inp), HC(weight), N, C, OC,
+                         store);
 }
 
 static void bias_forward(float *out, const float *inp, const float *bias, int N, int C)
@@ -166,10 +167,10 @@ static void residual_layernorm_forward(float *res, float *out, float *mean, floa
 
 static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, const float *mean,
-                               const float *rstd, int N, int C)
+                               const float *rstd, int N, int C, int store)
 {
     CPU->layernorm_backward(H(dinp), H(dweight), H(dbias), HC(dout), HC(inp), HC(weight), HC(mean),
-                            HC(rstd), N, C);
+                            HC(rstd), N, C, store);
 }
 
 static void gelu_forward(float *out, const float *inp, size_t n)
@@ -177,9 +178,9 @@ static void gelu_forward(float *out, const float *inp, size_t n)
     CPU->gelu_forward(H(out), HC(inp), n);
 }
 
-static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, int store)
 {
-    CPU->gelu_backward(H(dinp), HC(inp), HC(dout), n);
+    CPU->gelu_backward(H(dinp), HC(inp), HC(dout), n, store);
 }
 
 static void residual_forward(float *out, const float *inp1, const float *inp2, size_t n)
@@ -187,9 +188,9 @@ static void residual_forward(float *out, const float *inp1, const float *inp2, s
     CPU->residual_forward(H(out), HC(inp1), HC(inp2), n);
 }
 
-static void residual_backward(float *dinp1, float *dinp2, const float *dout, size_t n)
+static void residual_backward(float *dinp1, float *dinp2, const float *dout, size_t n, int store)
 {
-    CPU->residual_backward(H(dinp1), H(dinp2), HC(dout), n);
+    CPU->residual_backward(H(dinp1), H(dinp2), HC(dout), n, store);
 }
 
 static void attention_forward(float *out, float *lse, float *scratch, const float *q,
@@ -200,10 +201,10 @@ static void attention_forward(float *out, float *lse, float *scratch, const floa
 
 static void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                const float *q, const float *k, const float *v, const float *out,
-                               const float *lse, const td_attn_dims *d)
+                               const float *lse, const td_attn_dims *d, int store)
 {
     CPU->attention_backward(H(dq), H(dk), H(dv), H(scratch), HC(dout), HC(q), HC(k), HC(v), HC(out),
-                            HC(lse), d);
+                            HC(lse), d, store);
 }
 
 static void sumsq(double *out, const float *p, size_t n)

@@ -200,13 +200,18 @@ static void old_forward(float *out, float *lse, float *scratch, const float *q, 
 
 static void old_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
                          const float *q, const float *k, const float *v, const float *out,
-                         const float *lse, const td_attn_dims *d)
+                         const float *lse, const td_attn_dims *d, int store)
 {
     int T = d->Nq, C = d->NH * d->hs;
     float *att = old_att_of(q, (size_t)d->B * d->NH * T * T);
     float *tt = malloc((size_t)T * T * sizeof(float));
+    float *g[3] = {dq, dk, dv};
 
     assert_non_null(tt);
+    for (int a = 0; a < 3; a++) /* a stored gradient: its columns of every row zeroed first */
+        if (store & (TD_STORE_1 << a))
+            for (size_t r = 0; r < (size_t)d->B * T; r++)
+                memset(g[a] + r * 3 * C, 0, (size_t)C * sizeof(float));
     for (int b = 0; b < d->B; b++)
         for (int h = 0; h < d->NH; h++) {
             size_t off = (size_t)b * T * 3 * C + (size_t)h * d->hs;

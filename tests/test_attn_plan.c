@@ -134,6 +134,9 @@ static void test_gpt2(void **state)
     assert_int_equal(check_plan(&d), c.blocks);
     assert_true(c.gemms_fwd + c.gemms_bwd <= 100);
     assert_int_equal(c.blocks, 8);
+    /* D, then two a block, then the stored dk and dv zeroed (causal, rows of every sequence) */
+    assert_int_equal(td_attn_by_seq(&d), 0);
+    assert_int_equal(c.kernels_bwd, 1 + 2 * c.blocks + 2);
 }
 
 /* SensorLM base's sensor tower (12 heads, N = 2448, not causal) at batch 32: the automatic
@@ -156,6 +159,8 @@ static void test_sensorlm_base(void **state)
     assert_int_equal(c.kv_reads, 1);
     assert_int_equal(c.blocks, 32);
     assert_int_equal(c.gemms_fwd + c.gemms_bwd, 224);
+    assert_int_equal(td_attn_by_seq(&d), 1);
+    assert_int_equal(c.kernels_bwd, 1 + 2 * c.blocks); /* every block sees every key */
     /* its MAP head: one probe query against the 2448 tokens, one block */
     d = dims(32, 12, 1, 2448, 0, 0);
     td_attn_plan(&d, &c);

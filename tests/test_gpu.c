@@ -273,6 +273,29 @@ static void check_bound(const char *what, const float *got, const float *cpu, co
                   what, n, worst, worst_cpu, gap);
 }
 
+/* A stored gradient (kernels.h's store) into a buffer of NaN against the same call storing
+ * nothing into zeros: the same values (the sign of a zero aside: beta 0 never adds the +0; NaN
+ * where the inputs make the gradient NaN). */
+static void check_stored(const char *what, const float *stored, const float *added, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(stored[i] == added[i]) && !both_nan(stored[i], added[i]))
+            fail_msg("%s[%zu]: %.9g stored, %.9g added into zeros", what, i, stored[i], added[i]);
+    print_message("  %-28s %8zu values, as added into zeros\n", what, n);
+}
+
+/* n floats of the device = NaN */
+static void dev_nan(float *d, size_t n)
+{
+    float *h = malloc(n * sizeof(float));
+
+    assert_non_null(h);
+    for (size_t i = 0; i < n; i++)
+        h[i] = NAN;
+    dev_up(d, h, n * sizeof(float));
+    free(h);
+}
+
 /* Two device results of the same call must have the same bits. */
 static void check_same_bits(const char *what, const float *a, const float *b, size_t n)
 {
@@ -480,8 +503,8 @@ static void matmul_backward_case(int N, int C, int OC)
      * TF32 (tf32, and bf16, which lets attention's fp32 gemms use it), as for any Sgemm* */
     double *ref = dbuf(OC), *bound = dbuf(OC), extra = tf32_on || bf16_on ? TF32_U : 0.0;
 
-    KC->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
-    KD->matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
+    KC->matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, 0);
+    KD->matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC, 0);
 
     /* dinp(i,c) = dinp0 + sum over o of dout(i,o) w(o,c) */
     g = to_host(d_dinp, (size_t)N * C);
@@ -513,15 +536,28 @@ static void matmul_backward_case(int N, int C, int OC)
      * the first time */
     {
         float *before = to_host(d_dinp, (size_t)N * C);
-        KD->matmul_backward(NULL, d_dw, NULL, d_dout, d_inp, d_w, N, C, OC);
+        KD->matmul_backward(NULL, d_dw, NULL, d_dout, d_inp, d_w, N, C, OC, 0);
         g = to_host(d_db, OC);
         check_exact("matmul dbias untouched", g, db, OC);
         free(g);
-        KD->matmul_backward(NULL, NULL, d_db, d_dout, d_inp, d_w, N, C, OC);
+        KD->matmul_backward(NULL, NULL, d_db, d_dout, d_inp, d_w, N, C, OC, 0);
         g = to_host(d_dinp, (size_t)N * C);
         check_exact("matmul dinp untouched", g, before, (size_t)N * C);
         free(g);
         free(before);
+    }
+
+    /* dinp stored (beta 0, the first chunk of OC in bf16) over NaN, as added into zeros */
+    {
+        float *added;
+        KD->zero(d_dinp, (size_t)N * C);
+        KD->matmul_backward(d_dinp, NULL, NULL, d_dout, d_inp, d_w, N, C, OC, 0);
+        added = to_host(d_dinp, (size_t)N * C);
+        dev_nan(d_dinp, (size_t)N * C);
+        KD->matmul_backward(d_dinp, NULL, NULL, d_dout, d_inp, d_w, N, C, OC, TD_STORE_1);
+        g = to_host(d_dinp, (size_t)N * C);
+        check_stored("matmul dinp stored", g, added, (size_t)N * C);
+        free(g), free(added);
     }
 
     free(inp), free(w), free(dout), free(dinp0), free(dw0), free(db0), free(dinp), free(dw),
@@ -705,16 +741,37 @@ static void elementwise_case(size_t n, int N, int C)
     memcpy(cpu2, g0, n * sizeof(float));
     dev_up(d_g, g0, n * sizeof(float));
     dev_up(d_g2, g0, n * sizeof(float));
-    KC->residual_backward(cpu, cpu2, b, n);
-    KD->residual_backward(d_g, d_g2, d_b, n);
-    KD->residual_backward(NULL, d_g2, d_b, n);
-    KC->residual_backward(NULL, cpu2, b, n);
+    KC->residual_backward(cpu, cpu2, b, n, 0);
+    KD->residual_backward(d_g, d_g2, d_b, n, 0);
+    KD->residual_backward(NULL, d_g2, d_b, n, 0);
+    KC->residual_backward(NULL, cpu2, b, n, 0);
     h = to_host(d_g, n);
     check_exact("residual bwd dinp1", h, cpu, n);
     free(h);
     h = to_host(d_g2, n);
     check_exact("residual bwd dinp2", h, cpu2, n);
     free(h);
+    /* stored: dinp1 over NaN, dinp2 added onto g0; then the other way round */
+    for (int st = TD_STORE_1; st <= TD_STORE_2; st <<= 1) {
+        float *nan1 = st == TD_STORE_1 ? d_g : d_g2, *add1 = st == TD_STORE_1 ? d_g2 : d_g;
+        float *cs = st == TD_STORE_1 ? cpu : cpu2, *ca = st == TD_STORE_1 ? cpu2 : cpu;
+        for (size_t i = 0; i < n; i++)
+            cs[i] = NAN, ca[i] = g0[i];
+        dev_nan(nan1, n);
+        dev_up(add1, g0, n * sizeof(float));
+        KC->residual_backward(cpu, cpu2, b, n, st);
+        KD->residual_backward(d_g, d_g2, d_b, n, st);
+        h = to_host(nan1, n);
+        check_exact(st == TD_STORE_1 ? "residual bwd dinp1 stored" : "residual bwd dinp2 stored", h,
+                    cs, n);
+        for (size_t i = 0; i < n; i++)
+            if (!(h[i] == b[i]))
+                fail_msg("residual stored [%zu]: %.9g, dout %.9g", i, h[i], b[i]);
+        free(h);
+        h = to_host(add1, n);
+        check_exact("residual bwd, the other added", h, ca, n);
+        free(h);
+    }
 
     memcpy(cpu, g0, n * sizeof(float));
     dev_up(d_g, g0, n * sizeof(float));
@@ -746,11 +803,22 @@ static void elementwise_case(size_t n, int N, int C)
     free(h);
     memcpy(cpu, g0, n * sizeof(float));
     dev_up(d_g, g0, n * sizeof(float));
-    KC->gelu_backward(cpu, a, b, n);
-    KD->gelu_backward(d_g, d_a, d_b, n);
+    KC->gelu_backward(cpu, a, b, n, 0);
+    KD->gelu_backward(d_g, d_a, d_b, n, 0);
     h = to_host(d_g, n);
     check_ulps("gelu bwd", h, cpu, n, ULP4);
     free(h);
+    {
+        float *added;
+        KD->zero(d_g, n);
+        KD->gelu_backward(d_g, d_a, d_b, n, 0);
+        added = to_host(d_g, n);
+        dev_nan(d_g, n);
+        KD->gelu_backward(d_g, d_a, d_b, n, TD_STORE_1);
+        h = to_host(d_g, n);
+        check_stored("gelu bwd stored", h, added, n);
+        free(h), free(added);
+    }
 
     memcpy(cpu, a, n * sizeof(float));
     KC->scale(cpu, 0.37f, n);
@@ -1061,8 +1129,8 @@ static void layernorm_case(int N, int C)
     /* backward, from the CPU forward's mean and rstd */
     d_cmean = to_dev(mean, N);
     d_crstd = to_dev(rstd, N);
-    KC->layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, N, C);
-    KD->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_cmean, d_crstd, N, C);
+    KC->layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, N, C, 0);
+    KD->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_cmean, d_crstd, N, C, 0);
     for (int i = 0; i < N; i++) {
         const float *xi = x + (size_t)i * C, *di = dout + (size_t)i * C;
         double m = mean[i], s = rstd[i], a1 = 0, a2 = 0, s1 = 0, s2 = 0, e1, e2;
@@ -1084,6 +1152,18 @@ static void layernorm_case(int N, int C)
     h = to_host(d_dinp, n);
     check_bound(what, h, dinp, ref, bound, n);
     free(h);
+    { /* dinp stored over NaN, as added into zeros */
+        float *added;
+        KD->zero(d_dinp, n);
+        KD->layernorm_backward(d_dinp, NULL, NULL, d_dout, d_x, d_w, d_cmean, d_crstd, N, C, 0);
+        added = to_host(d_dinp, n);
+        dev_nan(d_dinp, n);
+        KD->layernorm_backward(d_dinp, NULL, NULL, d_dout, d_x, d_w, d_cmean, d_crstd, N, C,
+                               TD_STORE_1);
+        h = to_host(d_dinp, n);
+        check_stored("layernorm dinp stored", h, added, n);
+        free(h), free(added);
+    }
     for (int pass = 0; pass < 2; pass++) {
         for (int j = 0; j < C; j++) {
             double s = pass ? dw0[j] : db0[j], a = fabs(s);
@@ -1104,7 +1184,7 @@ static void layernorm_case(int N, int C)
     {
         float *first = to_host(d_dw, C), *again;
         dev_up(d_dw, dw0, C * sizeof(float));
-        KD->layernorm_backward(NULL, d_dw, NULL, d_dout, d_x, d_w, d_cmean, d_crstd, N, C);
+        KD->layernorm_backward(NULL, d_dw, NULL, d_dout, d_x, d_w, d_cmean, d_crstd, N, C, 0);
         again = to_host(d_dw, C);
         check_same_bits("layernorm dweight, twice", first, again, C);
         free(first), free(again);
@@ -1160,6 +1240,7 @@ static void body_layernorm(void)
 {
     layernorm_case(67, 100);
     layernorm_case(512, 768);
+    layernorm_case(4099, 300); /* rows blocks with a short last one beside 64 x 2 column blocks */
     residual_layernorm_case(67, 100);
     residual_layernorm_case(4099, 768);
 }
@@ -1403,10 +1484,10 @@ static void attention_case(int B, int NH, int hs, int Nq, int Nk, int causal, in
     KC->attention_forward(out, lse, scratch, a.q, a.k, a.v, &a.d);
     if (packed)
         KC->attention_backward(gc, gc + C, gc + 2 * C, scratch, a.dout, a.q, a.k, a.v, out, lse,
-                               &a.d);
+                               &a.d, 0);
     else
         KC->attention_backward(gc, gc + a.nq, gc + a.nq + a.nk, scratch, a.dout, a.q, a.k, a.v, out,
-                               lse, &a.d);
+                               lse, &a.d, 0);
 
     /* the device */
     d_q = to_dev(a.q, a.nq);
@@ -1417,13 +1498,13 @@ static void attention_case(int B, int NH, int hs, int Nq, int Nk, int causal, in
     d_out = dev_alloc(a.nout * sizeof(float));
     d_lse = dev_alloc(a.nl * sizeof(float));
     d_scratch = dev_alloc(ns * sizeof(float));
-#define DEV_BACKWARD()                                                                            \
+#define DEV_BACKWARD(store)                                                                       \
     (packed ? KD->attention_backward(d_g, d_g + C, d_g + 2 * C, d_scratch, d_dout, d_q, d_k, d_v, \
-                                     d_out, d_lse, &a.d)                                          \
+                                     d_out, d_lse, &a.d, store)                                   \
             : KD->attention_backward(d_g, d_g + a.nq, d_g + a.nq + a.nk, d_scratch, d_dout, d_q,  \
-                                     d_k, d_v, d_out, d_lse, &a.d))
+                                     d_k, d_v, d_out, d_lse, &a.d, store))
     KD->attention_forward(d_out, d_lse, d_scratch, d_q, d_k, d_v, &a.d);
-    DEV_BACKWARD();
+    DEV_BACKWARD(0);
 
     /* the reference */
     if (packed) {
@@ -1465,10 +1546,33 @@ static void attention_case(int B, int NH, int hs, int Nq, int Nk, int causal, in
     /* deterministic: forward and backward again, the same bits */
     dev_up(d_g, a.g0, ng * sizeof(float));
     KD->attention_forward(d_out, d_lse, d_scratch, d_q, d_k, d_v, &a.d);
-    DEV_BACKWARD();
+    DEV_BACKWARD(0);
     h2 = to_host(d_g, ng);
     check_same_bits("attention backward, twice", h, h2, ng);
     free(h), free(h2);
+
+    /* dq, dk, dv stored over NaN (beta 0 where a block writes first; a causal plan in rows
+     * zeroes dk and dv first), all three and dk alone, as added into zeros; on the fake device
+     * only the small cases (the large ones' CPU backward is long) */
+    for (int st = TD_STORE_1 | TD_STORE_2 | TD_STORE_3; !sampled || !fake; st = TD_STORE_2) {
+        float *z = calloc(ng, sizeof(float));
+        assert_non_null(z);
+        KD->zero(d_g, ng);
+        DEV_BACKWARD(0);
+        h2 = to_host(d_g, ng);
+        for (size_t i = 0; i < ng; i++) { /* NaN where stored, zeros where added */
+            int in_dk = packed ? i % (3 * (size_t)C) / C == 1 : i >= a.nq && i < a.nq + a.nk;
+            z[i] = st != TD_STORE_2 || in_dk ? NAN : 0.0f;
+        }
+        dev_up(d_g, z, ng * sizeof(float));
+        DEV_BACKWARD(st);
+        h = to_host(d_g, ng);
+        check_stored(st == TD_STORE_2 ? "attention dk stored" : "attention dq, dk, dv stored", h,
+                     h2, ng);
+        free(h), free(h2), free(z);
+        if (st == TD_STORE_2)
+            break;
+    }
 #undef DEV_BACKWARD
 
     gref_free(&ro), gref_free(&rl), gref_free(&rq);

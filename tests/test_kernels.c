@@ -140,7 +140,7 @@ static void test_matmul_backward_fd(void **state)
     m.bias = rand_buf(m.OC, -1, 1);
     m.out = zero_buf(no);
     m.r = rand_buf(no, -1, 1);
-    K->matmul_backward(dinp, dw, db, m.r, m.inp, m.weight, m.N, m.C, m.OC);
+    K->matmul_backward(dinp, dw, db, m.r, m.inp, m.weight, m.N, m.C, m.OC, 0);
     for (size_t i = 0; i < ni; i++)
         assert_close(dinp[i], mm_numeric(&m, m.inp, i), FD_REL, FD_ABS, "dinp", i);
     for (size_t i = 0; i < nw; i++)
@@ -178,14 +178,14 @@ static void test_matmul_backward_accumulates(void **state)
             dinp[i * C + c] = 100.0f;
         }
     }
-    K->matmul_backward(dinp, NULL, db, dout, inp, w, N, C, OC);
+    K->matmul_backward(dinp, NULL, db, dout, inp, w, N, C, OC, 0);
     assert_float_equal(db[0], 10.0f + 300.0f, 1e-4);
     assert_float_equal(db[1], 20.0f + 300.0f, 1e-4); /* 100 rows each of 0, 1, 2 */
     /* row 4: dout = (1, 1): dinp += (1*1 + 1*4, 1*2 + 1*5, 1*3 + 1*6) */
     assert_float_equal(dinp[4 * C + 0], 105.0f, 1e-4);
     assert_float_equal(dinp[4 * C + 1], 107.0f, 1e-4);
     assert_float_equal(dinp[4 * C + 2], 109.0f, 1e-4);
-    K->matmul_backward(NULL, dw, NULL, dout, inp, w, N, C, OC);
+    K->matmul_backward(NULL, dw, NULL, dout, inp, w, N, C, OC, 0);
     assert_float_equal(dw[0], 300.0f, 1e-4);
     assert_float_equal(dw[3], 300.0f, 1e-4);
     free(dout);
@@ -483,7 +483,7 @@ static void test_layernorm(void **state)
                          (size_t)(i * l.C + j));
         }
     }
-    K->layernorm_backward(dinp, dw, db, l.op.r, l.inp, l.w, l.mean, l.rstd, l.N, l.C);
+    K->layernorm_backward(dinp, dw, db, l.op.r, l.inp, l.w, l.mean, l.rstd, l.N, l.C, 0);
     assert_true(fd_check(&l.op, l.inp, dinp, n, 1, "dinp") > 10);
     fd_check(&l.op, l.w, dw, (size_t)l.C, 1, "dweight");
     fd_check(&l.op, l.b, db, (size_t)l.C, 1, "dbias");
@@ -531,7 +531,7 @@ static void test_gelu(void **state)
     }
     g.inp = rand_buf(nf, -4, 4);
     g.op = (fd_op){.forward = gelu_fwd, .out = zero_buf(nf), .r = rand_buf(nf, -1, 1), .n_out = nf};
-    K->gelu_backward(dinp, g.inp, g.op.r, nf);
+    K->gelu_backward(dinp, g.inp, g.op.r, nf, 0);
     assert_true(fd_check(&g.op, g.inp, dinp, nf, 1, "dinp") > 20);
     free(x);
     free(out);
@@ -550,9 +550,9 @@ static void test_residual(void **state)
 
     K->residual_forward(out, a, b, 3);
     assert_true(out[0] == 1.5f && out[1] == 0.0f && out[2] == 7.0f);
-    K->residual_backward(da, db, dout, 3);
+    K->residual_backward(da, db, dout, 3, 0);
     assert_true(da[0] == 1.25f && da[2] == 0.0f && db[1] == 0.5f && db[2] == -1.0f);
-    K->residual_backward(NULL, db, dout, 3);
+    K->residual_backward(NULL, db, dout, 3, 0);
     assert_true(db[1] == 1.0f);
 }
 
@@ -781,13 +781,13 @@ static void att_grad(const att_grad_case *g)
     att_forward(&a.op);
     if (g->packed) {
         K->attention_backward(dq, dq + a.d.hs * a.d.NH, dq + 2 * a.d.hs * a.d.NH, a.scratch, a.op.r,
-                              a.q, a.k, a.v, a.op.out, a.lse, &a.d);
+                              a.q, a.k, a.v, a.op.out, a.lse, &a.d, 0);
         live += fd_check(&a.op, a.q, dq, a.nq, g->stride, "dqkv");
     } else {
         dk = zero_buf(a.nk);
         dv = zero_buf(a.nk);
         K->attention_backward(dq, g->no_dk ? NULL : dk, dv, a.scratch, a.op.r, a.q, a.k, a.v,
-                              a.op.out, a.lse, &a.d);
+                              a.op.out, a.lse, &a.d, 0);
         live += fd_check(&a.op, a.q, dq, a.nq, g->stride, "dq");
         live += fd_check(&a.op, a.v, dv, a.nk, g->stride, "dv");
         if (g->no_dk)
@@ -863,9 +863,9 @@ static void test_attention_accumulates(void **state)
     memcpy(g, g0, a.nq * sizeof(float));
     att_forward(&a.op);
     K->attention_backward(g1, g1 + C, g1 + 2 * C, a.scratch, a.op.r, a.q, a.k, a.v, a.op.out, a.lse,
-                          &a.d);
+                          &a.d, 0);
     K->attention_backward(g, g + C, g + 2 * C, a.scratch, a.op.r, a.q, a.k, a.v, a.op.out, a.lse,
-                          &a.d);
+                          &a.d, 0);
     for (size_t i = 0; i < a.nq; i++)
         assert_close((double)g[i] - g0[i], g1[i], 0.0, 0x1p-21 * (fabs(g0[i]) + fabs(g1[i])),
                      "accumulated", i);
@@ -873,6 +873,124 @@ static void test_attention_accumulates(void **state)
     free(g0);
     free(g);
     att_free(&a);
+}
+
+/* ---- stored gradients (kernels.h's store mask) ---------------------------------------------- */
+
+/* n floats of NaN, what a stored gradient's buffer may hold before (an arena's old bytes) */
+static float *nan_buf(size_t n)
+{
+    float *p = malloc(n * sizeof(float));
+
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = NAN;
+    return p;
+}
+
+/* stored (written over NaN) must be added (added into zeros), bit for bit */
+static void assert_stored(const char *what, const float *stored, const float *added, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&stored[i], &added[i], sizeof(float)) != 0)
+            fail_msg("%s[%zu]: stored %.9g, added into zeros %.9g", what, i, stored[i], added[i]);
+}
+
+/* One attention case: every gradient, and each alone, stored over NaN against added into zeros. */
+static void store_attention_case(int B, int NH, int Nq, int Nk, int causal, int chunk, int packed)
+{
+    att_case a = att_new(B, NH, 4, Nq, Nk, causal, chunk, packed, 1.0f);
+    size_t ng = packed ? a.nq : a.nq + 2 * a.nk, off[3];
+    int C = a.d.NH * a.d.hs;
+    float *added = zero_buf(ng), *g = malloc(ng * sizeof(float));
+
+    assert_non_null(g);
+    off[0] = 0, off[1] = packed ? (size_t)C : a.nq, off[2] = packed ? 2 * (size_t)C : a.nq + a.nk;
+    att_forward(&a.op);
+    K->attention_backward(added + off[0], added + off[1], added + off[2], a.scratch, a.op.r, a.q,
+                          a.k, a.v, a.op.out, a.lse, &a.d, 0);
+    for (int st = 1; st <= (TD_STORE_1 | TD_STORE_2 | TD_STORE_3); st++) {
+        for (size_t i = 0; i < ng; i++) { /* NaN in the stored gradients, zeros in the rest */
+            int part = packed       ? (int)(i % (3 * (size_t)C) / C)
+                       : i < off[1] ? 0
+                       : i < off[2] ? 1
+                                    : 2;
+            g[i] = st & (TD_STORE_1 << part) ? NAN : 0.0f;
+        }
+        K->attention_backward(g + off[0], g + off[1], g + off[2], a.scratch, a.op.r, a.q, a.k, a.v,
+                              a.op.out, a.lse, &a.d, st);
+        assert_stored("attention", g, added, ng);
+    }
+    att_canaries(&a);
+    free(added);
+    free(g);
+    att_free(&a);
+}
+
+/* The five kernels with a store form, on 1 and 3 threads: a stored gradient over NaN has the
+ * bits of the same call adding into zeros (so the engine's first writers change nothing but
+ * the memsets), and an output not named in the mask still adds. The attention in each plan:
+ * causal rows of every sequence (chunk 8 of T 40, whose stored dk and dv are zeroed first), whole
+ * sequences, not causal in rows, cross-attention of separate q, k, v. */
+static void test_store_forms(void **state)
+{
+    const int N = 37, C = 24, OC = 50;
+    float *inp = rand_buf((size_t)N * C, -1, 1), *w = rand_buf((size_t)OC * C, -1, 1);
+    float *dout = rand_buf((size_t)N * OC, -1, 1), *dx = rand_buf((size_t)N * C, -1, 1);
+    float *lw = rand_buf(C, 0.5f, 1.5f), *lb = rand_buf(C, -1, 1);
+    float *mean = zero_buf(N), *rstd = zero_buf(N), *lout = zero_buf((size_t)N * C);
+    float *dw_a = zero_buf((size_t)OC * C), *dw_s = zero_buf((size_t)OC * C);
+    size_t n = (size_t)N * C;
+
+    K->layernorm_forward(lout, mean, rstd, inp, lw, lb, N, C);
+    for (int threads = 1; threads <= 3; threads += 2) {
+        float *a = zero_buf(n), *s = nan_buf(n), *a2 = rand_buf(n, -1, 1), *s2;
+        K->set_threads(threads);
+
+        K->matmul_backward(a, dw_a, NULL, dout, inp, w, N, C, OC, 0);
+        K->matmul_backward(s, dw_s, NULL, dout, inp, w, N, C, OC, TD_STORE_1);
+        assert_stored("matmul dinp", s, a, n);
+        assert_stored("matmul dweight, added both times", dw_s, dw_a, (size_t)OC * C);
+
+        memset(a, 0, n * sizeof(float)), free(s), s = nan_buf(n);
+        K->layernorm_backward(a, NULL, NULL, dx, inp, lw, mean, rstd, N, C, 0);
+        K->layernorm_backward(s, NULL, NULL, dx, inp, lw, mean, rstd, N, C, TD_STORE_1);
+        assert_stored("layernorm dinp", s, a, n);
+
+        memset(a, 0, n * sizeof(float)), free(s), s = nan_buf(n);
+        K->gelu_backward(a, inp, dx, n, 0);
+        K->gelu_backward(s, inp, dx, n, TD_STORE_1);
+        assert_stored("gelu dinp", s, a, n);
+
+        /* residual: dinp1 stored, dinp2 added onto a2, and the other way round */
+        for (int st = TD_STORE_1; st <= TD_STORE_2; st <<= 1) {
+            float *z = zero_buf(n), *want2 = malloc(n * sizeof(float));
+            assert_non_null(want2);
+            memcpy(want2, a2, n * sizeof(float));
+            free(s), s = nan_buf(n);
+            s2 = malloc(n * sizeof(float));
+            assert_non_null(s2);
+            memcpy(s2, a2, n * sizeof(float));
+            K->residual_backward(z, want2, dx, n, 0);
+            if (st == TD_STORE_1)
+                K->residual_backward(s, s2, dx, n, st);
+            else
+                K->residual_backward(s2, s, dx, n, st);
+            assert_stored("residual, the stored one", s, z, n);
+            assert_stored("residual, the added one", s2, want2, n);
+            free(z), free(want2), free(s2);
+        }
+        free(a), free(s), free(a2);
+
+        store_attention_case(2, 2, 40, 40, 1, 8, 1);
+        store_attention_case(2, 2, 40, 40, 1, 40, 1);
+        store_attention_case(2, 3, 30, 30, 0, 7, 0);
+        store_attention_case(3, 2, 1, 50, 0, 1, 0);
+    }
+    K->set_threads(1);
+    free(inp), free(w), free(dout), free(dx), free(lw), free(lb), free(mean), free(rstd),
+        free(lout);
+    free(dw_a), free(dw_s);
 }
 
 /* ---- the team ----------------------------------------------------------------------------- */
@@ -898,7 +1016,7 @@ static void test_team_each_task_once(void **state)
     K->set_threads(3);
     for (int j = 0; j < JOBS; j++) {
         int spans = 2 + j % 4;
-        K->residual_backward(d, NULL, j % 3 == 0 ? twos : ones, (size_t)spans * SPAN_F);
+        K->residual_backward(d, NULL, j % 3 == 0 ? twos : ones, (size_t)spans * SPAN_F, 0);
         for (int s = 0; s < spans; s++)
             want[s] += j % 3 == 0 ? 2.0 : 1.0;
     }
@@ -1206,6 +1324,7 @@ int main(void)
         cmocka_unit_test(test_matmul_forward_vs_naive),
         cmocka_unit_test(test_matmul_backward_fd),
         cmocka_unit_test(test_matmul_backward_accumulates),
+        cmocka_unit_test(test_store_forms),
         cmocka_unit_test(test_bias_fd),
         cmocka_unit_test(test_relu_fd),
         cmocka_unit_test(test_relu_nan_passes),

@@ -303,7 +303,10 @@ td_tensor *td_tensor_new(td_ctx *c, int ndim, const int *shape, int with_grad)
     t->data = td_arena_alloc(c->arena, n * sizeof(float));
     if (with_grad) {
         t->grad = td_arena_alloc(c->arena, n * sizeof(float));
-        c->k->zero(t->grad, n);
+        if (c->zero_grads)
+            c->k->zero(t->grad, n);
+        else
+            t->fresh = 1;
     }
     return t;
 }
@@ -421,6 +424,7 @@ td_tensor *td_softmax_xent_fused(td_ctx *c, td_tensor *logits, const int *target
     loss = td_tensor_new(c, 1, (int[]){1}, 1);
     c->k->softmax_xent_fused(loss->data, logits->data, targets, N, V, Vp, 1);
     logits->grad = logits->data;
+    logits->fresh = 0; /* written: the first writer was this forward */
     e = tape_push(c->tape, TD_OP_SOFTMAX_XENT, loss, logits, NULL, NULL);
     e->saved[0] = NULL;
     e->ids = targets;
@@ -674,6 +678,8 @@ td_tensor *td_view(td_ctx *c, td_tensor *t, int ndim, const int *shape)
         td_panic(TD_ENOMEM, "activation arena: more than %d tensors in one pass", TD_ARENA_TENSORS);
     v = &c->arena->tensors[c->arena->n_tensors++];
     *v = *t;
+    v->base = t->base != NULL ? t->base : t;
+    v->base->viewed = 1;
     v->ndim = ndim;
     memset(v->shape, 0, sizeof(v->shape));
     memcpy(v->shape, shape, sizeof(int) * (size_t)ndim);
@@ -797,7 +803,7 @@ size_t td_op_bytes_siglip(int train)
 static void gather_sum(td_ctx *c, float *all, const float *mine, size_t n, size_t at, size_t total)
 {
     c->k->zero(all, total);
-    c->k->residual_backward(all + at, NULL, mine, n);
+    c->k->residual_backward(all + at, NULL, mine, n, 0);
     c->allreduce(c->allreduce_ud, all, total);
     c->k->scale(all, (float)c->world, total);
 }
@@ -827,13 +833,44 @@ static float *grad_of(const td_tensor *t)
     return t != NULL ? t->grad : NULL;
 }
 
+/* The tensor whose gradient state t shares: a view's, or t's own. */
+static td_tensor *owner(td_tensor *t)
+{
+    return t->base != NULL ? t->base : t;
+}
+
+/* Whether the op about to write t's gradient is its first writer, which then stores: t's
+ * gradient is fresh (an activation's, never written since the forward). Marks it written. */
+static int first_write(td_tensor *t)
+{
+    td_tensor *o;
+
+    if (t == NULL || t->grad == NULL)
+        return 0;
+    o = owner(t);
+    if (!o->fresh)
+        return 0;
+    o->fresh = 0;
+    return 1;
+}
+
+/* For a writer that only adds (no store form, or it writes part of t): a fresh gradient is
+ * zeroed now, by its first writer, rather than for every tensor at allocation. */
+static void zero_if_fresh(td_ctx *c, td_tensor *t)
+{
+    if (first_write(t))
+        c->k->zero(t->grad, t->n);
+}
+
 static void linear_backward(td_ctx *c, const td_tape_entry *e)
 {
-    const td_tensor *inp = e->in[0], *w = e->in[1];
+    td_tensor *inp = e->in[0], *w = e->in[1];
     int C = inp->shape[inp->ndim - 1];
 
+    zero_if_fresh(c, w); /* an activation as the weight (sensorlm's dots = s u^T) adds */
+    zero_if_fresh(c, e->in[2]);
     c->k->matmul_backward(grad_of(inp), grad_of(w), grad_of(e->in[2]), e->out->grad, inp->data,
-                          w->data, rows_of(inp), C, w->shape[0]);
+                          w->data, rows_of(inp), C, w->shape[0], first_write(inp) ? TD_STORE_1 : 0);
 }
 
 static void relu_backward(td_ctx *c, const td_tape_entry *e)
@@ -859,22 +896,49 @@ static void embed_backward(td_ctx *c, const td_tape_entry *e)
 
 static void layernorm_backward(td_ctx *c, const td_tape_entry *e)
 {
-    const td_tensor *inp = e->in[0];
+    td_tensor *inp = e->in[0];
 
+    zero_if_fresh(c, e->in[1]);
+    zero_if_fresh(c, e->in[2]);
     c->k->layernorm_backward(grad_of(inp), grad_of(e->in[1]), grad_of(e->in[2]), e->out->grad,
                              inp->data, e->in[1]->data, e->saved[0]->data, e->saved[1]->data,
-                             rows_of(inp), inp->shape[inp->ndim - 1]);
+                             rows_of(inp), inp->shape[inp->ndim - 1],
+                             first_write(inp) ? TD_STORE_1 : 0);
 }
 
 static void gelu_backward(td_ctx *c, const td_tape_entry *e)
 {
-    if (e->in[0]->grad != NULL)
-        c->k->gelu_backward(e->in[0]->grad, e->in[0]->data, e->out->grad, e->out->n);
+    td_tensor *x = e->in[0];
+
+    if (x->grad != NULL)
+        c->k->gelu_backward(x->grad, x->data, e->out->grad, e->out->n,
+                            first_write(x) ? TD_STORE_1 : 0);
 }
 
+/* A fresh first input takes the output's gradient as its own (nothing reads that buffer after
+ * this op: the output's consumers ran before, its producer is this op), unless views share its
+ * gradient; a fresh second one stores a copy. The same tensor twice adds twice. */
 static void residual_backward(td_ctx *c, const td_tape_entry *e)
 {
-    c->k->residual_backward(grad_of(e->in[0]), grad_of(e->in[1]), e->out->grad, e->out->n);
+    td_tensor *a = e->in[0], *b = e->in[1];
+    float *da = grad_of(a);
+    int store = 0;
+
+    if (a->grad != NULL && b->grad != NULL && owner(a) == owner(b)) {
+        zero_if_fresh(c, a);
+    } else {
+        if (first_write(a)) {
+            if (a->base == NULL && !a->viewed) {
+                a->grad = e->out->grad;
+                da = NULL;
+            } else {
+                store |= TD_STORE_1;
+            }
+        }
+        store |= first_write(b) ? TD_STORE_2 : 0;
+    }
+    if (da != NULL || b->grad != NULL)
+        c->k->residual_backward(da, grad_of(b), e->out->grad, e->out->n, store);
 }
 
 /* The backward's transient block comes from the arena's top and goes back when the kernel is
@@ -885,14 +949,25 @@ static void attention_backward(td_ctx *c, const td_tape_entry *e)
     td_attn_dims d = attn_dims(e->in, packed, e->arg[0], e->arg[2], e->arg[1]);
     size_t mark = c->arena->used;
     float *p[3], *g[3], *scratch;
+    int store = 0;
 
     attn_ptrs(p, e->in, packed, 0);
     attn_ptrs(g, e->in, packed, 1);
     if (g[0] == NULL && g[1] == NULL && g[2] == NULL)
         return;
+    if (packed) { /* q, k and v's gradients are the thirds of one tensor, all written */
+        store = first_write(e->in[0]) ? TD_STORE_1 | TD_STORE_2 | TD_STORE_3 : 0;
+    } else if ((g[0] != NULL && (g[0] == g[1] || g[0] == g[2])) ||
+               (g[1] != NULL && g[1] == g[2])) { /* one tensor in two roles */
+        for (int i = 0; i < 3; i++)
+            zero_if_fresh(c, e->in[i]);
+    } else {
+        for (int i = 0; i < 3; i++)
+            store |= first_write(e->in[i]) ? TD_STORE_1 << i : 0;
+    }
     scratch = td_arena_alloc(c->arena, td_attn_scratch(&d, 1) * sizeof(float));
     c->k->attention_backward(g[0], g[1], g[2], scratch, e->out->grad, p[0], p[1], p[2],
-                             e->out->data, e->saved[0]->data, &d);
+                             e->out->data, e->saved[0]->data, &d, store);
     c->arena->used = mark;
 }
 
@@ -958,7 +1033,8 @@ static void allgather_backward(td_ctx *c, const td_tape_entry *e)
     c->allreduce(c->allreduce_ud, e->out->grad, e->out->n);
     c->k->scale(e->out->grad, (float)c->world, e->out->n);
     if (x->grad != NULL)
-        c->k->residual_backward(x->grad, NULL, e->out->grad + at, x->n);
+        c->k->residual_backward(x->grad, NULL, e->out->grad + at, x->n,
+                                first_write(e->in[0]) ? TD_STORE_1 : 0);
 }
 
 typedef void (*backward_fn)(td_ctx *c, const td_tape_entry *e);
@@ -981,6 +1057,12 @@ static const backward_fn backward_of[TD_OP_COUNT] = {
     [TD_OP_ALLGATHER] = allgather_backward,
 };
 
+/* The ops whose backward stores its first writes (the rest add, into zeroed gradients). */
+static const unsigned char stores[TD_OP_COUNT] = {
+    [TD_OP_LINEAR] = 1,   [TD_OP_LAYERNORM] = 1, [TD_OP_GELU] = 1,
+    [TD_OP_RESIDUAL] = 1, [TD_OP_ATTENTION] = 1, [TD_OP_ALLGATHER] = 1,
+};
+
 void td_backward(td_ctx *c, td_tensor *loss)
 {
     if (c->tape == NULL || loss->grad == NULL)
@@ -988,8 +1070,18 @@ void td_backward(td_ctx *c, td_tensor *loss)
     static const float one = 1.0f; /* never changes, so an asynchronous upload may read it late */
 
     c->k->upload_async(loss->grad, &one, sizeof(one));
+    owner(loss)->fresh = 0;
     for (int i = c->tape->len - 1; i >= 0; i--) {
         const td_tape_entry *e = &c->tape->entries[i];
+        if (owner(e->out)->fresh) { /* no consumer wrote its gradient: zero */
+            if (e->op != TD_OP_ALLGATHER)
+                continue;
+            zero_if_fresh(c, e->out); /* a collective: every replica joins */
+        }
+        if (!stores[e->op])
+            for (int j = 0; j < 3; j++)
+                if (e->in[j] != NULL)
+                    zero_if_fresh(c, e->in[j]);
         backward_of[e->op](c, e);
     }
     td_tape_reset(c->tape);

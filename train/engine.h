@@ -32,6 +32,10 @@ typedef struct td_tensor {
     size_t n;    /* elements: the product of shape */
     int ndim;
     int shape[TD_TENSOR_MAX_DIMS];
+    /* the backward's bookkeeping of an activation's gradient (td_backward): */
+    struct td_tensor *base; /* a view's tensor (td_view), which keeps the state for both */
+    unsigned char fresh;    /* grad holds nothing yet, not even zeros: its first writer stores */
+    unsigned char viewed;   /* some td_view shares grad, so grad must stay where it is */
 } td_tensor;
 
 /* ---- the activation arena ------------------------------------------------------------- */
@@ -180,13 +184,17 @@ typedef struct td_ctx {
     void (*allreduce)(void *ud, float *buf, size_t n);
     void *allreduce_ud;
     int world;
+    int zero_grads; /* the reference path: every gradient zeroed when allocated, every backward
+                     * accumulating, no gradient passed through (tests hold td_backward's
+                     * first writers to it bit for bit) */
 } td_ctx;
 
 /* Arena bytes one td_tensor_new() of n elements takes, with or without its gradient. Models
  * add these up to size the arena before the first step (td_mlp_arena_bytes). */
 size_t td_tensor_bytes(size_t n, int with_grad);
 
-/* A tensor from the arena, data not cleared; with_grad: a zeroed gradient too. */
+/* A tensor from the arena, data not cleared; with_grad: a gradient too, not cleared either
+ * (fresh: td_backward's first writer of it stores), zeroed when c->zero_grads. */
 td_tensor *td_tensor_new(td_ctx *c, int ndim, const int *shape, int with_grad);
 
 /* out = inp . w^T + b. inp is (..., C), w is (OC, C), b is (OC); out is (..., OC). */
@@ -330,8 +338,16 @@ td_tensor *td_allgather_rows(td_ctx *c, td_tensor *x, int rows, int row0);
 size_t td_op_bytes_l2norm(size_t rows, int C, int train);
 size_t td_op_bytes_siglip(int train);
 
-/* Seeds loss's gradient with 1 and replays the tape in reverse, each op accumulating into
- * its inputs' gradients (parameters' land in td_params.grad). Then empties the tape. */
+/* Seeds loss's gradient with 1 and replays the tape in reverse, each op adding into its inputs'
+ * gradients (parameters' land in td_params.grad, which the caller zeroes). An activation's
+ * gradient is never zeroed: the op that writes it first (the last of its consumers) stores,
+ * the rest add; a residual passes its gradient through to its first input (the input's grad
+ * becomes the output's, which nothing reads after), and stores a copy in the second. The five
+ * kernels with a store form (matmul, layernorm, GELU, residual, attention) store; the others
+ * find a fresh gradient zeroed first. An op whose output gradient nobody wrote (no consumer
+ * on the tape) contributes nothing and is skipped, but for the all-gather, which every replica
+ * must join. The gradients are those of accumulating into zeros, bit for bit (c->zero_grads
+ * runs that path). Then empties the tape. */
 void td_backward(td_ctx *c, td_tensor *loss);
 
 /* ---- the MLP -------------------------------------------------------------------------- */

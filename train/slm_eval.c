@@ -101,8 +101,8 @@ static double embed_valid(td_slm_eval *ev, td_ctx *c, td_tensor *S, td_tensor *U
         loss = td_siglip(c, dots, ev->m->logit_scale, ev->m->logit_bias, 0, 1.0f / (float)n);
         ev->k->download(&value, loss->data, sizeof(value));
         sum += (double)value * n;
-        ev->k->residual_backward(S->data + i * d->E, NULL, s->data, s->n);
-        ev->k->residual_backward(U->data + i * d->E, NULL, u->data, u->n);
+        ev->k->residual_backward(S->data + i * d->E, NULL, s->data, s->n, 0);
+        ev->k->residual_backward(U->data + i * d->E, NULL, u->data, u->n, 0);
     }
     back_to(ev->arena, base);
     return sum;

@@ -137,6 +137,29 @@ __global__ void add_kernel(float *dst, const float *src, size_t n)
     dst[i] += src[i];
 }
 
+// d1 += src and d2 += src in one pass, each stored (0 + src, never read) where store names it;
+// either may be NULL. d1, d2, src are (n)
+__global__ void residual_backward_kernel(float *d1, float *d2, const float *src, size_t n,
+                                         int store)
+{
+    GRID_STRIDE(i, n)
+    {
+        float g = src[i];
+        if (d1 != NULL)
+            d1[i] = (store & TD_STORE_1 ? 0.0f : d1[i]) + g;
+        if (d2 != NULL)
+            d2[i] = (store & TD_STORE_2 ? 0.0f : d2[i]) + g;
+    }
+}
+
+// p's (rows, cols) block, rows ld floats apart, = 0 (a causal attention's stored dk and dv
+// before row-chunked blocks accumulate into them)
+__global__ void zero_cols_kernel(float *p, size_t rows, int cols, size_t ld)
+{
+    GRID_STRIDE(i, rows * (size_t)cols)
+    p[i / (size_t)cols * ld + i % (size_t)cols] = 0.0f;
+}
+
 // dst = src rounded to bf16 (round to nearest even; NaN stays NaN, a float beyond bf16's range
 // becomes Inf, as PyTorch's .to(torch.bfloat16)): cols columns of rows rows of src, whose rows
 // are ld floats apart, into a packed (rows, cols) dst.
@@ -185,7 +208,8 @@ __global__ void gelu_forward_kernel(float *out, const float *inp, size_t n)
     }
 }
 
-__global__ void gelu_backward_kernel(float *dinp, const float *inp, const float *dout, size_t n)
+__global__ void gelu_backward_kernel(float *dinp, const float *inp, const float *dout, size_t n,
+                                     int store)
 {
     GRID_STRIDE(i, n)
     {
@@ -193,7 +217,7 @@ __global__ void gelu_backward_kernel(float *dinp, const float *inp, const float 
         float u = GELU_K * (x + GELU_C * x * x * x);
         float s = 1.0f / (1.0f + fexp(-2.0f * u));
         float du = GELU_K * (1.0f + 3.0f * GELU_C * x * x);
-        dinp[i] += (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
+        dinp[i] = (store ? 0.0f : dinp[i]) + (s + 2.0f * x * s * (1.0f - s) * du) * dout[i];
     }
 }
 
@@ -561,20 +585,13 @@ __global__ void residual_layernorm_kernel(float *res, float *out, float *mean, f
     layernorm_row(out + row * C, mean + row, rstd + row, r, weight, bias, C, lane);
 }
 
-// dinp += rstd (dnorm - mean(dnorm) - norm mean(dnorm norm)), dnorm = weight * dout; a warp per row
-__global__ void layernorm_backward_dinp_kernel(float *dinp, const float *dout, const float *inp,
-                                               const float *weight, const float *mean,
-                                               const float *rstd, int N, int C)
+// dinp += rstd (dnorm - mean(dnorm) - norm mean(dnorm norm)), dnorm = weight * dout (stored,
+// 0 + ..., when store) for one row, by one warp
+__device__ void layernorm_dinp_row(float *dinp, const float *d, const float *x, const float *weight,
+                                   float m, float s, int C, int lane, int store)
 {
-    int lane = threadIdx.x & 31;
-    size_t row = (size_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
-    const float *d = dout + row * C, *x = inp + row * C;
-    float a1 = 0.0f, a2 = 0.0f, m, s;
+    float a1 = 0.0f, a2 = 0.0f;
 
-    if (row >= (size_t)N)
-        return;
-    m = mean[row];
-    s = rstd[row];
     for (int j = lane; j < C; j += 32) {
         float dn = weight[j] * d[j];
         a1 += dn;
@@ -584,18 +601,31 @@ __global__ void layernorm_backward_dinp_kernel(float *dinp, const float *dout, c
     a2 = warp_sum(a2) / (float)C;
     for (int j = lane; j < C; j += 32) {
         float norm = (x[j] - m) * s;
-        dinp[row * C + j] += (weight[j] * d[j] - a1 - norm * a2) * s;
+        dinp[j] = (store ? 0.0f : dinp[j]) + (weight[j] * d[j] - a1 - norm * a2) * s;
     }
 }
 
-// The first stage of dbias += sum of dout and dweight += sum of norm * dout over rows: thread
-// (c, g) sums rows [g N/G, (g+1) N/G) of column c in order into part[g][c] (dbias) and
-// part[G + g][c] (dweight). part is (2G, C); grid (ceil(C/THREADS), G)
-__global__ void layernorm_backward_partial_kernel(float *part, const float *dout, const float *inp,
-                                                  const float *mean, const float *rstd, int N,
-                                                  int C, int G)
+static_assert(ROW_WARPS * 32 == THREADS, "the LayerNorm backward's blocks serve rows and columns");
+
+// The LayerNorm backward's first launch, two kinds of block side by side (independent work, no
+// order between them): blocks [0, rb) a warp per row of dinp (rb = 0: no dinp), then G * cols
+// blocks of the column sums' first stage, block rb + g * cols + k thread t summing column
+// c = k * blockDim + t over rows [g N/G, (g+1) N/G) in order into part[g][c] (dbias's) and
+// part[G + g][c] (dweight's). part is (2G, C)
+__global__ void layernorm_backward_kernel(float *dinp, float *part, const float *dout,
+                                          const float *inp, const float *weight, const float *mean,
+                                          const float *rstd, int N, int C, int G, int store,
+                                          unsigned rb, unsigned cols)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x, g = blockIdx.y;
+    if (blockIdx.x < rb) {
+        size_t row = (size_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+        if (row < (size_t)N)
+            layernorm_dinp_row(dinp + row * C, dout + row * C, inp + row * C, weight, mean[row],
+                               rstd[row], C, threadIdx.x & 31, store);
+        return;
+    }
+    unsigned b = blockIdx.x - rb;
+    int g = (int)(b / cols), c = (int)(b % cols) * blockDim.x + threadIdx.x;
     int r0 = (int)((int64_t)g * N / G), r1 = (int)((int64_t)(g + 1) * N / G);
     float sb = 0.0f, sw = 0.0f;
 
@@ -610,17 +640,24 @@ __global__ void layernorm_backward_partial_kernel(float *part, const float *dout
     part[(size_t)(G + g) * C + c] = sw;
 }
 
-// The second stage: dst[c] += the sum of part[g][c] over g in order; part is (G, C)
-__global__ void column_finish_kernel(float *dst, const float *part, int G, int C)
+// The second launch: dbias[c] += the sum of part[g][c] over g in order, dweight[c] += that of
+// part[G + g][c]; either may be NULL. part is (2G, C)
+__global__ void layernorm_finish_kernel(float *dweight, float *dbias, const float *part, int G,
+                                        int C)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
-    float s = 0.0f;
+    float sb = 0.0f, sw = 0.0f;
 
     if (c >= C)
         return;
-    for (int g = 0; g < G; g++)
-        s += part[(size_t)g * C + c];
-    dst[c] += s;
+    for (int g = 0; g < G; g++) {
+        sb += part[(size_t)g * C + c];
+        sw += part[(size_t)(G + g) * C + c];
+    }
+    if (dbias != NULL)
+        dbias[c] += sb;
+    if (dweight != NULL)
+        dweight[c] += sw;
 }
 
 // ---- attention ------------------------------------------------------------------------------
@@ -918,7 +955,8 @@ static void matmul_forward_bf16(td_cuda_ctx *x, float *out, const float *inp, co
     }
 }
 
-// dinp += dout . weight and dweight += dout^T . inp in bf16. Per chunk of ocn columns of OC:
+// dinp += dout . weight (stored by the first chunk of OC, beta 0, when store) and
+// dweight += dout^T . inp in bf16. Per chunk of ocn columns of OC:
 // the weight's rows in bf16 (W, (ocn,C), for dinp); per chunk of nn rows: dout's (nn,ocn) block
 // in bf16 (D), inp's rows in bf16 (I, (nn,C), for dweight), then
 //   dinp[n0..]^T (C,nn)    += W (C,ocn col-major) . D (ocn,nn col-major)
@@ -926,7 +964,8 @@ static void matmul_forward_bf16(td_cuda_ctx *x, float *out, const float *inp, co
 // D, W, I take nn*ocn + ocn*C + nn*C bf16 elements of the scratch.
 // dinp is (N,C) or NULL, dweight is (OC,C) or NULL, dout is (N,OC), inp is (N,C), weight (OC,C)
 static void matmul_backward_bf16(td_cuda_ctx *x, float *dinp, float *dweight, const float *dout,
-                                 const float *inp, const float *weight, int N, int C, int OC)
+                                 const float *inp, const float *weight, int N, int C, int OC,
+                                 int store)
 {
     int ocn = bf16_oc_chunk(x, C, OC), nn;
     size_t wroom, left, per_row;
@@ -951,8 +990,8 @@ static void matmul_backward_bf16(td_cuda_ctx *x, float *dinp, float *dweight, co
             int n = N - n0 < nn ? N - n0 : nn;
             to_bf16(x, D, dout + (size_t)n0 * OC + oc0, (size_t)n, oc, (size_t)OC);
             if (dinp != NULL)
-                gemm_bf16(x, CUBLAS_OP_N, CUBLAS_OP_N, C, n, oc, W, C, D, oc, 1.0f,
-                          dinp + (size_t)n0 * C, C);
+                gemm_bf16(x, CUBLAS_OP_N, CUBLAS_OP_N, C, n, oc, W, C, D, oc,
+                          store && oc0 == 0 ? 0.0f : 1.0f, dinp + (size_t)n0 * C, C);
             if (dweight != NULL) {
                 if (oc0 == 0 || nn < N) /* all of inp fits: rounded once */
                     to_bf16(x, I, inp + (size_t)n0 * C, (size_t)n, C, (size_t)C);
@@ -988,26 +1027,26 @@ static void matmul_forward(float *out, const float *inp, const float *weight, co
                                 C, &beta, out, OC));
 }
 
-// dinp += dout . weight; dweight += dout^T . inp; dbias += ones . dout
+// dinp += dout . weight (beta 0 when stored); dweight += dout^T . inp; dbias += ones . dout
 // dinp is (N,C) or NULL, dweight is (OC,C) or NULL, dbias is (OC) or NULL,
 // dout is (N,OC), inp is (N,C), weight is (OC,C)
 static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int N, int C, int OC)
+                            const float *inp, const float *weight, int N, int C, int OC, int store)
 {
     td_cuda_ctx *x = td__cuda_ctx();
-    const float one = 1.0f;
+    const float one = 1.0f, beta_dinp = store & TD_STORE_1 ? 0.0f : 1.0f;
 
     if (N == 0)
         return;
     if (x->bf16 && C > 0 && OC > 0 && (dinp != NULL || dweight != NULL)) {
-        matmul_backward_bf16(x, dinp, dweight, dout, inp, weight, N, C, OC);
+        matmul_backward_bf16(x, dinp, dweight, dout, inp, weight, N, C, OC, store & TD_STORE_1);
         if (dbias != NULL)
             sum_rows(x, dbias, dout, N, OC);
         return;
     }
     if (dinp != NULL)
         TD_CUBLAS_OP(x, cublasSgemm(x->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C,
-                                    dout, OC, &one, dinp, C));
+                                    dout, OC, &beta_dinp, dinp, C));
     if (dweight != NULL)
         TD_CUBLAS_OP(x, cublasSgemm(x->blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout,
                                     OC, &one, dweight, C));
@@ -1167,25 +1206,24 @@ static void residual_layernorm_forward(float *res, float *out, float *mean, floa
     LAUNCH_CHECK("residual_layernorm_kernel");
 }
 
-// dinp a warp per row; dweight and dbias by the two-stage column sum, its (2G, C) partial sums
-// in the context's scratch (G row chunks, as many up to COL_CHUNKS as fit)
+// Two launches (one without dweight and dbias), where there were four: dinp a warp per row
+// beside the first stage of the column sums (its (2G, C) partial sums in the context's scratch,
+// G row chunks, as many up to COL_CHUNKS as fit), then both columns' second stage. The
+// arithmetic, and so the bits, of the four (a dinp kernel, the partial sums, a finish for each).
 static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, const float *mean,
-                               const float *rstd, int N, int C)
+                               const float *rstd, int N, int C, int store)
 {
     td_cuda_ctx *x = td__cuda_ctx();
+    unsigned rb = dinp != NULL ? row_blocks((size_t)N) : 0, cols = 0;
+    int G = 0;
 
-    if (N <= 0)
+    if (N <= 0 || (dinp == NULL && dweight == NULL && dbias == NULL))
         return;
-    if (dinp != NULL) {
-        layernorm_backward_dinp_kernel<<<row_blocks((size_t)N), ROW_WARPS * 32, 0, x->stream>>>(
-            dinp, dout, inp, weight, mean, rstd, N, C);
-        LAUNCH_CHECK("layernorm_backward_dinp_kernel");
-    }
     if (dweight != NULL || dbias != NULL) {
         size_t fit = x->scratch_bytes / (2 * (size_t)C * sizeof(float));
-        int G = N < COL_CHUNKS ? N : COL_CHUNKS;
-        unsigned cols = (unsigned)((C + THREADS - 1) / THREADS);
+        G = N < COL_CHUNKS ? N : COL_CHUNKS;
+        cols = (unsigned)((C + THREADS - 1) / THREADS);
         if (fit < 1)
             td_panic(TD_E2BIG,
                      "layernorm backward: C = %d needs %zu bytes of CUDA scratch, the "
@@ -1193,18 +1231,13 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
                      C, 2 * (size_t)C * sizeof(float), x->scratch_bytes);
         if ((size_t)G > fit)
             G = (int)fit;
-        layernorm_backward_partial_kernel<<<dim3(cols, (unsigned)G), THREADS, 0, x->stream>>>(
-            x->scratch, dout, inp, mean, rstd, N, C, G);
-        LAUNCH_CHECK("layernorm_backward_partial_kernel");
-        if (dbias != NULL) {
-            column_finish_kernel<<<cols, THREADS, 0, x->stream>>>(dbias, x->scratch, G, C);
-            LAUNCH_CHECK("column_finish_kernel");
-        }
-        if (dweight != NULL) {
-            column_finish_kernel<<<cols, THREADS, 0, x->stream>>>(dweight,
-                                                                  x->scratch + (size_t)G * C, G, C);
-            LAUNCH_CHECK("column_finish_kernel");
-        }
+    }
+    layernorm_backward_kernel<<<rb + (unsigned)G * cols, ROW_WARPS * 32, 0, x->stream>>>(
+        dinp, x->scratch, dout, inp, weight, mean, rstd, N, C, G, store & TD_STORE_1, rb, cols);
+    LAUNCH_CHECK("layernorm_backward_kernel");
+    if (G > 0) {
+        layernorm_finish_kernel<<<cols, THREADS, 0, x->stream>>>(dweight, dbias, x->scratch, G, C);
+        LAUNCH_CHECK("layernorm_finish_kernel");
     }
 }
 
@@ -1215,11 +1248,11 @@ static void gelu_forward(float *out, const float *inp, size_t n)
     LAUNCH_N(x, gelu_forward_kernel, n, out, inp, n);
 }
 
-static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, int store)
 {
     td_cuda_ctx *x = td__cuda_ctx();
 
-    LAUNCH_N(x, gelu_backward_kernel, n, dinp, inp, dout, n);
+    LAUNCH_N(x, gelu_backward_kernel, n, dinp, inp, dout, n, store & TD_STORE_1);
 }
 
 static void residual_forward(float *out, const float *inp1, const float *inp2, size_t n)
@@ -1229,14 +1262,13 @@ static void residual_forward(float *out, const float *inp1, const float *inp2, s
     LAUNCH_N(x, residual_forward_kernel, n, out, inp1, inp2, n);
 }
 
-static void residual_backward(float *dinp1, float *dinp2, const float *dout, size_t n)
+// Both gradients in one launch
+static void residual_backward(float *dinp1, float *dinp2, const float *dout, size_t n, int store)
 {
     td_cuda_ctx *x = td__cuda_ctx();
 
-    if (dinp1 != NULL)
-        LAUNCH_N(x, add_kernel, n, dinp1, dout, n);
-    if (dinp2 != NULL)
-        LAUNCH_N(x, add_kernel, n, dinp2, dout, n);
+    if (dinp1 != NULL || dinp2 != NULL)
+        LAUNCH_N(x, residual_backward_kernel, n, dinp1, dinp2, dout, n, store);
 }
 
 // ---- fused attention ------------------------------------------------------------------------
@@ -1323,13 +1355,16 @@ static void attention_forward(float *out, float *lse, float *scratch, const floa
 
 // D = rowsum(dout * out) first, into the scratch's head; then per block: p = the scores again
 // (then their softmax from lse), dp = dout v^T, one kernel turning them into p and
-// dS = scale p (dp - D), and dv += p^T dout, dq += dS k, dk += dS^T q.
+// dS = scale p (dp - D), and dv += p^T dout, dq += dS k, dk += dS^T q. Stored gradients: dq
+// by beta 0 (every block writes its rows once), dk and dv by beta 0 at a sequence's first block
+// when that block's keys are all of them (whole sequences, or no mask); a causal attention in
+// row chunks zeroes their head columns first (one launch each) and accumulates.
 // dq, dk, dv like q, k, v (or NULL), scratch is td_attn_scratch(d, 1): D (B*NH*Nq), then the
 // block's p, then its dp (B*NH*chunk*Nk floats of room each), then the pointer arrays; dout and
 // out are (B,Nq,NH*hs), lse is (B,NH,Nq)
 static void attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
                                const float *q, const float *k, const float *v, const float *out,
-                               const float *lse, const td_attn_dims *d)
+                               const float *lse, const td_attn_dims *d, int store)
 {
     td_cuda_ctx *x = td__cuda_ctx();
     int C = d->NH * d->hs;
@@ -1348,8 +1383,20 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
     attn_d_kernel<<<row_blocks(nd), ROW_WARPS * 32, 0, x->stream>>>(D, dout, out, d->B, d->NH,
                                                                     d->Nq, d->hs);
     LAUNCH_CHECK("attn_d_kernel");
+    if (d->causal && !td_attn_by_seq(d) && (store & (TD_STORE_2 | TD_STORE_3))) {
+        size_t krows = (size_t)d->B * d->Nk;
+        if (dk != NULL && store & TD_STORE_2)
+            LAUNCH_N(x, zero_cols_kernel, krows * C, dk, krows, C, (size_t)d->ldk);
+        if (dv != NULL && store & TD_STORE_3)
+            LAUNCH_N(x, zero_cols_kernel, krows * C, dv, krows, C, (size_t)d->ldv);
+        store &= ~(TD_STORE_2 | TD_STORE_3);
+    }
     while (td_attn_next(d, &blk)) {
         int np = blk.nb * d->NH, rows = blk.rows, cols = blk.cols, b0 = blk.b0;
+        /* beta 0 where this block is the first to write a stored gradient's rows */
+        float bq = store & TD_STORE_1 ? 0.0f : 1.0f;
+        float bk = store & TD_STORE_2 && blk.r0 == 0 ? 0.0f : 1.0f;
+        float bv = store & TD_STORE_3 && blk.r0 == 0 ? 0.0f : 1.0f;
         long long slot = (long long)rows * cols;
         size_t r0 = (size_t)blk.r0, lo = (size_t)b0 * d->NH * d->Nq;
         attn_ptr_set set;
@@ -1375,13 +1422,13 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
         LAUNCH_CHECK("attn_grad_kernel");
         if (dv != NULL) /* dv^T (hs, cols) += dout^T (hs, rows) p (rows, cols) */
             gemm_pairs(x, CUBLAS_OP_N, CUBLAS_OP_T, d->hs, cols, rows, 1.0f, P + 4 * np, C,
-                       P + 2 * np, cols, 1.0f, P + 6 * np, d->ldv, np);
+                       P + 2 * np, cols, bv, P + 6 * np, d->ldv, np);
         if (dq != NULL) /* dq^T (hs, rows) += k^T (hs, cols) dS^T (cols, rows) */
             gemm_pairs(x, CUBLAS_OP_N, CUBLAS_OP_N, d->hs, rows, cols, 1.0f, P, d->ldk, P + 5 * np,
-                       cols, 1.0f, P + 7 * np, d->ldq, np);
+                       cols, bq, P + 7 * np, d->ldq, np);
         if (dk != NULL) /* dk^T (hs, cols) += q^T (hs, rows) dS (rows, cols) */
             gemm_pairs(x, CUBLAS_OP_N, CUBLAS_OP_T, d->hs, cols, rows, 1.0f, P + np, d->ldq,
-                       P + 5 * np, cols, 1.0f, P + 8 * np, d->ldk, np);
+                       P + 5 * np, cols, bk, P + 8 * np, d->ldk, np);
     }
 }
 
