@@ -191,6 +191,8 @@ const td_kernels *pc_table(void)
 #undef SET
     t.alloc = pc_alloc;
     t.free = pc_free;
+    t.alloc_host = td_kernels_cpu()->alloc_host;
+    t.free_host = td_kernels_cpu()->free_host;
     t.upload = t.download = t.upload_async = pc_copy;
     t.set_threads = pc_set_threads;
     t.zero = pc_zero;

@@ -94,6 +94,12 @@ typedef struct td_kernels {
     // TD_ENOMEM or TD_ECUDA with err naming the size; *p NULL then. Release with free (NULL ok)
     int (*alloc)(void **p, size_t bytes, td_error_t *err);
     void (*free)(void *p);
+    // Host memory that batches are built in before upload_async: *p = bytes (not cleared),
+    // aligned to 256 bytes, page-locked where that makes the copy a true DMA that overlaps the
+    // host (cuda: cudaHostAlloc, portable across devices; cpu: aligned_alloc). TD_ENOMEM or
+    // TD_ECUDA with err naming the size; *p NULL then. Release with free_host (NULL ok)
+    int (*alloc_host)(void **p, size_t bytes, td_error_t *err);
+    void (*free_host)(void *p);
     // dst (backend memory) = src (host memory), bytes of it; returns when the copy is done and
     // every op queued before it has run
     void (*upload)(void *dst, const void *src, size_t bytes);

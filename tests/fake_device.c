@@ -55,6 +55,17 @@ static void fd_free(void *p)
     CPU->free(fd_host(p));
 }
 
+/* Host memory: the host touches it (the trainer's batch stage) */
+static int fd_alloc_host(void **p, size_t bytes, td_error_t *err)
+{
+    return CPU->alloc_host(p, bytes, err);
+}
+
+static void fd_free_host(void *p)
+{
+    CPU->free_host(p);
+}
+
 static void fd_upload(void *dst, const void *src, size_t bytes)
 {
     __atomic_add_fetch(&counts.uploads, 1, __ATOMIC_RELAXED); /* replicas share it */
@@ -293,6 +304,8 @@ static const td_kernels fake = {
     .host = 0,
     .alloc = fd_alloc,
     .free = fd_free,
+    .alloc_host = fd_alloc_host,
+    .free_host = fd_free_host,
     .upload = fd_upload,
     .download = fd_download,
     .upload_async = fd_upload_async,

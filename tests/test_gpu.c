@@ -2590,6 +2590,14 @@ static void e2e_run(td_train_config *cfg, const td_kernels *k, int bf16, e2e_rec
     if (td_trainer_new(&t, cfg, &hooks, &err) != 0)
         fail_msg("td_trainer_new (%s%s): %s: %s", k->name, bf16 ? " bf16" : "",
                  td_errname(err.code), err.msg);
+#ifdef TD_HAVE_CUDA
+    if (c != NULL && k == KD) { /* the batch stage is page-locked: its uploads are DMAs */
+        struct cudaPointerAttributes at;
+        assert_non_null(td_trainer_stage(t));
+        assert_int_equal(cudaPointerGetAttributes(&at, td_trainer_stage(t)), cudaSuccess);
+        assert_int_equal(at.type, cudaMemoryTypeHost);
+    }
+#endif
     for (int64_t s = 0; s < steps && !done; s++) {
         done = td_trainer_step_caught(t, &err);
         if (done < 0) {

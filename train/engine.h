@@ -689,6 +689,9 @@ int td__train_load_sensorlm(const td_train_config *cfg, td_sensorlm *m, td_param
 /* ---- a trainer's insides, for tests and benches ---------------------------------------- */
 
 const td_arena *td_trainer_arena(const td_trainer *t);
+/* The host buffer batches are built in before their upload (k->alloc_host's), NULL on a host
+ * backend. */
+const void *td_trainer_stage(const td_trainer *t);
 td_params *td_trainer_params(td_trainer *t);
 
 /* Arena bytes a training step takes by the trainer's own estimate (what sized the arena,

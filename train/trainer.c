@@ -249,14 +249,21 @@ static int check_shapes(const td_trainer *t, td_error_t *err)
 }
 
 /* The host buffer batches are built in on a device backend (bytes: the largest batch's
- * inputs, laid out as in the arena); none on a host backend. */
+ * inputs, laid out as in the arena), page-locked where the table makes it so (k->alloc_host),
+ * so the step's uploads are DMAs; none on a host backend. */
 static int alloc_stage(td_trainer *t, size_t bytes, td_error_t *err)
 {
+    td_error_t why = {0};
+    void *p = NULL;
+    int rc;
+
     if (t->k->host)
         return 0;
-    t->stage = aligned_alloc(TD_ARENA_ALIGN, td_arena_round(bytes > 0 ? bytes : 1));
-    if (t->stage == NULL)
-        return td_error_set(err, TD_ENOMEM, "no memory for a %zu-byte batch staging buffer", bytes);
+    rc = t->k->alloc_host(&p, td_arena_round(bytes > 0 ? bytes : 1), &why);
+    if (rc != 0)
+        return td_error_set(err, rc, "no memory for a %zu-byte batch staging buffer: %s", bytes,
+                            why.msg);
+    t->stage = p;
     return 0;
 }
 
@@ -1169,7 +1176,8 @@ void td_trainer_free(td_trainer *t)
         t->k->free(t->scalars);
     if (t->spans != NULL)
         t->k->free(t->spans);
-    free(t->stage);
+    if (t->stage != NULL)
+        t->k->free_host(t->stage);
     td_arena_free(&t->arena);
     td_params_free(&t->params); /* it points into t->slm's tensors */
     free(t->slm);
@@ -1183,6 +1191,11 @@ void td_trainer_free(td_trainer *t)
 const td_arena *td_trainer_arena(const td_trainer *t)
 {
     return &t->arena;
+}
+
+const void *td_trainer_stage(const td_trainer *t)
+{
+    return t->stage;
 }
 
 td_params *td_trainer_params(td_trainer *t)

@@ -430,6 +430,32 @@ int td_cuda_alloc(void **p, size_t bytes, td_error_t *err)
     return alloc_on(p, bytes, device, err);
 }
 
+int td_cuda_alloc_host(void **p, size_t bytes, td_error_t *err)
+{
+    cudaError_t e = cudaHostAlloc(p, bytes > 0 ? bytes : 1, cudaHostAllocPortable);
+
+    if (e == cudaSuccess)
+        return 0;
+    *p = NULL;
+    td__cuda_note(e);
+    clear_last_error();
+    return td_error_set(err, TD_ECUDA, "cudaHostAlloc of %zu bytes of page-locked host memory: %s",
+                        bytes, cudaGetErrorString(e));
+}
+
+void td_cuda_free_host(void *p)
+{
+    cudaError_t e;
+
+    if (p == NULL)
+        return;
+    e = cudaFreeHost(p);
+    if (e != cudaSuccess) {
+        td__cuda_note(e);
+        clear_last_error();
+    }
+}
+
 /* Errors are not returned, so they must not linger either: left in the thread's last-error
  * slot, a failed free would be blamed on the next kernel launched. A sticky one is recorded. */
 void td_cuda_free(void *p)

@@ -143,6 +143,12 @@ const td_kernels *td_kernels_cuda(void);
 int td_cuda_alloc(void **p, size_t bytes, td_error_t *err);
 void td_cuda_free(void *p); /* accepts NULL; errors ignored */
 
+/* cudaHostAlloc (portable: any device's stream may copy from it) of bytes into *p: page-locked
+ * host memory, so an asynchronous upload from it is a DMA that leaves the host free. TD_ECUDA
+ * naming the size and the runtime's message; *p NULL then. Free with td_cuda_free_host(). */
+int td_cuda_alloc_host(void **p, size_t bytes, td_error_t *err);
+void td_cuda_free_host(void *p); /* accepts NULL; errors ignored */
+
 /* Host to device and device to host, on the current context's stream, waiting until done.
  * Panics (TD_ECUDA) on a CUDA error. */
 void td_cuda_upload(void *dst, const void *src, size_t bytes);
