@@ -165,7 +165,9 @@ static void test_gpt(void **state)
             g->m.attn_chunk = chunk;
             g->want_logits = logits;
             cap = td_gpt_arena_bytes(&g->m, g->B, g->T, 1) +
-                  (logits ? td_op_bytes_softmax_xent((size_t)g->B * g->T, d.Vp, 1) : 0);
+                  (logits ? td_op_bytes_softmax_xent((size_t)g->B * g->T, d.Vp, 1) +
+                                td_arena_round((size_t)g->B * g->T * d.Vp * sizeof(float))
+                          : 0);
             snprintf(what, sizeof(what), "gpt, chunk %d, %s classifier", chunk,
                      logits ? "unfused" : "fused");
             zeros = both_ways(what, g, &p, gpt_forward, cap, td_gpt_tape_len(&g->m), NULL, 0);

@@ -283,8 +283,11 @@ static void test_gpt_fused_classifier(void **state)
         tgt[i] = (int)td_rng_below(&rng, 11);
     }
     fused_bytes = td_gpt_arena_bytes(m, B, T, 1);
-    assert_int_equal(td_arena_init(&arena, fused_bytes + td_op_bytes_softmax_xent(B * T, d.Vp, 1)),
-                     0);
+    /* the unfused op's probs, and the gradient buffer of logits asked back */
+    assert_int_equal(
+        td_arena_init(&arena, fused_bytes + td_op_bytes_softmax_xent(B * T, d.Vp, 1) +
+                                  td_arena_round((size_t)B * T * d.Vp * sizeof(float))),
+        0);
     assert_int_equal(td_tape_init(&tape, td_gpt_tape_len(m)), 0);
     grad = malloc(p.n * sizeof(float));
     assert_non_null(grad);

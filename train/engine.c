@@ -327,7 +327,8 @@ static int rows_of(const td_tensor *t)
     return (int)(t->n / (size_t)t->shape[t->ndim - 1]);
 }
 
-td_tensor *td_linear(td_ctx *c, td_tensor *inp, td_tensor *w, td_tensor *b)
+/* td_linear and td_linear_logits: in_place, the output's gradient is its data (no buffer). */
+static td_tensor *linear(td_ctx *c, td_tensor *inp, td_tensor *w, td_tensor *b, int in_place)
 {
     int C = inp->shape[inp->ndim - 1];
     int OC = w->shape[0];
@@ -342,11 +343,25 @@ td_tensor *td_linear(td_ctx *c, td_tensor *inp, td_tensor *w, td_tensor *b)
         td_panic(TD_ESHAPE, "linear: bias has %zu elements, weight has %d outputs", b->n, OC);
     memcpy(shape, inp->shape, sizeof(shape));
     shape[inp->ndim - 1] = OC;
-    out = td_tensor_new(c, inp->ndim, shape, wants_grad(c, inp, w, b));
+    out = td_tensor_new(c, inp->ndim, shape, !in_place && wants_grad(c, inp, w, b));
+    if (in_place && wants_grad(c, inp, w, b)) {
+        out->grad = out->data;
+        out->fresh = !c->zero_grads;
+    }
     c->k->matmul_forward(out->data, inp->data, w->data, b != NULL ? b->data : NULL, N, C, OC);
     if (out->grad != NULL)
         tape_push(c->tape, TD_OP_LINEAR, out, inp, w, b);
     return out;
+}
+
+td_tensor *td_linear(td_ctx *c, td_tensor *inp, td_tensor *w, td_tensor *b)
+{
+    return linear(c, inp, w, b, 0);
+}
+
+td_tensor *td_linear_logits(td_ctx *c, td_tensor *inp, td_tensor *w, td_tensor *b)
+{
+    return linear(c, inp, w, b, 1);
 }
 
 /* out = forward(inp) elementwise, same shape, recorded as op. */
@@ -406,10 +421,10 @@ size_t td_op_bytes_softmax_xent(size_t rows, int Vp, int train)
  * logits' data (their values are no longer needed: the loss is their only consumer) for
  * dloss 1; a loss used further (scaled, summed) would need the unfused op. The logits'
  * grad pointer is then turned to their data, so the matmul's backward reads dlogits where the
- * kernel put them, and the tape entry's backward (saved[0] NULL) does nothing. The buffer the
- * logits' grad had stays allocated in the arena, unused (td_op_bytes_softmax_xent_fused and
- * the models' estimates count it as before): what goes is the (N,Vp) probs buffer and the
- * backward's read-modify-write over the logits' gradient. */
+ * kernel put them, and the tape entry's backward (saved[0] NULL) does nothing. Logits from
+ * td_linear_logits never had a gradient buffer of their own; from td_linear, theirs stays
+ * allocated, unused. What goes is the (N,Vp) probs buffer, the backward's read-modify-write
+ * over the logits' gradient and, with td_linear_logits, the gradient's (N,Vp) floats. */
 td_tensor *td_softmax_xent_fused(td_ctx *c, td_tensor *logits, const int *targets, int V)
 {
     int Vp = logits->shape[logits->ndim - 1];

@@ -200,6 +200,11 @@ td_tensor *td_tensor_new(td_ctx *c, int ndim, const int *shape, int with_grad);
 /* out = inp . w^T + b. inp is (..., C), w is (OC, C), b is (OC); out is (..., OC). */
 td_tensor *td_linear(td_ctx *c, td_tensor *inp, td_tensor *w, td_tensor *b);
 
+/* td_linear for logits whose only consumer is td_softmax_xent_fused: training, out's grad is
+ * out's data (the fused classifier writes the gradient there), so it takes no gradient buffer
+ * (td_tensor_bytes(n, 0)). Any other consumer would read gradients as logits. */
+td_tensor *td_linear_logits(td_ctx *c, td_tensor *inp, td_tensor *w, td_tensor *b);
+
 /* out = max(inp, 0), same shape. */
 td_tensor *td_relu(td_ctx *c, td_tensor *inp);
 

@@ -212,15 +212,18 @@ td_tensor *td_gpt_forward(td_ctx *c, td_gpt *m, const int *tokens, const int *ta
             : td_layernorm(c, x, &m->p[TD_GPT_LNFW], &m->p[TD_GPT_LNFB]);
     for (int l = 0; l < m->d.L; l++)
         h = block(c, m, l, &x, h);
+    /* The fused classifier overwrites the logits with their gradient in training, so their
+     * gradient needs no buffer of its own; a caller that asked for them (or for no loss) gets
+     * logits of their own and the unfused op (td_gpt_arena_bytes counts the fused one). */
+    if (logits == NULL && targets != NULL)
+        return td_softmax_xent_fused(c, td_linear_logits(c, h, &m->p[TD_GPT_WTE], NULL), targets,
+                                     m->d.V);
     h = td_linear(c, h, &m->p[TD_GPT_WTE], NULL); /* (B,T,Vp) */
     if (logits != NULL)
         *logits = h;
     if (targets == NULL)
         return NULL;
-    /* The fused classifier overwrites the logits with their gradient in training; a caller
-     * that asked for them gets the unfused op (td_gpt_arena_bytes counts the fused one). */
-    return logits != NULL ? td_softmax_xent_padded(c, h, targets, m->d.V)
-                          : td_softmax_xent_fused(c, h, targets, m->d.V);
+    return td_softmax_xent_padded(c, h, targets, m->d.V);
 }
 
 /* Mirrors td_gpt_forward's allocations one for one, and the transient blocks on the arena's
@@ -245,8 +248,8 @@ size_t td_gpt_arena_bytes(const td_gpt *m, int B, int T, int train)
         bytes += 2 * td_tensor_bytes(BT * C, train);     /* fcproj, residual */
     }
     bytes += td_op_bytes_layernorm(BT, d->C, train);
-    bytes += td_tensor_bytes(BT * (size_t)d->Vp, train); /* logits */
-    bytes += td_op_bytes_softmax_xent_fused(train);      /* no probs buffer */
+    bytes += td_tensor_bytes(BT * (size_t)d->Vp, 0); /* logits: their gradient in place */
+    bytes += td_op_bytes_softmax_xent_fused(train);  /* no probs buffer */
     if (train)
         bytes += td_op_bytes_attention_scratch(B, d->NH, T, T, m->attn_chunk, 1);
     return bytes > peak ? bytes : peak;
