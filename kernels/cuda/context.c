@@ -232,9 +232,11 @@ int td_cuda_ctx_new(td_cuda_ctx **out, int device, const td_cuda_options *opt, t
     if ((rc = alloc_on((void **)&c->scratch, c->scratch_bytes, device, err)) != 0 ||
         (rc = alloc_on((void **)&c->partial, TD_CUDA_REDUCE_BLOCKS * sizeof(double), device,
                        err)) != 0 ||
-        (rc = alloc_on((void **)&c->ones, TD_CUDA_ONES * sizeof(float), device, err)) != 0)
+        (rc = alloc_on((void **)&c->ones, TD_CUDA_ONES * sizeof(float), device, err)) != 0 ||
+        (rc = alloc_on((void **)&c->ticket, sizeof(*c->ticket), device, err)) != 0)
         goto fail;
     TRY_CUDA(td__cuda_fill(c->ones, 1.0f, TD_CUDA_ONES, c->stream), fail);
+    TRY_CUDA(cudaMemsetAsync(c->ticket, 0, sizeof(*c->ticket), c->stream), fail);
     TRY_CUDA(cudaStreamSynchronize(c->stream), fail);
     current = c;
     *out = c;
@@ -257,6 +259,7 @@ void td_cuda_ctx_free(td_cuda_ctx *c)
         (void)cudaStreamSynchronize(c->stream);
     if (c->blas != NULL)
         (void)cublasDestroy(c->blas);
+    cudaFree(c->ticket);
     cudaFree(c->ones);
     cudaFree(c->partial);
     cudaFree(c->scratch);

@@ -28,6 +28,8 @@ struct td_cuda_ctx {
     float *scratch;        /* scratch_bytes */
     size_t scratch_bytes;  /* bytes */
     double *partial;       /* TD_CUDA_REDUCE_BLOCKS doubles */
+    unsigned *ticket;      /* 0 between ops: a one-launch reduction's blocks count themselves in
+                            * on it, the last one finishes and puts it back (layernorm backward) */
     float *ones;           /* TD_CUDA_ONES floats of 1 */
     td_cuda_counts counts; /* what this context has issued: td_cuda_counts_get() */
 };

@@ -607,16 +607,22 @@ __device__ void layernorm_dinp_row(float *dinp, const float *d, const float *x, 
 
 static_assert(ROW_WARPS * 32 == THREADS, "the LayerNorm backward's blocks serve rows and columns");
 
-// The LayerNorm backward's first launch, two kinds of block side by side (independent work, no
-// order between them): blocks [0, rb) a warp per row of dinp (rb = 0: no dinp), then G * cols
-// blocks of the column sums' first stage, block rb + g * cols + k thread t summing column
-// c = k * blockDim + t over rows [g N/G, (g+1) N/G) in order into part[g][c] (dbias's) and
-// part[G + g][c] (dweight's). part is (2G, C)
-__global__ void layernorm_backward_kernel(float *dinp, float *part, const float *dout,
-                                          const float *inp, const float *weight, const float *mean,
-                                          const float *rstd, int N, int C, int G, int store,
-                                          unsigned rb, unsigned cols)
+// The LayerNorm backward in one launch, two kinds of block side by side: blocks [0, rb) a warp
+// per row of dinp (rb = 0: no dinp); then G * cols blocks of the column sums, block
+// rb + g * cols + k thread t summing column c = k * blockDim + t over rows [g N/G, (g+1) N/G) in
+// order into part[g][c] (dbias's) and part[G + g][c] (dweight's). Each column block then
+// counts itself in on *ticket after a fence, and the last one adds part's G rows of every column
+// in order into dbias and dweight and puts the ticket back to 0 (the threadfence reduction of
+// CUDA's samples). The partial sums and their order depend on N and C alone, not on which block
+// ends last: the same bits every call. part is (2G, C); dweight, dbias may be NULL
+__global__ void layernorm_backward_kernel(float *dinp, float *dweight, float *dbias, float *part,
+                                          unsigned *ticket, const float *dout, const float *inp,
+                                          const float *weight, const float *mean, const float *rstd,
+                                          int N, int C, int G, int store, unsigned rb,
+                                          unsigned cols)
 {
+    __shared__ int last;
+
     if (blockIdx.x < rb) {
         size_t row = (size_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
         if (row < (size_t)N)
@@ -627,37 +633,38 @@ __global__ void layernorm_backward_kernel(float *dinp, float *part, const float 
     unsigned b = blockIdx.x - rb;
     int g = (int)(b / cols), c = (int)(b % cols) * blockDim.x + threadIdx.x;
     int r0 = (int)((int64_t)g * N / G), r1 = (int)((int64_t)(g + 1) * N / G);
-    float sb = 0.0f, sw = 0.0f;
 
-    if (c >= C)
-        return;
-    for (int r = r0; r < r1; r++) {
-        float d = dout[(size_t)r * C + c];
-        sb += d;
-        sw += ((inp[(size_t)r * C + c] - mean[r]) * rstd[r]) * d;
+    if (c < C) {
+        float sb = 0.0f, sw = 0.0f;
+        for (int r = r0; r < r1; r++) {
+            float d = dout[(size_t)r * C + c];
+            sb += d;
+            sw += ((inp[(size_t)r * C + c] - mean[r]) * rstd[r]) * d;
+        }
+        part[(size_t)g * C + c] = sb;
+        part[(size_t)(G + g) * C + c] = sw;
     }
-    part[(size_t)g * C + c] = sb;
-    part[(size_t)(G + g) * C + c] = sw;
-}
-
-// The second launch: dbias[c] += the sum of part[g][c] over g in order, dweight[c] += that of
-// part[G + g][c]; either may be NULL. part is (2G, C)
-__global__ void layernorm_finish_kernel(float *dweight, float *dbias, const float *part, int G,
-                                        int C)
-{
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    float sb = 0.0f, sw = 0.0f;
-
-    if (c >= C)
+    __threadfence(); /* this block's partial sums visible before its ticket */
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last = atomicAdd(ticket, 1u) == (unsigned)G * cols - 1;
+    __syncthreads();
+    if (!last)
         return;
-    for (int g = 0; g < G; g++) {
-        sb += part[(size_t)g * C + c];
-        sw += part[(size_t)(G + g) * C + c];
+    __threadfence();
+    for (int j = threadIdx.x; j < C; j += blockDim.x) {
+        float sb = 0.0f, sw = 0.0f;
+        for (int k = 0; k < G; k++) { /* from L2: other blocks wrote them */
+            sb += __ldcg(part + (size_t)k * C + j);
+            sw += __ldcg(part + (size_t)(G + k) * C + j);
+        }
+        if (dbias != NULL)
+            dbias[j] += sb;
+        if (dweight != NULL)
+            dweight[j] += sw;
     }
-    if (dbias != NULL)
-        dbias[c] += sb;
-    if (dweight != NULL)
-        dweight[c] += sw;
+    if (threadIdx.x == 0)
+        *ticket = 0;
 }
 
 // ---- attention ------------------------------------------------------------------------------
@@ -1206,10 +1213,10 @@ static void residual_layernorm_forward(float *res, float *out, float *mean, floa
     LAUNCH_CHECK("residual_layernorm_kernel");
 }
 
-// Two launches (one without dweight and dbias), where there were four: dinp a warp per row
-// beside the first stage of the column sums (its (2G, C) partial sums in the context's scratch,
-// G row chunks, as many up to COL_CHUNKS as fit), then both columns' second stage. The
-// arithmetic, and so the bits, of the four (a dinp kernel, the partial sums, a finish for each).
+// One launch, where there were four (a dinp kernel, the column sums' partial sums, a finish for
+// each of dbias and dweight): dinp a warp per row beside the column sums, whose (2G, C) partial
+// sums sit in the context's scratch (G row chunks, as many up to COL_CHUNKS as fit) and whose
+// last block finishes both columns. The arithmetic, and so the bits, of the four.
 static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const float *weight, const float *mean,
                                const float *rstd, int N, int C, int store)
@@ -1233,12 +1240,9 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
             G = (int)fit;
     }
     layernorm_backward_kernel<<<rb + (unsigned)G * cols, ROW_WARPS * 32, 0, x->stream>>>(
-        dinp, x->scratch, dout, inp, weight, mean, rstd, N, C, G, store & TD_STORE_1, rb, cols);
+        dinp, dweight, dbias, x->scratch, x->ticket, dout, inp, weight, mean, rstd, N, C, G,
+        store & TD_STORE_1, rb, cols);
     LAUNCH_CHECK("layernorm_backward_kernel");
-    if (G > 0) {
-        layernorm_finish_kernel<<<cols, THREADS, 0, x->stream>>>(dweight, dbias, x->scratch, G, C);
-        LAUNCH_CHECK("layernorm_finish_kernel");
-    }
 }
 
 static void gelu_forward(float *out, const float *inp, size_t n)
