@@ -149,6 +149,10 @@ WRAP(GP_OPTIM, adamw_update,
      (float *param, float *m, float *v, const float *grad, size_t n, float lr, float beta1,
       float beta2, float eps, float weight_decay, int64_t t),
      (param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, t))
+WRAP(GP_OPTIM, sgd_flat,
+     (float *param, float *buf, float *grad, size_t n, const float *factor, float lr,
+      float momentum, float weight_decay),
+     (param, buf, grad, n, factor, lr, momentum, weight_decay))
 WRAP(GP_OPTIM, sgd_update,
      (float *param, float *buf, const float *grad, size_t n, float lr, float momentum,
       float weight_decay),
@@ -221,8 +225,8 @@ const td_kernels *gp_table(void)
     SET(residual_layernorm_forward);
     SET(gelu_forward), SET(gelu_backward), SET(residual_forward), SET(residual_backward);
     SET(attention_forward), SET(attention_backward), SET(sumsq), SET(scale);
-    SET(adamw_update), SET(clip_scale), SET(adamw_flat), SET(sgd_update), SET(token_mean_forward),
-        SET(token_mean_backward);
+    SET(adamw_update), SET(clip_scale), SET(adamw_flat), SET(sgd_update), SET(sgd_flat),
+        SET(token_mean_forward), SET(token_mean_backward);
     SET(gather_rows_forward), SET(gather_rows_backward), SET(l2norm_forward);
     SET(l2norm_backward), SET(siglip_forward), SET(siglip_backward);
 #undef SET

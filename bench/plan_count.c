@@ -114,6 +114,8 @@ OP(clip_scale, (float *out, const double *sumsq, const float *loss, float max_no
 OP(adamw_flat, (float *param, float *m, float *v, float *grad, size_t n,
                 const struct td_adamw_span *spans, int nspans, const float *scale, float lr,
                 float beta1, float beta2, float eps, float weight_decay, int64_t t))
+OP(sgd_flat, (float *param, float *buf, float *grad, size_t n, const float *factor, float lr,
+              float momentum, float weight_decay))
 OP(sgd_update, (float *param, float *buf, const float *grad, size_t n, float lr, float momentum,
                 float weight_decay))
 OP(token_mean_forward, (float *out, const float *inp, int B, int N, int C))
@@ -185,7 +187,7 @@ const td_kernels *pc_table(void)
     SET(layernorm_forward), SET(residual_layernorm_forward), SET(layernorm_backward);
     SET(gelu_forward), SET(gelu_backward), SET(residual_forward), SET(residual_backward);
     SET(attention_forward), SET(attention_backward), SET(sumsq), SET(scale), SET(adamw_update);
-    SET(clip_scale), SET(adamw_flat), SET(sgd_update), SET(token_mean_forward);
+    SET(clip_scale), SET(adamw_flat), SET(sgd_update), SET(sgd_flat), SET(token_mean_forward);
     SET(token_mean_backward), SET(gather_rows_forward), SET(gather_rows_backward);
     SET(l2norm_forward), SET(l2norm_backward), SET(siglip_forward), SET(siglip_backward);
 #undef SET

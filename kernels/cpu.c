@@ -1302,6 +1302,20 @@ static void sgd_update(float *param, float *buf, const float *grad, size_t n, fl
     run_spans(&j);
 }
 
+// The clip (scale), then sgd_update: the trainer's host-clipped step, bit for bit
+// param, buf, grad are (n), factor is (1)
+static void sgd_flat(float *param, float *buf, float *grad, size_t n, const float *factor, float lr,
+                     float momentum, float weight_decay)
+{
+    float s = *factor;
+
+    if (!isfinite(s))
+        return;
+    if (s != 1.0f)
+        scale(grad, s, n);
+    sgd_update(param, buf, grad, n, lr, momentum, weight_decay);
+}
+
 /* ---- memory: host memory, so the copies are memcpy ------------------------------------ */
 
 #define CPU_ALIGN 256 /* bytes: the CUDA backend's alignment, so layouts match across tables */
@@ -1366,6 +1380,7 @@ static const td_kernels cpu_kernels = {
     .clip_scale = clip_scale,
     .adamw_flat = adamw_flat,
     .sgd_update = sgd_update,
+    .sgd_flat = sgd_flat,
     .token_mean_forward = td__cpu_token_mean_forward,
     .token_mean_backward = td__cpu_token_mean_backward,
     .gather_rows_forward = td__cpu_gather_rows_forward,

@@ -265,6 +265,12 @@ typedef struct td_kernels {
     // param, buf, grad are (n); buf may be NULL when momentum is 0
     void (*sgd_update)(float *param, float *buf, const float *grad, size_t n, float lr,
                        float momentum, float weight_decay);
+    // The clip over the whole buffer by the backend's factor (clip_scale's out[0]: grad *= it,
+    // left so, as scale leaves it, when it is not 1), then sgd_update: one launch, no host sync.
+    // A factor that is not finite (a NaN or Inf loss or norm) skips the step: nothing written.
+    // param, buf, grad are (n) (buf NULL when momentum is 0), factor is (1)
+    void (*sgd_flat)(float *param, float *buf, float *grad, size_t n, const float *factor, float lr,
+                     float momentum, float weight_decay);
 
     // ---- a two-tower model's heads (sensorlm): pooling, one row per sequence, unit rows, and
     // the sigmoid contrastive loss. CPU twins in cpu_heads.c, CUDA twins in cuda/heads.cu

@@ -253,6 +253,12 @@ static void sgd_update(float *param, float *buf, const float *grad, size_t n, fl
     CPU->sgd_update(H(param), H(buf), HC(grad), n, lr, momentum, weight_decay);
 }
 
+static void sgd_flat(float *param, float *buf, float *grad, size_t n, const float *factor, float lr,
+                     float momentum, float weight_decay)
+{
+    CPU->sgd_flat(H(param), H(buf), H(grad), n, HC(factor), lr, momentum, weight_decay);
+}
+
 static void token_mean_forward(float *out, const float *inp, int B, int N, int C)
 {
     CPU->token_mean_forward(H(out), HC(inp), B, N, C);
@@ -338,6 +344,7 @@ static const td_kernels fake = {
     .clip_scale = clip_scale,
     .adamw_flat = adamw_flat,
     .sgd_update = sgd_update,
+    .sgd_flat = sgd_flat,
     .token_mean_forward = token_mean_forward,
     .token_mean_backward = token_mean_backward,
     .gather_rows_forward = gather_rows_forward,

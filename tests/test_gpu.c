@@ -1757,6 +1757,38 @@ static void adamw_flat_case(size_t n)
     dev_free(d_out), dev_free(d_loss), dev_free(d_ss), dev_free(d_spans);
 }
 
+/* sgd_flat in one launch against the CPU twin: momentum and weight decay, the clip's factor
+ * from clip_scale on each side (scaling on step 1), then a NaN loss that skips step 3 on both.
+ * Within 4 ulp of the CPU (nvcc may contract into fma), the buffer within 16. */
+static void sgd_flat_case(size_t n)
+{
+    float *p = rand_host(n, -1, 1), *g = rand_host(n, -1, 1), *b = calloc(n, sizeof(float));
+    float *d_p = to_dev(p, n), *d_g = to_dev(g, n), *d_b = to_dev(b, n), *h, out[2];
+    float *d_out = dev_alloc(2 * sizeof(float)), *d_loss = dev_alloc(sizeof(float)), loss = 0.5f;
+    double ss, *d_ss = dev_alloc(sizeof(double));
+
+    for (int t = 1; t <= 3; t++) {
+        float max_norm = t == 1 ? 0.25f : 1e9f;
+        if (t == 3)
+            loss = NAN;
+        dev_up(d_loss, &loss, sizeof(loss));
+        KC->sumsq(&ss, g, n);
+        KC->clip_scale(out, &ss, &loss, max_norm);
+        KD->sumsq(d_ss, d_g, n);
+        KD->clip_scale(d_out, d_ss, d_loss, max_norm);
+        KC->sgd_flat(p, b, g, n, out, 0.1f, 0.9f, 0.01f);
+        KD->sgd_flat(d_p, d_b, d_g, n, d_out, 0.1f, 0.9f, 0.01f);
+    }
+    h = to_host(d_p, n);
+    check_ulps("sgd_flat param", h, p, n, ULP4);
+    free(h);
+    h = to_host(d_b, n);
+    check_ulps("sgd_flat momentum", h, b, n, 4 * ULP4);
+    free(h);
+    free(p), free(g), free(b);
+    dev_free(d_p), dev_free(d_g), dev_free(d_b), dev_free(d_out), dev_free(d_loss), dev_free(d_ss);
+}
+
 /* Several blocks with a partial last one, then the grid-stride wrap-around. */
 static void body_optimizers(void)
 {
@@ -1764,6 +1796,8 @@ static void body_optimizers(void)
     optimizers_case(WRAP_N);
     adamw_flat_case(NE);
     adamw_flat_case(WRAP_N);
+    sgd_flat_case(NE);
+    sgd_flat_case(WRAP_N);
 }
 
 /* ---- a two-tower model's heads (kernels/cpu_heads.c, cuda/heads.cu) ----------------------- */

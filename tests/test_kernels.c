@@ -1262,6 +1262,40 @@ static void test_adamw_flat_vs_per_tensor(void **state)
     }
 }
 
+/* sgd_flat is the trainer's old SGD step bit for bit: scale by clip_scale's factor where it
+ * clips, then sgd_update over the buffer; momentum and weight decay on, then momentum 0 (no
+ * buffer); three steps: clipped, unclipped (factor exactly 1), a NaN loss (nothing written). */
+static void test_sgd_flat_vs_host_clip(void **state)
+{
+    enum { N = 777 };
+    static float p[N], b[N], g[N], p2[N], b2[N], g2[N];
+    const float max_norm[3] = {0.5f, 1e9f, 0.5f};
+
+    for (int mom = 0; mom < 2; mom++) {
+        fill_lcg(p, N, 1.0f, 7);
+        memcpy(p2, p, sizeof(p));
+        memset(b, 0, sizeof(b)), memset(b2, 0, sizeof(b2));
+        for (int t = 1; t <= 3; t++) {
+            float loss = t == 3 ? NAN : 1.25f, out[2];
+            double ss, norm;
+            fill_lcg(g, N, 0.5f, 200u + (uint32_t)t);
+            memcpy(g2, g, sizeof(g));
+            K->sumsq(&ss, g, N);
+            norm = sqrt(ss);
+            K->clip_scale(out, &ss, &loss, max_norm[t - 1]);
+            K->sgd_flat(p, mom ? b : NULL, g, N, out, 0.1f, mom ? 0.9f : 0.0f, 0.01f);
+            if (t == 3)
+                continue;
+            if (norm > max_norm[t - 1])
+                K->scale(g2, (float)(max_norm[t - 1] / (norm + 1e-6)), N);
+            K->sgd_update(p2, mom ? b2 : NULL, g2, N, 0.1f, mom ? 0.9f : 0.0f, 0.01f);
+        }
+        assert_memory_equal(p, p2, sizeof(p));
+        assert_memory_equal(b, b2, sizeof(b));
+        assert_memory_equal(g, g2, sizeof(g));
+    }
+}
+
 /* torch.optim.SGD (momentum 0.9, dampening 0, weight decay 0.01 added to the gradient), lr
  * 0.1, the same gradient twice, by hand:
  *   step 1: g = (0.5, 0.25) + 0.01 (1, -2) = (0.51, 0.23); buf = g; p = (0.949, -2.023)
@@ -1346,6 +1380,7 @@ int main(void)
         cmocka_unit_test(test_sumsq_and_scale),
         cmocka_unit_test(test_adamw_two_steps),
         cmocka_unit_test(test_adamw_flat_vs_per_tensor),
+        cmocka_unit_test(test_sgd_flat_vs_host_clip),
         cmocka_unit_test(test_sgd_momentum),
         cmocka_unit_test(test_zero_and_name),
         cmocka_unit_test(test_cuda_probe),

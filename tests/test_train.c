@@ -326,11 +326,12 @@ static void test_determinism(void **state)
     assert_memory_not_equal(loss[0], loss[2], 20 * sizeof(double));
 }
 
-/* The fused step (norm, clip factor and one adamw_flat call on the backend, one read-back) gives
- * the losses, norms and parameters of the step before it bit for bit: the reference is the CPU
- * table without adamw_flat, on which the trainer still reads the loss, then the norm, clips on
- * the host and updates tensor by tensor. Weight decay on (the 2-D tensors only) and a clip low
- * enough to act on every step. Host syncs per step: 1 fused, 2 the old way. */
+/* The fused step (norm, clip factor and one adamw_flat or sgd_flat call on the backend, one
+ * read-back) gives the losses, norms and parameters of the step before it bit for bit: the
+ * reference is the CPU table without the flat forms, on which the trainer still reads the loss,
+ * then the norm, clips on the host and updates (AdamW tensor by tensor). AdamW with weight decay
+ * on (the 2-D tensors only), then SGD with momentum and weight decay; a clip low enough to act
+ * on every step. Host syncs per step: 1 fused, 2 the old way. */
 static void test_fused_step_unchanged(void **state)
 {
     static tt_recorder r[2];
@@ -341,38 +342,47 @@ static void test_fused_step_unchanged(void **state)
 
     legacy = *td_kernels_cpu();
     legacy.adamw_flat = NULL;
+    legacy.sgd_flat = NULL;
     legacy.clip_scale = NULL;
-    for (int i = 0; i < 2; i++) {
-        td_train_config cfg;
-        td_trainer *t = NULL;
-        td_error_t err = {0};
-        td_train_hooks hooks = {.ud = &r[i], .metric = tt_record};
-        td_params *p;
+    for (int sgd = 0; sgd < 2; sgd++) {
+        for (int i = 0; i < 2; i++) {
+            td_train_config cfg;
+            td_trainer *t = NULL;
+            td_error_t err = {0};
+            td_train_hooks hooks = {.ud = &r[i], .metric = tt_record};
+            td_params *p;
 
-        memset(&r[i], 0, sizeof(r[i]));
-        synth_config(&cfg, 0);
-        cfg.max_steps = 20;
-        cfg.weight_decay = 0.1f;
-        cfg.grad_clip = 0.005f;
-        cfg.kernels = i == 0 ? NULL : &legacy;
-        assert_int_equal(td_trainer_new(&t, &cfg, &hooks, &err), 0);
-        run_all(t);
-        assert_int_equal(td_trainer_host_syncs(t), i == 0 ? 1 : 2);
-        p = td_trainer_params(t);
-        n = p->n;
-        params[i] = malloc(n * sizeof(float));
-        assert_non_null(params[i]);
-        memcpy(params[i], p->data, n * sizeof(float));
-        td_trainer_free(t);
-        assert_int_equal(tt_values_of(&r[i], "train_loss", loss[i], NULL, 24), 20);
-        assert_int_equal(tt_values_of(&r[i], "grad_norm", norm[i], NULL, 24), 20);
+            memset(&r[i], 0, sizeof(r[i]));
+            synth_config(&cfg, 0);
+            cfg.max_steps = 20;
+            cfg.weight_decay = 0.1f;
+            cfg.grad_clip = 0.005f;
+            if (sgd) {
+                cfg.optim = TD_OPTIM_SGD;
+                cfg.lr = 0.1f;
+                cfg.momentum = 0.9f;
+                cfg.weight_decay = 1e-3f;
+            }
+            cfg.kernels = i == 0 ? NULL : &legacy;
+            assert_int_equal(td_trainer_new(&t, &cfg, &hooks, &err), 0);
+            run_all(t);
+            assert_int_equal(td_trainer_host_syncs(t), i == 0 ? 1 : 2);
+            p = td_trainer_params(t);
+            n = p->n;
+            params[i] = malloc(n * sizeof(float));
+            assert_non_null(params[i]);
+            memcpy(params[i], p->data, n * sizeof(float));
+            td_trainer_free(t);
+            assert_int_equal(tt_values_of(&r[i], "train_loss", loss[i], NULL, 24), 20);
+            assert_int_equal(tt_values_of(&r[i], "grad_norm", norm[i], NULL, 24), 20);
+        }
+        for (int s = 0; s < 20; s++)
+            assert_true(norm[0][s] > 0.005); /* the clip acted on every step */
+        assert_memory_equal(loss[0], loss[1], 20 * sizeof(double));
+        assert_memory_equal(norm[0], norm[1], 20 * sizeof(double));
+        assert_memory_equal(params[0], params[1], n * sizeof(float));
+        free(params[0]), free(params[1]);
     }
-    for (int s = 0; s < 20; s++)
-        assert_true(norm[0][s] > 0.005); /* the clip acted on every step */
-    assert_memory_equal(loss[0], loss[1], 20 * sizeof(double));
-    assert_memory_equal(norm[0], norm[1], 20 * sizeof(double));
-    assert_memory_equal(params[0], params[1], n * sizeof(float));
-    free(params[0]), free(params[1]);
 }
 
 /* SGD with momentum trains the same task. */

@@ -613,11 +613,15 @@ void td_optim_step(const td_kernels *k, td_params *p, const td_train_config *cfg
  * TD_ECUDA from k->alloc; a device's upload panics on its errors (call under a boundary). */
 int td_optim_spans(const td_kernels *k, const td_params *p, td_adamw_span **spans, td_error_t *err);
 
-/* AdamW over every tensor of p in one adamw_flat call, the gradient first multiplied by *scale
- * (k's memory, from clip_scale; not finite: the step is skipped on the backend). Bit for bit
- * td_optim_step after the host's clip on the CPU. */
+/* The step over every tensor of p in one call, the gradient first multiplied by *scale (k's
+ * memory, from clip_scale; not finite: the step is skipped on the backend): AdamW's adamw_flat
+ * over spans, SGD's sgd_flat over the whole buffer. Bit for bit td_optim_step after the host's
+ * clip on the CPU. */
 void td_optim_step_flat(const td_kernels *k, td_params *p, const td_train_config *cfg,
                         const td_adamw_span *spans, const float *scale, float lr, int64_t t);
+
+/* Whether k has cfg's optimizer's one-call form and clip_scale (td_optim_step_flat). */
+int td_optim_has_flat(const td_kernels *k, const td_train_config *cfg);
 
 /* The global L2 norm of the gradients (over p->n floats; padding is zero). sumsq is one double
  * of k's memory for the kernel's result (downloaded; panics on a device error). */

@@ -60,8 +60,22 @@ int td_optim_spans(const td_kernels *k, const td_params *p, td_adamw_span **span
 void td_optim_step_flat(const td_kernels *k, td_params *p, const td_train_config *cfg,
                         const td_adamw_span *spans, const float *scale, float lr, int64_t t)
 {
-    k->adamw_flat(p->data, p->m, p->v, p->grad, p->n, spans, p->count, scale, lr, cfg->beta1,
-                  cfg->beta2, cfg->eps, cfg->weight_decay, t);
+    switch (cfg->optim) {
+    case TD_OPTIM_ADAMW:
+        k->adamw_flat(p->data, p->m, p->v, p->grad, p->n, spans, p->count, scale, lr, cfg->beta1,
+                      cfg->beta2, cfg->eps, cfg->weight_decay, t);
+        break;
+    case TD_OPTIM_SGD:
+        k->sgd_flat(p->data, p->m, p->grad, p->n, scale, lr, cfg->momentum, cfg->weight_decay);
+        break;
+    }
+}
+
+int td_optim_has_flat(const td_kernels *k, const td_train_config *cfg)
+{
+    if (k->clip_scale == NULL)
+        return 0;
+    return cfg->optim == TD_OPTIM_ADAMW ? k->adamw_flat != NULL : k->sgd_flat != NULL;
 }
 
 double td_grad_norm(const td_kernels *k, const td_params *p, double *sumsq)

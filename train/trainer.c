@@ -1048,10 +1048,10 @@ static float allreduce(td_trainer *t, const pass *p, float value)
     return value;
 }
 
-/* One process, AdamW: the norm, the clip's factor and the update on the backend, then the
+/* One process, AdamW or SGD: the norm, the clip's factor and the update on the backend, then the
  * step's only host sync, one download of the sum of squares and the loss. A NaN or Inf loss or
- * norm has made adamw_flat skip the update; the caller applies the NaN policy to what comes
- * back. Returns the loss, *norm the gradient's global norm. */
+ * norm has made adamw_flat or sgd_flat skip the update; the caller applies the NaN policy to what
+ * comes back. Returns the loss, *norm the gradient's global norm. */
 static float fused_update(td_trainer *t, const pass *p, float lr, int64_t step, double *norm)
 {
     unsigned char *s = t->scalars;
@@ -1110,7 +1110,7 @@ int td_trainer_step(td_trainer *t)
     t->k->zero(t->params.grad, t->params.n);
 
     t->syncs = 0;
-    fused = cfg->optim == TD_OPTIM_ADAMW && cfg->world == 1 && t->k->adamw_flat != NULL &&
+    fused = cfg->world == 1 && td_optim_has_flat(t->k, cfg) &&
             !(cfg->debug_fail_kind == TD_FAIL_NAN && cfg->debug_fail_step == step);
     value = step_loss(t, &c, step, &p, fused);
     lr = td_schedule_lr(cfg, step, t->total_steps);

@@ -320,6 +320,31 @@ __global__ void sgd_kernel(float *param, float *buf, const float *grad, size_t n
     }
 }
 
+// sgd_kernel after the clip's factor: a factor that is not finite skips the step; else the
+// gradient scaled (and left so) when the factor is not 1
+__global__ void sgd_flat_kernel(float *param, float *buf, float *grad, size_t n,
+                                const float *factor, float lr, float momentum, float weight_decay)
+{
+    float s = *factor;
+
+    if (!isfinite(s))
+        return;
+    GRID_STRIDE(i, n)
+    {
+        float g = grad[i];
+        if (s != 1.0f) {
+            g *= s;
+            grad[i] = g;
+        }
+        g += weight_decay * param[i];
+        if (buf != NULL) {
+            buf[i] = momentum * buf[i] + g;
+            g = buf[i];
+        }
+        param[i] -= lr * g;
+    }
+}
+
 // ---- softmax cross-entropy, argmax ------------------------------------------------------------
 
 // Rows blockIdx.x, +gridDim.x, ... of the stable softmax over the first V of Vp columns, with
@@ -1507,6 +1532,15 @@ static void sgd_update(float *param, float *buf, const float *grad, size_t n, fl
              weight_decay);
 }
 
+static void sgd_flat(float *param, float *buf, float *grad, size_t n, const float *factor, float lr,
+                     float momentum, float weight_decay)
+{
+    td_cuda_ctx *x = td__cuda_ctx();
+
+    LAUNCH_N(x, sgd_flat_kernel, n, param, momentum != 0.0f ? buf : NULL, grad, n, factor, lr,
+             momentum, weight_decay);
+}
+
 // In kernels.h's order (C++ designated initializers must keep it).
 static const td_kernels cuda_kernels = {
     .name = "cuda",
@@ -1547,6 +1581,7 @@ static const td_kernels cuda_kernels = {
     .clip_scale = clip_scale,
     .adamw_flat = adamw_flat,
     .sgd_update = sgd_update,
+    .sgd_flat = sgd_flat,
     .token_mean_forward = td__cuda_token_mean_forward,
     .token_mean_backward = td__cuda_token_mean_backward,
     .gather_rows_forward = td__cuda_gather_rows_forward,
