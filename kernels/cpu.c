@@ -1108,6 +1108,8 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
 
     if (d->chunk < 1)
         td_panic(TD_EINVAL, "attention: a chunk of %d query rows", d->chunk);
+    if (d->causal && d->Nq != d->Nk)
+        td_panic(TD_EINVAL, "attention: causal with %d queries and %d keys", d->Nq, d->Nk);
     if (dq == NULL && dk == NULL && dv == NULL)
         return;
     J.blk = &blk;

@@ -436,6 +436,8 @@ td_tensor *td_softmax_xent_fused(td_ctx *c, td_tensor *logits, const int *target
         td_panic(TD_ESHAPE, "softmax_xent: %d classes in %d logits", V, Vp);
     if (!wants_grad(c, logits, NULL, NULL))
         return td_softmax_xent_padded(c, logits, targets, V);
+    if (logits->base != NULL) /* its tensor's gradient would stay unwritten */
+        td_panic(TD_EINVAL, "fused classifier: the logits are a view; give it the op's output");
     loss = td_tensor_new(c, 1, (int[]){1}, 1);
     c->k->softmax_xent_fused(loss->data, logits->data, targets, N, V, Vp, 1);
     logits->grad = logits->data;

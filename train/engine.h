@@ -352,7 +352,8 @@ size_t td_op_bytes_siglip(int train);
  * find a fresh gradient zeroed first. An op whose output gradient nobody wrote (no consumer
  * on the tape) contributes nothing and is skipped, but for the all-gather, which every replica
  * must join. The gradients are those of accumulating into zeros, bit for bit (c->zero_grads
- * runs that path). Then empties the tape. */
+ * runs that path). A gradient nobody wrote (a tensor the loss does not depend on) holds what
+ * the arena held, not zeros. Then empties the tape. */
 void td_backward(td_ctx *c, td_tensor *loss);
 
 /* ---- the MLP -------------------------------------------------------------------------- */

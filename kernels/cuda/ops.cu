@@ -1406,6 +1406,8 @@ static void attention_backward(float *dq, float *dk, float *dv, float *scratch, 
 
     if (d->chunk < 1)
         td_panic(TD_EINVAL, "attention: a chunk of %d query rows", d->chunk);
+    if (d->causal && d->Nq != d->Nk) /* a stored dk, dv would miss keys [Nq, Nk) */
+        td_panic(TD_EINVAL, "attention: causal with %d queries and %d keys", d->Nq, d->Nk);
     if (d->B == 0 || d->NH == 0 || d->Nq == 0 || d->Nk == 0 ||
         (dq == NULL && dk == NULL && dv == NULL))
         return;
