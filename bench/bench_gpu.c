@@ -39,7 +39,9 @@
  *     replaced; then a training step of each model through the engine on a table that only
  *     counts (plan_count.c): table calls, memsets and their bytes, activation gradients stored
  *     and added into, residual gradients passed through, now and with every gradient zeroed
- *     when allocated (the path before the first writers). Exit 0; no GPU needed.
+ *     when allocated (the path before the first writers); then the real trainer's second step
+ *     of GPT-2 124M on that table: calls, memsets, host syncs, now and without the flat
+ *     optimizer (the step before issue 24's one read-back). Exit 0; no GPU needed.
  *
  *   bench_gpu [--batch B] [--steps S] [--warmup W] [--precision LIST] [--direct] [--no-gemm]
  *             [--csv FILE] [--profile [--slm-data SHARD]] [--probe] [--plan]
@@ -1024,6 +1026,65 @@ static void plan_steps(int B)
     free(s.tok), free(s.end);
 }
 
+/* Step 2 of the real trainer (GPT-2 124M at B, T 1024, fp32, AdamW with the clip) on the counting
+ * table, or (legacy) on it without adamw_flat and clip_scale: the path before issue 24's fused
+ * step, which read the loss, then the norm, and updated tensor by tensor. */
+static pc_counts plan_trainer_step(const char *shard, int B, int legacy, int64_t *syncs)
+{
+    static td_kernels old;
+    td_train_config cfg;
+    td_train_hooks hooks = {0};
+    td_trainer *t = NULL;
+    td_error_t err = {0};
+    pc_counts c;
+
+    old = *pc_table();
+    old.adamw_flat = NULL;
+    old.clip_scale = NULL;
+    gpt2_config(&cfg, shard, B, 3);
+    cfg.kernels = legacy ? &old : pc_table();
+    if (td_trainer_new(&t, &cfg, &hooks, &err) != 0 || td_trainer_step_caught(t, &err) < 0) {
+        fprintf(stderr, "bench_gpu --plan: the trainer on the counting table: %s\n", err.msg);
+        exit(1);
+    }
+    pc_reset();
+    if (td_trainer_step_caught(t, &err) < 0) {
+        fprintf(stderr, "bench_gpu --plan: the trainer's step 2: %s\n", err.msg);
+        exit(1);
+    }
+    c = pc_get();
+    *syncs = td_trainer_host_syncs(t);
+    td_trainer_free(t);
+    return c;
+}
+
+static void plan_trainer(int B)
+{
+    char dir[64] = "/tmp/td_bench_gpu_XXXXXX", shard[TD_PATH_MAX];
+
+    if (mkdtemp(dir) == NULL || snprintf(shard, sizeof(shard), "%s/tokens.bin", dir) < 0 ||
+        write_shard(shard, 50257) != 0) {
+        fprintf(stderr, "bench_gpu --plan: cannot write the token shard in %s\n", dir);
+        exit(1);
+    }
+    printf("GPT-2 124M (B %d, T 1024, fp32 AdamW, clip 1), a whole training step of the trainer "
+           "(the counting table):\n",
+           B);
+    for (int legacy = 0; legacy < 2; legacy++) {
+        int64_t syncs = 0;
+        pc_counts c = plan_trainer_step(shard, B, legacy, &syncs);
+        printf("  %-7s %ld table calls; memsets %ld, %.2f GB; host syncs %ld (the trainer counts "
+               "%lld), asynchronous uploads %ld%s\n",
+               legacy ? "before:" : "now:", c.calls, c.zero_calls, c.zero_b / 1e9, c.syncs,
+               (long long)syncs, c.copies,
+               legacy ? " (no adamw_flat, clip_scale: the loss, then the norm read back, the "
+                        "clip on the host, AdamW tensor by tensor)"
+                      : "");
+    }
+    unlink(shard);
+    rmdir(dir);
+}
+
 static int plan(int B)
 {
     plan_line("GPT-2 124M", B > 0 ? B : 16, 12, 1024, 1024, 1);
@@ -1031,6 +1092,7 @@ static int plan(int B)
     plan_line("SensorLM base, text tower", 32, 12, 64, 64, 1);
     plan_line("SensorLM base, MAP head", 32, 12, 1, 2448, 0);
     plan_steps(B > 0 ? B : 16);
+    plan_trainer(B > 0 ? B : 16);
     return 0;
 }
 

@@ -56,9 +56,23 @@ static void pc_free(void *p)
     munmap((char *)p - 64, len);
 }
 
-static void pc_copy(void *dst, const void *src, size_t bytes)
+static void pc_upload(void *dst, const void *src, size_t bytes)
 {
     (void)dst, (void)src, (void)bytes;
+    K.syncs++;
+}
+
+static void pc_upload_async(void *dst, const void *src, size_t bytes)
+{
+    (void)dst, (void)src, (void)bytes;
+    K.copies++;
+}
+
+static void pc_download(void *dst, const void *src, size_t bytes)
+{
+    (void)src;
+    memset(dst, 0, bytes);
+    K.syncs++;
 }
 
 static void pc_set_threads(int n)
@@ -195,7 +209,9 @@ const td_kernels *pc_table(void)
     t.free = pc_free;
     t.alloc_host = td_kernels_cpu()->alloc_host;
     t.free_host = td_kernels_cpu()->free_host;
-    t.upload = t.download = t.upload_async = pc_copy;
+    t.upload = pc_upload;
+    t.download = pc_download;
+    t.upload_async = pc_upload_async;
     t.set_threads = pc_set_threads;
     t.zero = pc_zero;
     t.host = 0;
