@@ -926,13 +926,20 @@ static void test_restart_on_fewer_nodes(void **state)
     end = w.last_step;
     assert_true(end > killed_at + 30 && end <= MAX_LOSSES);
     assert_int_equal(ts_log_count(&cd.d, "restart 1 of 1 at step "), 1);
-    /* srun is asked for 1 to 2 nodes without the one where rank 1 died; mpirun for 1 */
-    assert_int_equal(ts_log_count(&cd.d, strcmp(launcher, "srun") == 0
-                                             ? "(rank 1) died: Killed; relaunched from its last "
-                                               "checkpoint on 1 to 2 nodes, leaving out n2"
-                                             : "(rank 1) died: exited on signal 9 (Killed); "
-                                               "relaunched from its last checkpoint on 1 node(s)"),
-                     1);
+    /* srun is asked for 1 to 2 nodes without the one where rank 1 died; mpirun for 1. Open
+     * MPI's mpirun itself sometimes dies of SIGSEGV when a rank is SIGKILLed on a loaded box
+     * (seen under ThreadSanitizer in make test); the daemon cannot name the rank then, says
+     * how mpirun ended, and restarts the job the same way */
+    if (strcmp(launcher, "srun") == 0)
+        assert_int_equal(ts_log_count(&cd.d, "(rank 1) died: Killed; relaunched from its last "
+                                             "checkpoint on 1 to 2 nodes, leaving out n2"),
+                         1);
+    else if (ts_log_count(&cd.d, "(rank 1) died: exited on signal 9 (Killed); relaunched from "
+                                 "its last checkpoint on 1 node(s)") != 1) {
+        assert_int_equal(ts_log_count(&cd.d, "after mpirun was killed by signal "), 1);
+        assert_int_equal(ts_log_count(&cd.d, "relaunched from its last checkpoint on 1 node(s)"),
+                         1);
+    }
 
     ref.max_steps = end;
     rid = submit(&c, &ref, NULL, 0);
