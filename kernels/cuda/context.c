@@ -436,42 +436,35 @@ int td_cuda_alloc(void **p, size_t bytes, td_error_t *err)
 int td_cuda_alloc_host(void **p, size_t bytes, td_error_t *err)
 {
     cudaError_t e = cudaHostAlloc(p, bytes > 0 ? bytes : 1, cudaHostAllocPortable);
+    char what[96];
 
     if (e == cudaSuccess)
         return 0;
     *p = NULL;
-    td__cuda_note(e);
-    clear_last_error();
-    return td_error_set(err, TD_ECUDA, "cudaHostAlloc of %zu bytes of page-locked host memory: %s",
-                        bytes, cudaGetErrorString(e));
+    snprintf(what, sizeof(what), "cudaHostAlloc of %zu bytes of page-locked host memory", bytes);
+    return td__cuda_error_set(err, e, __FILE__, __LINE__, what);
+}
+
+/* A free's error is not returned, so it must not linger either: left in the thread's
+ * last-error slot, it would be blamed on the next kernel launched. A sticky one is recorded. */
+static void freed(cudaError_t e)
+{
+    if (e != cudaSuccess) {
+        td__cuda_note(e);
+        clear_last_error();
+    }
 }
 
 void td_cuda_free_host(void *p)
 {
-    cudaError_t e;
-
-    if (p == NULL)
-        return;
-    e = cudaFreeHost(p);
-    if (e != cudaSuccess) {
-        td__cuda_note(e);
-        clear_last_error();
-    }
+    if (p != NULL)
+        freed(cudaFreeHost(p));
 }
 
-/* Errors are not returned, so they must not linger either: left in the thread's last-error
- * slot, a failed free would be blamed on the next kernel launched. A sticky one is recorded. */
 void td_cuda_free(void *p)
 {
-    cudaError_t e;
-
-    if (p == NULL)
-        return;
-    e = cudaFree(p);
-    if (e != cudaSuccess) {
-        td__cuda_note(e);
-        clear_last_error();
-    }
+    if (p != NULL)
+        freed(cudaFree(p));
 }
 
 void td_cuda_upload(void *dst, const void *src, size_t bytes)
