@@ -20,6 +20,7 @@
 #include "train/engine.h"
 #include "train/slm.h"
 #include "common/td_panic.h"
+#include "tests/train_support.h"
 
 /* ---- a CPU table that counts its zero calls ------------------------------------------------- */
 
@@ -207,34 +208,20 @@ static void lone_replica(void *ud, float *buf, size_t n)
         buf[i] *= 0.5f;
 }
 
-/* T 12 C 3 in patches of 3 x 2, D 8, 1 block, 2 heads, M 16, L 6, E 8, B 3; both pools; the
- * MAP head's cross-attention stores three separate gradients, the probe is a parameter's view,
- * the loss's dots take the text embedding as their weight (added, zeroed first). */
+/* tt_slm_tiny_dims at B 3, both pools: the MAP head's cross-attention stores three separate
+ * gradients, the probe is a parameter's view, the loss's dots take the text embedding as their
+ * weight (added, zeroed first). */
 static void test_sensorlm(void **state)
 {
     for (int pool = 0; pool < 2; pool++)
         for (int world = 1; world <= 2; world++) {
-            td_sensorlm_config cfg = {.patch_t = 3,
-                                      .patch_c = 2,
-                                      .s_width = 8,
-                                      .s_depth = 1,
-                                      .s_heads = 2,
-                                      .s_mlp = 16,
-                                      .pool = pool ? TD_SLM_POOL_MAP : TD_SLM_POOL_GAP,
-                                      .text_len = 6,
-                                      .t_width = 8,
-                                      .t_depth = 1,
-                                      .t_heads = 2,
-                                      .t_mlp = 16,
-                                      .embed_dim = 8};
             slm_case *s = calloc(1, sizeof(*s));
             td_params p = {0};
             td_error_t err = {0};
-            td_slm_dims d;
+            td_slm_dims d = tt_slm_tiny_dims(pool ? TD_SLM_POOL_MAP : TD_SLM_POOL_GAP);
             td_rng rng;
             char what[64];
             assert_non_null(s);
-            assert_int_equal(td_slm_dims_of(&cfg, 12, 3, &d, &err), 0);
             assert_int_equal(td_sensorlm_declare(&s->m, &p, &d, &err), 0);
             assert_int_equal(td_params_alloc(&p, 0), 0);
             td_sensorlm_init(&s->m, 3);

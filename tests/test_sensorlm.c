@@ -513,31 +513,6 @@ static void test_siglip_reference(void **state)
 
 /* ---- the model ----------------------------------------------------------------------------- */
 
-/* Tiny dims for the model's own checks: T 12 C 3 in patches of 3 x 2 (N = 4 * 2 = 8, P = 6,
- * the fourth channel padding), D 8, 1 block, 2 heads, M 16, L 6, E 8. */
-static td_slm_dims tiny_dims(td_slm_pool pool)
-{
-    td_sensorlm_config c = {.patch_t = 3,
-                            .patch_c = 2,
-                            .s_width = 8,
-                            .s_depth = 1,
-                            .s_heads = 2,
-                            .s_mlp = 16,
-                            .pool = pool,
-                            .text_len = 6,
-                            .t_width = 8,
-                            .t_depth = 1,
-                            .t_heads = 2,
-                            .t_mlp = 16,
-                            .embed_dim = 8};
-    td_slm_dims d;
-    td_error_t err = {0};
-
-    if (td_slm_dims_of(&c, 12, 3, &d, &err) != 0)
-        fail_msg("%s", err.msg);
-    return d;
-}
-
 /* The loss of one forward over (B) rows, no tape. */
 static double model_loss(td_ctx *c, td_sensorlm *m, td_tensor *x, const int *tok, const int *end,
                          int B)
@@ -563,7 +538,7 @@ static double model_loss(td_ctx *c, td_sensorlm *m, td_tensor *x, const int *tok
  * td_sensorlm_arena_bytes exactly. */
 static void model_fd(td_slm_pool pool)
 {
-    td_slm_dims d = tiny_dims(pool);
+    td_slm_dims d = tt_slm_tiny_dims(pool);
     const int B = 3;
     td_sensorlm *m = calloc(1, sizeof(*m));
     td_params p = {0};
@@ -671,7 +646,7 @@ static void model_grads(td_ctx *c, td_sensorlm *m, td_params *p, const float *xh
  * mask reaches the loss through td_sensorlm_loss_masked). */
 static void mask_model_distinct(void)
 {
-    td_slm_dims d = tiny_dims(TD_SLM_POOL_MAP);
+    td_slm_dims d = tt_slm_tiny_dims(TD_SLM_POOL_MAP);
     const int B = 4;
     static const int distinct[4] = {2, 0, -1, 1}, repeated[4] = {2, 0, 2, 1};
     td_sensorlm *m = calloc(1, sizeof(*m));
@@ -1055,7 +1030,7 @@ static void test_mask_distinct_is_unmasked(void **state)
  * gives, the initialisation's values, and the presets. */
 static void test_parameters(void **state)
 {
-    td_slm_dims d = tiny_dims(TD_SLM_POOL_MAP), g = tiny_dims(TD_SLM_POOL_GAP);
+    td_slm_dims d = tt_slm_tiny_dims(TD_SLM_POOL_MAP), g = tt_slm_tiny_dims(TD_SLM_POOL_GAP);
     td_sensorlm *m = calloc(1, sizeof(*m));
     td_params p = {0}, pg = {0};
     td_error_t err = {0};
@@ -1185,7 +1160,7 @@ static void test_dims_errors(void **state)
  * 0, patch n = ti*(Cp/pc) + ci, element dt*pc + dc. Exact: one subtraction and one division. */
 static void test_patchify_and_tokens(void **state)
 {
-    td_slm_dims d = tiny_dims(TD_SLM_POOL_MAP); /* T 12, C 3, pt 3, pc 2, Cp 4 */
+    td_slm_dims d = tt_slm_tiny_dims(TD_SLM_POOL_MAP); /* T 12, C 3, pt 3, pc 2, Cp 4 */
     float grid[12 * 3], norm[6] = {1, 2, 3, 0.5f, 4, 2}, x[8 * 6];
     int tok[6], end;
 

@@ -211,3 +211,26 @@ void tt_write_sensor_with(const char *path, int N, int T, int C, int caption_len
     td_sensor_writer_free(w);
     free(grid);
 }
+
+td_slm_dims tt_slm_tiny_dims(td_slm_pool pool)
+{
+    td_sensorlm_config c = {.patch_t = 3,
+                            .patch_c = 2,
+                            .s_width = 8,
+                            .s_depth = 1,
+                            .s_heads = 2,
+                            .s_mlp = 16,
+                            .pool = pool,
+                            .text_len = 6,
+                            .t_width = 8,
+                            .t_depth = 1,
+                            .t_heads = 2,
+                            .t_mlp = 16,
+                            .embed_dim = 8};
+    td_slm_dims d;
+    td_error_t err = {0};
+
+    if (td_slm_dims_of(&c, 12, 3, &d, &err) != 0)
+        fail_msg("%s", err.msg);
+    return d;
+}

@@ -1,13 +1,15 @@
 /* Helpers shared by the train/ unit tests (test_train.c, test_gpt.c, test_memest.c) and
  * test_gpu.c's trainer tests: a temporary directory made before the group and removed after it,
- * IDX files written plain or gzipped, English-like text, and a metric hook that records every
- * sample for the test to look up. They fail the calling test through cmocka's assertions, so
- * include <cmocka.h> first. */
+ * IDX files written plain or gzipped, English-like text, tiny sensorlm dimensions, and a metric
+ * hook that records every sample for the test to look up. They fail the calling test through
+ * cmocka's assertions, so include <cmocka.h> first. */
 #ifndef TD_TESTS_TRAIN_SUPPORT_H
 #define TD_TESTS_TRAIN_SUPPORT_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "train/engine.h"
 
 /* The group's temporary directory, set by tt_tmpdir_make. */
 extern char tt_tmpdir[64];
@@ -43,6 +45,11 @@ void tt_write_sensor(const char *path, int N, int T, int C, int caption_len, uin
  * caption followed by "; <word> <n>. <word> <n>" clauses, so that it has clause boundaries. */
 void tt_write_sensor_with(const char *path, int N, int T, int C, int caption_len, uint64_t seed,
                           const char *const *prompts, int clauses);
+
+/* Tiny sensorlm dimensions for the model's own checks: T 12 C 3 in patches of 3 x 2 (N = 4 * 2
+ * = 8, P = 6, the fourth channel padding), D 8, 1 block, 2 heads, M 16, L 6, E 8; pool as
+ * given. */
+td_slm_dims tt_slm_tiny_dims(td_slm_pool pool);
 
 #define TT_MAX_SAMPLES 4096
 
