@@ -306,18 +306,23 @@ __global__ void adamw_flat_kernel(float *param, float *m, float *v, float *grad,
     }
 }
 
+// One element's SGD step from its gradient g (buf NULL: no momentum)
+__device__ void sgd_one(float *param, float *buf, float g, size_t i, float lr, float momentum,
+                        float weight_decay)
+{
+    g += weight_decay * param[i];
+    if (buf != NULL) {
+        buf[i] = momentum * buf[i] + g;
+        g = buf[i];
+    }
+    param[i] -= lr * g;
+}
+
 __global__ void sgd_kernel(float *param, float *buf, const float *grad, size_t n, float lr,
                            float momentum, float weight_decay)
 {
     GRID_STRIDE(i, n)
-    {
-        float g = grad[i] + weight_decay * param[i];
-        if (buf != NULL) {
-            buf[i] = momentum * buf[i] + g;
-            g = buf[i];
-        }
-        param[i] -= lr * g;
-    }
+    sgd_one(param, buf, grad[i], i, lr, momentum, weight_decay);
 }
 
 // sgd_kernel after the clip's factor: a factor that is not finite skips the step; else the
@@ -336,12 +341,7 @@ __global__ void sgd_flat_kernel(float *param, float *buf, float *grad, size_t n,
             g *= s;
             grad[i] = g;
         }
-        g += weight_decay * param[i];
-        if (buf != NULL) {
-            buf[i] = momentum * buf[i] + g;
-            g = buf[i];
-        }
-        param[i] -= lr * g;
+        sgd_one(param, buf, g, i, lr, momentum, weight_decay);
     }
 }
 
