@@ -333,7 +333,7 @@ static td_tensor *linear(td_ctx *c, td_tensor *inp, td_tensor *w, td_tensor *b, 
     int C = inp->shape[inp->ndim - 1];
     int OC = w->shape[0];
     int N = rows_of(inp);
-    int shape[TD_TENSOR_MAX_DIMS];
+    int shape[TD_TENSOR_MAX_DIMS], grad = wants_grad(c, inp, w, b);
     td_tensor *out;
 
     if (w->ndim != 2 || w->shape[1] != C)
@@ -343,8 +343,8 @@ static td_tensor *linear(td_ctx *c, td_tensor *inp, td_tensor *w, td_tensor *b, 
         td_panic(TD_ESHAPE, "linear: bias has %zu elements, weight has %d outputs", b->n, OC);
     memcpy(shape, inp->shape, sizeof(shape));
     shape[inp->ndim - 1] = OC;
-    out = td_tensor_new(c, inp->ndim, shape, !in_place && wants_grad(c, inp, w, b));
-    if (in_place && wants_grad(c, inp, w, b)) {
+    out = td_tensor_new(c, inp->ndim, shape, grad && !in_place);
+    if (grad && in_place) {
         out->grad = out->data;
         out->fresh = !c->zero_grads;
     }
