@@ -502,6 +502,24 @@ static int write_shard(const char *path, int V)
     return ok ? 0 : -1;
 }
 
+/* A temporary directory (dir, a mkdtemp template) with GPT-2's token shard in it (shard,
+ * TD_PATH_MAX bytes): 0, or -1 having said so on stderr. temp_shard_remove takes both away. */
+static int temp_shard(char *dir, char *shard)
+{
+    if (mkdtemp(dir) == NULL || snprintf(shard, TD_PATH_MAX, "%s/tokens.bin", dir) < 0 ||
+        write_shard(shard, 50257) != 0) {
+        fprintf(stderr, "bench_gpu: cannot write the token shard in %s\n", dir);
+        return -1;
+    }
+    return 0;
+}
+
+static void temp_shard_remove(const char *dir, const char *shard)
+{
+    unlink(shard);
+    rmdir(dir);
+}
+
 static void gpt2_config(td_train_config *cfg, const char *shard, int B, int steps)
 {
     td_train_config_defaults(cfg);
@@ -1062,11 +1080,8 @@ static void plan_trainer(int B)
 {
     char dir[64] = "/tmp/td_bench_gpu_XXXXXX", shard[TD_PATH_MAX];
 
-    if (mkdtemp(dir) == NULL || snprintf(shard, sizeof(shard), "%s/tokens.bin", dir) < 0 ||
-        write_shard(shard, 50257) != 0) {
-        fprintf(stderr, "bench_gpu --plan: cannot write the token shard in %s\n", dir);
+    if (temp_shard(dir, shard) != 0)
         exit(1);
-    }
     printf("GPT-2 124M (B %d, T 1024, fp32 AdamW, clip 1), a whole training step of the trainer "
            "(the counting table):\n",
            B);
@@ -1081,8 +1096,7 @@ static void plan_trainer(int B)
                         "clip on the host, AdamW tensor by tensor)"
                       : "");
     }
-    unlink(shard);
-    rmdir(dir);
+    temp_shard_remove(dir, shard);
 }
 
 static int plan(int B)
@@ -1167,20 +1181,15 @@ int main(int argc, char **argv)
     }
 
     if (profile) {
-        if (mkdtemp(dir) == NULL || snprintf(shard, sizeof(shard), "%s/tokens.bin", dir) < 0 ||
-            write_shard(shard, 50257) != 0) {
-            fprintf(stderr, "bench_gpu: cannot write the token shard in %s\n", dir);
+        if (temp_shard(dir, shard) != 0) {
             td_cuda_ctx_free(ctx);
             return 1;
         }
         rc |= profile_all(ctx, B, steps, warmup, slm, g.tflops, shard);
-        unlink(shard);
-        rmdir(dir);
+        temp_shard_remove(dir, shard);
     } else if (!direct) {
         train_arg a = {.ctx = ctx, .steps = steps, .warmup = warmup};
-        if (mkdtemp(dir) == NULL || snprintf(shard, sizeof(shard), "%s/tokens.bin", dir) < 0 ||
-            write_shard(shard, 50257) != 0) {
-            fprintf(stderr, "bench_gpu: cannot write the token shard in %s\n", dir);
+        if (temp_shard(dir, shard) != 0) {
             td_cuda_ctx_free(ctx);
             return 1;
         }
@@ -1200,8 +1209,7 @@ int main(int argc, char **argv)
             }
             report(&a.r, 0, g.tflops, csv);
         }
-        unlink(shard);
-        rmdir(dir);
+        temp_shard_remove(dir, shard);
         if (B == 0)
             B = a.cfg.batch_size;
     }
