@@ -3,7 +3,9 @@
  * turns the run's events into frames (stream mode) or store writes (--state) until DONE. The
  * metric hook runs on global rank 0's worker and only appends to a pending list, which the
  * loop writes out with each progress frame, so a slow reader of the stream blocks the loop,
- * never a worker inside a collective. */
+ * never a worker inside a collective. Before a checkpoint, that worker writes the pending rows
+ * out itself (on_flush): a checkpoint is never ahead of the rows that have left the process, so
+ * a rank killed after it loses none that a resumed job would not compute again. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -59,8 +61,12 @@ typedef struct rank_proc {
     td_run *run;
     int lead;      /* global rank 0: reports */
     int stream_fd; /* the rank stream (lead, no --state); -1 otherwise */
+    /* guards the stream's writes, each frame whole, and stream_broken; held from taking the
+     * pending rows to their last frame's write */
+    pthread_mutex_t stream_mu;
     int stream_broken;
-    td_pw w;
+    td_pw w;  /* the loop's frames */
+    td_pw fw; /* the worker's (on_flush) */
     /* the lead's pending metric rows, appended by its worker */
     pthread_mutex_t mu;
     row *rows;
@@ -380,13 +386,14 @@ static int prove_shared(rank_proc *p, td_error_t *err)
 
 /* ---- the rank stream (global rank 0, no --state) ---- */
 
-/* Writes w's frame on the stream; a reader gone (EPIPE) is remembered, the job goes on. */
-static void stream_send(rank_proc *p)
+/* Writes w's frame on the stream, p->stream_mu held; a reader gone (EPIPE) is remembered, the
+ * job goes on. */
+static void write_frame(rank_proc *p, td_pw *w)
 {
     const char *frame;
     size_t len, off = 0;
 
-    if (p->stream_fd < 0 || p->stream_broken || td_pw_finish(&p->w, &frame, &len) != 0)
+    if (p->stream_fd < 0 || p->stream_broken || td_pw_finish(w, &frame, &len) != 0)
         return;
     while (off < len) {
         ssize_t n = write(p->stream_fd, frame + off, len - off);
@@ -400,6 +407,14 @@ static void stream_send(rank_proc *p)
         }
         off += (size_t)n;
     }
+}
+
+/* The loop's frame in p->w, whole. */
+static void stream_send(rank_proc *p)
+{
+    pthread_mutex_lock(&p->stream_mu);
+    write_frame(p, &p->w);
+    pthread_mutex_unlock(&p->stream_mu);
 }
 
 static int on_metric(void *ud, const char *key, int64_t step, double value, td_error_t *err)
@@ -425,12 +440,15 @@ static int on_metric(void *ud, const char *key, int64_t step, double value, td_e
     return 0;
 }
 
-/* The pending metric rows, in frames of at most RANK_ROWS_PER_FRAME. */
-static void send_rows(rank_proc *p)
+/* The pending metric rows, in frames of at most RANK_ROWS_PER_FRAME packed in w: written before
+ * anyone else may take rows after them, so that whoever returns from here has every row taken
+ * before its own out of the process. */
+static void send_rows(rank_proc *p, td_pw *w)
 {
     row *rows;
     size_t n;
 
+    pthread_mutex_lock(&p->stream_mu);
     pthread_mutex_lock(&p->mu);
     rows = p->rows;
     n = p->nrows;
@@ -439,21 +457,30 @@ static void send_rows(rank_proc *p)
     pthread_mutex_unlock(&p->mu);
     for (size_t at = 0; at < n; at += RANK_ROWS_PER_FRAME) {
         size_t k = n - at < RANK_ROWS_PER_FRAME ? n - at : RANK_ROWS_PER_FRAME;
-        td_pw_reset(&p->w);
-        td_pw_map(&p->w, 2);
-        td_pw_str(&p->w, "type");
-        td_pw_str(&p->w, "metrics");
-        td_pw_str(&p->w, "rows");
-        td_pw_array(&p->w, (uint32_t)k);
+        td_pw_reset(w);
+        td_pw_map(w, 2);
+        td_pw_str(w, "type");
+        td_pw_str(w, "metrics");
+        td_pw_str(w, "rows");
+        td_pw_array(w, (uint32_t)k);
         for (size_t i = at; i < at + k; i++) {
-            td_pw_array(&p->w, 3);
-            td_pw_str(&p->w, rows[i].key);
-            td_pw_int(&p->w, rows[i].step);
-            td_pw_double(&p->w, rows[i].value);
+            td_pw_array(w, 3);
+            td_pw_str(w, rows[i].key);
+            td_pw_int(w, rows[i].step);
+            td_pw_double(w, rows[i].value);
         }
-        stream_send(p);
+        write_frame(p, w);
     }
+    pthread_mutex_unlock(&p->stream_mu);
     free(rows);
+}
+
+/* td_run_args.flush: before a checkpoint, on the lead's worker. */
+static void on_flush(void *ud)
+{
+    rank_proc *p = ud;
+
+    send_rows(p, &p->fw);
 }
 
 static void send_hello(rank_proc *p)
@@ -620,14 +647,14 @@ static void on_events(void *ud)
         case TD_EV_PROGRESS: {
             int64_t step = td_run_progress(p->run);
             if (p->lead) {
-                send_rows(p);
+                send_rows(p, &p->w);
                 send_step(p, "progress", step, -1);
             }
             break;
         }
         case TD_EV_DONE:
             if (p->lead) {
-                send_rows(p);
+                send_rows(p, &p->w);
                 send_done(p, ev);
                 store_end(p, ev);
             }
@@ -787,6 +814,7 @@ static int run_job(rank_proc *p, td_error_t *err)
                       .mailbox = &p->mb,
                       .mq = p->mq,
                       .metric = p->mq == NULL ? on_metric : NULL,
+                      .flush = p->mq == NULL ? on_flush : NULL,
                       .metric_ud = p,
                       .nccl_timeout_s = p->spec.nccl_timeout_s > 0 ? p->spec.nccl_timeout_s : 600,
                       /* the daemon's default [metrics] disk_full_wait_s */
@@ -845,7 +873,9 @@ int td_rank_main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     pthread_mutex_init(&p.mu, NULL);
+    pthread_mutex_init(&p.stream_mu, NULL);
     td_pw_init(&p.w);
+    td_pw_init(&p.fw);
     p.stream_fd = -1;
     p.exit_code = TD_RANK_FAILED;
     if (p.f.state == NULL) {
@@ -879,6 +909,7 @@ int td_rank_main(int argc, char **argv)
         td_mq_stop(p.mq);
     td_store_close(p.store);
     td_pw_free(&p.w);
+    td_pw_free(&p.fw);
     if (p.stream_fd >= 0)
         close(p.stream_fd);
     TD_LSAN_CHECK();

@@ -361,6 +361,20 @@ static void hook_metric(void *ud, const char *key, int64_t step, double value)
         p->r->store_err = e;
 }
 
+/* Before a checkpoint: the rows given so far are made durable (the metric queue) or written out
+ * (a.flush), so that the checkpoint is never ahead of the job's metrics. A store error is kept
+ * as hook_metric keeps it. */
+static void hook_flush(void *ud)
+{
+    replica *p = ud;
+    td_error_t e;
+
+    if (p->sink != NULL && td_mq_flush(p->sink, &e) != 0 && p->r->store_err.code == 0)
+        p->r->store_err = e;
+    else if (p->sink == NULL && p->global == 0 && p->r->a.flush != NULL)
+        p->r->a.flush(p->r->a.metric_ud);
+}
+
 /* Publishes the job's step; posts an event only when the loop has taken the last one. */
 static void post_progress(td_run *r, int64_t step)
 {
@@ -592,7 +606,7 @@ static void replica_train(replica *p)
     td_run *r = p->r;
     td_worker *w = p->w;
     td_train_config cfg;
-    td_train_hooks hooks = {.ud = p, .metric = hook_metric};
+    td_train_hooks hooks = {.ud = p, .metric = hook_metric, .flush = hook_flush};
     td_trainer *t = NULL;
     td_error_t e = {0};
     double blocked = 0;

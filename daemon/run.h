@@ -78,6 +78,9 @@ typedef struct td_run_args {
     td_mailbox *mailbox;       /* where STARTED, PROGRESS, DONE and STORE_FAILED go */
     td_mq *mq;                 /* the metric queue rank 0 records into, or NULL: metric */
     td_run_metric_fn metric;   /* when mq is NULL */
+    /* when mq is NULL: before each checkpoint, on rank 0's worker, writes out every sample
+     * metric has taken (td_train_hooks.flush); NULL when metric does not hold samples back */
+    void (*flush)(void *metric_ud);
     void *metric_ud;
     double nccl_timeout_s; /* the job's collectives' timeout, resolved */
     /* seconds a checkpoint that meets a full disk waits for room before the job fails

@@ -18,6 +18,7 @@
  * directory of its own (its shared_dir, host file and daemon), so a copy of the suite running
  * beside it shares nothing with it. */
 #include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -947,10 +948,14 @@ static void test_restart_on_fewer_nodes(void **state)
     assert_string_equal(w.final_state, "succeeded");
     stored_losses(&cd.d, id, a);
     stored_losses(&cd.d, rid, b);
-    assert_int_equal(a->n, end);
-    assert_int_equal(b->n, end);
     resumed = resumed_at(&cd.d, id);
     assert_true(resumed >= 20); /* its first checkpoint, or a later one */
+    for (int64_t s = 1; s <= end; s++)
+        if (isnan(a->v[s]))
+            fail_msg("the restarted job (resumed at %lld, %lld rows) has no loss at step %lld",
+                     (long long)resumed, (long long)a->n, (long long)s);
+    assert_int_equal(a->n, end);
+    assert_int_equal(b->n, end);
     for (int64_t s = 1; s <= end; s++)
         if (memcmp(&a->v[s], &b->v[s], sizeof(double)) != 0)
             fail_msg("step %lld (resumed at %lld): the restarted job's loss %.17g, the "
@@ -960,6 +965,133 @@ static void test_restart_on_fewer_nodes(void **state)
     free(b);
     ts_client_close(&c);
     stop(&cd);
+}
+
+/* The highest step of a ckpt-STEP.bin in dir; 0 when none. */
+static int64_t newest_checkpoint(const char *dir)
+{
+    DIR *dp = opendir(dir);
+    struct dirent *e;
+    int64_t best = 0;
+
+    while (dp != NULL && (e = readdir(dp)) != NULL) {
+        long long step;
+        char tail[8];
+        if (sscanf(e->d_name, "ckpt-%lld%7s", &step, tail) == 2 && strcmp(tail, ".bin") == 0 &&
+            step > best)
+            best = step;
+    }
+    if (dp != NULL)
+        closedir(dp);
+    return best;
+}
+
+/* The train_loss steps of a rank stream's metrics frames, as seen[step] = 1. */
+static void stream_losses(const char *bytes, size_t len, char *seen, int64_t max)
+{
+    td_proto_reader *r;
+    td_proto_frame *f;
+    td_error_t e;
+    int rc;
+
+    assert_int_equal(td_proto_reader_new(&r, TD_PROTO_MAX_FRAME), 0);
+    assert_int_equal(td_proto_reader_feed(r, bytes, len), 0);
+    while ((rc = td_proto_reader_next(r, &f, &e)) > 0) {
+        const td_pval *root = td_proto_frame_root(f), *rows = td_pv_get(root, "rows");
+        if (ts_str_is(td_pv_get(root, "type"), "metrics"))
+            for (size_t i = 0; i < td_pv_len(rows); i++) {
+                const td_pval *row = td_pv_at(rows, i);
+                int64_t step;
+                assert_int_equal(td_pv_int(td_pv_at(row, 1), &step), 0);
+                if (ts_str_is(td_pv_at(row, 0), "train_loss") && step >= 1 && step <= max)
+                    seen[step] = 1;
+            }
+        td_proto_frame_free(f);
+    }
+    if (rc < 0)
+        fail_msg("the rank stream: %s", e.msg);
+    td_proto_reader_free(r);
+}
+
+/* A rank killed (SIGKILL) as soon as a checkpoint exists has already written the rows of every
+ * step up to it: a job resumed from that checkpoint has no hole in its metrics, however far
+ * behind the stream's reader is. The reader here takes 64 bytes a millisecond from a pipe of
+ * one page, so that the rank's rows pile up behind it; rank 0 writes them out before each
+ * checkpoint (daemon/rank.c's on_flush). */
+static void test_checkpoint_after_its_rows(void **state)
+{
+    const char *traind = ts_env_or("TRAIND_BIN", "build/daemon/traind");
+    char dir[] = "/tmp/traind-ckrows.XXXXXX", spec[300], ck[300], errpath[300];
+    size_t len = 0, cap = 1 << 20;
+    char *bytes = malloc(cap), *seen = calloc(MAX_LOSSES + 1, 1);
+    int64_t ckpt = 0;
+    int fds[2], status;
+    pid_t pid;
+    FILE *f;
+
+    (void)state;
+    assert_non_null(bytes);
+    assert_non_null(seen);
+    assert_non_null(mkdtemp(dir));
+    snprintf(live_dir, sizeof(live_dir), "%s", dir);
+    snprintf(spec, sizeof(spec), "%s/job.json", dir);
+    snprintf(ck, sizeof(ck), "%s/ck", dir);
+    snprintf(errpath, sizeof(errpath), "%s/rank.err", dir);
+    assert_non_null(f = fopen(spec, "w"));
+    fprintf(
+        f,
+        "{\"name\": \"rows\", \"model\": {\"kind\": \"mlp\", \"layers\": [784, 16, 10]},"
+        " \"data\": {\"kind\": \"idx\", \"train\": {\"images\": \"%s/train-images-idx3-ubyte.gz\","
+        " \"labels\": \"%s/train-labels-idx1-ubyte.gz\"}}, \"batch_size\": 16,"
+        " \"max_steps\": %d, \"checkpoint_every\": 50, \"seed\": 7}\n",
+        FMNIST, FMNIST, LONG_STEPS);
+    fclose(f);
+    assert_int_equal(pipe(fds), 0);
+    (void)fcntl(fds[0], F_SETPIPE_SZ, 4096); /* the smallest pipe, where Linux allows it */
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int err = open(errpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        dup2(fds[1], STDOUT_FILENO);
+        dup2(err, STDERR_FILENO);
+        close(fds[0]);
+        execl(traind, traind, "rank", "--spec", spec, "--devices", "cpu:1", "--checkpoint-dir", ck,
+              (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    /* Slowly, until a checkpoint of step 100 or later is there; then at once, to the end. */
+    for (long long until = ts_now_ms() + JOB_TIMEOUT * 1000LL; ckpt < 100;) {
+        ssize_t n = read(fds[0], bytes + len, len + 64 <= cap ? 64 : cap - len);
+        if (n <= 0 || len + (size_t)n == cap || ts_now_ms() > until) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            fail_msg("the rank %s before its checkpoint of step 100 (see %s)",
+                     n <= 0 ? "ended" : "wrote too much or too slowly", errpath);
+        }
+        len += (size_t)n;
+        ckpt = newest_checkpoint(ck);
+        usleep(1000);
+    }
+    kill(pid, SIGKILL);
+    for (ssize_t n; (n = read(fds[0], bytes + len, cap - len)) > 0 && len + (size_t)n < cap;)
+        len += (size_t)n;
+    close(fds[0]);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+    ckpt = newest_checkpoint(ck); /* the one it may have renamed into place as it died */
+    assert_true(ckpt < MAX_LOSSES);
+    stream_losses(bytes, len, seen, ckpt);
+    for (int64_t s = 1; s <= ckpt; s++)
+        if (!seen[s])
+            fail_msg("the checkpoint of step %lld was written before the train_loss row of "
+                     "step %lld left the rank",
+                     (long long)ckpt, (long long)s);
+    free(bytes);
+    free(seen);
+    snprintf(errpath, sizeof(errpath), "rm -rf %s", dir);
+    assert_int_equal(system(errpath), 0);
+    live_dir[0] = '\0';
 }
 
 /* Whether mpirun is on PATH. */
@@ -1039,6 +1171,7 @@ int main(int argc, char **argv)
     };
     const struct CMUnitTest integration[] = {
         cmocka_unit_test_teardown(test_no_launcher_refuses, teardown),
+        cmocka_unit_test_teardown(test_checkpoint_after_its_rows, teardown),
         cmocka_unit_test_teardown(test_bad_streams_fail_the_job, teardown),
         cmocka_unit_test_teardown(test_max_running, teardown),
         cmocka_unit_test_teardown(test_shutdown_requeues, teardown),

@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "train/ckpt.h"
 #include "train/engine.h"
 #include "tests/fake_device.h"
 #include "common/td_panic.h"
@@ -770,6 +771,66 @@ static void test_mlp_resume(void **state)
     assert_memory_equal(a + 10, b, 10 * sizeof(double));
 }
 
+/* What the flush hook saw at each checkpoint: the newest checkpoint already written and the
+ * last train_loss step given to the metric hook. */
+typedef struct flush_probe {
+    tt_recorder r;
+    const char *dir;
+    int n;
+    int64_t newest[8], loss_step[8];
+} flush_probe;
+
+static void probe_metric(void *ud, const char *key, int64_t step, double value)
+{
+    tt_record(&((flush_probe *)ud)->r, key, step, value);
+}
+
+static void probe_flush(void *ud)
+{
+    flush_probe *p = ud;
+    td_ckpt_entry e[1];
+    int64_t steps[TT_MAX_SAMPLES];
+    td_error_t err;
+    int n, k = tt_values_of(&p->r, "train_loss", NULL, steps, TT_MAX_SAMPLES);
+
+    assert_int_equal(td_ckpt_list(p->dir, e, 1, &n, &err), 0);
+    assert_true(p->n < 8);
+    p->newest[p->n] = n > 0 ? e[0].step : 0;
+    p->loss_step[p->n] = k > 0 ? steps[k - 1] : 0;
+    p->n++;
+}
+
+/* The flush hook runs before each checkpoint is written, the periodic ones and the last, once
+ * its step's samples are given: whoever makes the samples durable there (the daemon's metric
+ * queue, the rank stream) makes a checkpoint that is never ahead of the job's metrics. */
+static void test_flush_before_checkpoint(void **state)
+{
+    static flush_probe p;
+    td_train_config cfg;
+    td_train_hooks h = {.ud = &p, .metric = probe_metric, .flush = probe_flush};
+    td_trainer *t = NULL;
+    td_error_t err = {0};
+
+    (void)state;
+    memset(&p, 0, sizeof(p));
+    synth_config(&cfg, 0);
+    cfg.max_steps = 12;
+    tt_path_of(cfg.checkpoint_dir, "mlp-flush-ckpt");
+    cfg.checkpoint_every = 5;
+    p.dir = cfg.checkpoint_dir;
+    assert_int_equal(td_trainer_new(&t, &cfg, &h, &err), 0);
+    run_all(t);
+    td_trainer_free(t);
+    /* steps 5, 10 and 12 (the last) */
+    assert_int_equal(p.n, 3);
+    assert_int_equal(p.loss_step[0], 5);
+    assert_int_equal(p.loss_step[1], 10);
+    assert_int_equal(p.loss_step[2], 12);
+    assert_int_equal(p.newest[0], 0);
+    assert_int_equal(p.newest[1], 5);
+    assert_int_equal(p.newest[2], 10);
+}
+
 /* The mlp on the fake device (tests/fake_device.h: memory the host cannot touch, the CPU's
  * arithmetic behind it): its losses, norms and accuracies (valid and test splits, whose
  * evaluation counts correct rows on the device) are the CPU run's bit for bit, with SGD and
@@ -935,6 +996,7 @@ int main(void)
         cmocka_unit_test(test_poisoned_params_panic),
         cmocka_unit_test(test_config_defaults),
         cmocka_unit_test(test_mlp_resume),
+        cmocka_unit_test(test_flush_before_checkpoint),
         cmocka_unit_test(test_mlp_valid_split),
         cmocka_unit_test(test_mlp_on_device),
         cmocka_unit_test(test_fashion_mnist_one_epoch),

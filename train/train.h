@@ -207,6 +207,11 @@ typedef struct td_train_hooks {
      * embeddings' gather in the forward, their gradient's in the backward, then the
      * gradients. */
     void (*allreduce)(void *ud, float *buf, size_t n);
+    /* Rank 0, before each checkpoint is written (the periodic ones and td_trainer_checkpoint):
+     * takes every sample metric has been given so far to where a crash cannot lose it (the
+     * store, the rank stream), so that a job resumed from the checkpoint has the rows of every
+     * step before it. May block. NULL: metric's samples are already there when it returns. */
+    void (*flush)(void *ud);
 } td_train_hooks;
 
 typedef struct td_trainer td_trainer;

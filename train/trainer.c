@@ -853,6 +853,8 @@ int td_trainer_checkpoint(td_trainer *t, td_error_t *err)
         meta.cursor[1] = t->steps_done % t->steps_per_epoch;
     }
     meta.cursor[2] = t->nan_skipped;
+    if (t->hooks.flush != NULL)
+        t->hooks.flush(t->hooks.ud);
     return td_ckpt_write(t->cfg.checkpoint_dir, t->cfg.keep_checkpoints, &meta, sec, n, NULL, 0,
                          err);
 }
