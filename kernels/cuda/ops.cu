@@ -233,21 +233,26 @@ __global__ void scale_kernel(float *p, float s, size_t n)
     p[i] *= s;
 }
 
-// cpu.c's adamw_update loop body; the scalars computed on the host as cpu.c computes them
+// cpu.c's adamw_update loop body: one element's step from its gradient g, the scalars computed
+// on the host as cpu.c computes them
+__device__ void adamw_one(float *param, float *m, float *v, float g, size_t i, float beta2,
+                          float eps, float step_size, float bc2_sqrt, float decay, float w1,
+                          float w2)
+{
+    float mi = m[i] + w1 * (g - m[i]);
+    float vi = beta2 * v[i] + w2 * g * g;
+    float denom = sqrtf(vi) / bc2_sqrt + eps;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] = param[i] * decay - step_size * mi / denom;
+}
+
 __global__ void adamw_kernel(float *param, float *m, float *v, const float *grad, size_t n,
                              float beta2, float eps, float step_size, float bc2_sqrt, float decay,
                              float w1, float w2)
 {
     GRID_STRIDE(i, n)
-    {
-        float g = grad[i];
-        float mi = m[i] + w1 * (g - m[i]);
-        float vi = beta2 * v[i] + w2 * g * g;
-        float denom = sqrtf(vi) / bc2_sqrt + eps;
-        m[i] = mi;
-        v[i] = vi;
-        param[i] = param[i] * decay - step_size * mi / denom;
-    }
+    adamw_one(param, m, v, grad[i], i, beta2, eps, step_size, bc2_sqrt, decay, w1, w2);
 }
 
 // cpu.c's clip_scale, one thread: the norm and the coefficient in double
@@ -297,12 +302,8 @@ __global__ void adamw_flat_kernel(float *param, float *m, float *v, float *grad,
         }
         if (nspans == 0 || i < spans[lo].offset || i >= spans[lo].offset + spans[lo].n)
             continue;
-        float mi = m[i] + w1 * (g - m[i]);
-        float vi = beta2 * v[i] + w2 * g * g;
-        float denom = sqrtf(vi) / bc2_sqrt + eps;
-        m[i] = mi;
-        v[i] = vi;
-        param[i] = param[i] * (spans[lo].decay ? decay_on : decay_off) - step_size * mi / denom;
+        adamw_one(param, m, v, g, i, beta2, eps, step_size, bc2_sqrt,
+                  spans[lo].decay ? decay_on : decay_off, w1, w2);
     }
 }
 
