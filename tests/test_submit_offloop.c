@@ -278,9 +278,10 @@ static int time_lists(ts_client *c, long long *p50, long long *p99, long long *w
 
 /* Four clients looping dry runs of a job whose init_from is a 16 MiB header of 16384 tensors
  * (the checks' worst case inside traind's limits): another client's list stays quick, since
- * those headers are parsed on the threadpool. The bound is loose (a busy 2-core box): p99
- * under load below 50 ms, or 10 times the quiet p99 where that is more. On a daemon that parses
- * on the loop, each list waits behind the parses queued before it (~100 ms each here). Then
+ * those headers are parsed on the threadpool. The bound is loose, so that other suites' load
+ * on a 2-core box cannot decide it: the median under load below 100 ms, or 10 times the quiet
+ * p99 where that is more. On a daemon that parses on the loop, each list waits behind the
+ * parses queued before it (~100 ms each here; a median of 418 ms was measured). Then
  * SIGTERM with the checks in flight: the daemon exits 0. */
 static void test_list_under_hostile_dry_runs(void **state)
 {
@@ -372,7 +373,7 @@ static void test_list_under_hostile_dry_runs(void **state)
                   l99 / 1e3, lmax / 1e3);
     /* The lists were timed while the hostile checks ran, not after. */
     assert_true(count >= MIN_LOAD);
-    assert_true(l99 < (10 * q99 > 50000 ? 10 * q99 : 50000));
+    assert_true(l50 < (10 * q99 > 100000 ? 10 * q99 : 100000));
 
     /* Stopping with the checks in flight: the loop waits for them, and nothing crashes. */
     ts_client_close(&lister);
