@@ -27,7 +27,7 @@
 
 #define RECV_TIMEOUT_MS 120000 /* a frame the daemon owes us; generous for a loaded CI box */
 #define LISTEN_WAIT_MS  50     /* between tries to connect to a starting traind */
-#define LISTEN_TRIES    200    /* ...so 10 s in all */
+#define LISTEN_DEADLINE 60000  /* ms it may take to listen: a sanitizer build on a loaded box */
 #define STATUS_POLL_MS  50     /* between status requests while waiting for a state */
 #define TS_MAX_COPIES   4      /* binaries ts_bin_for_user copies for another user */
 
@@ -207,12 +207,12 @@ void ts_daemon_start_in(ts_daemon *d, const char *devices)
         _exit(127);
     }
     ts_live_pid = d->pid;
-    for (int i = 0; i < LISTEN_TRIES; i++) {
+    for (long long until = ts_now_ms() + LISTEN_DEADLINE; ts_now_ms() < until;) {
         if (ts_can_connect(d->sock))
             return;
         usleep(LISTEN_WAIT_MS * 1000);
     }
-    fail_msg("traind did not listen on %s within 10 s", d->sock);
+    fail_msg("traind did not listen on %s within %d s", d->sock, LISTEN_DEADLINE / 1000);
 }
 
 /* SIGTERM and wait; returns the wait status, and removes the directory after a clean exit (a

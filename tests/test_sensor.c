@@ -1122,7 +1122,7 @@ static void test_import_not_regular(void **state)
     print_message("sensor import /dev/zero: exit 66 in %.3f s, max RSS %ld KiB\n", secs, rss);
     if (strstr(err_text, "/dev/zero: not a regular file (a character device)") == NULL)
         fail_msg("expected a refusal naming /dev/zero, got: %s", err_text);
-    assert_true(secs < 10 && rss < 64 * 1024);
+    assert_true(rss < 64 * 1024); /* a hang is sh_rss's timeout, exit 124, not 66 */
     assert_int_equal(mkfifo(at("pipe.csv"), 0600), 0);
     assert_int_equal(
         sh_rss(&rss, &secs, "%s sensor import %s -o %s", trainctl(), at("pipe.csv"), at("never")),
@@ -1130,7 +1130,6 @@ static void test_import_not_regular(void **state)
     print_message("sensor import of a FIFO: exit 66 in %.3f s\n", secs);
     if (strstr(err_text, "pipe.csv: not a regular file (a FIFO)") == NULL)
         fail_msg("expected a refusal naming the FIFO, got: %s", err_text);
-    assert_true(secs < 10);
     /* A side file is read the same way. */
     write_text(at("ok.csv"), "a,b\n1,2\n3,4\n");
     assert_int_equal(sh("%s sensor import %s -o %s --time-steps 1 --captions %s", trainctl(),
