@@ -402,7 +402,7 @@ static void test_prune(void **state)
     f = recv_deleted(&c);
     assert_int_equal(ts_get_i(td_proto_frame_root(f), "count"), 0);
     td_proto_frame_free(f);
-    for (int i = 0; i < 1000 && ckpt_dir_exists(&d, "88888"); i++)
+    for (int i = 0; i < 3000 && ckpt_dir_exists(&d, "88888"); i++) /* 60 s */
         usleep(20 * 1000);
     assert_false(ckpt_dir_exists(&d, "88888"));
     send_prune(&c, 0, "cancelled", 1);
@@ -479,7 +479,7 @@ static void test_deletion_resumes(void **state)
     sqlite3_close(db);
     assert_true(rows_of(&d, gone) > 0);
     ts_daemon_start_in(&d, "cpu:1");
-    ts_wait_log(&d, "deleting 1 job(s) whose deletion was under way", 1, 20);
+    ts_wait_log(&d, "deleting 1 job(s) whose deletion was under way", 1, 60);
     ts_wait_log(&d, "deleted 1 job(s)", 1, 60);
     assert_int_equal(rows_of(&d, gone), 0);
     assert_false(job_dir_exists(&d, gone));

@@ -207,7 +207,7 @@ static void test_full_queue_blocks_and_unblocks(void **state)
     assert_int_equal(td__store_exec(f->s, "BEGIN IMMEDIATE", &err), 0);
     p = (pusher){.s = s, .n = 1000};
     pthread_create(&t, NULL, push_many, &p);
-    for (long long until = now_ms() + 5000; now_ms() < until; usleep(1000)) {
+    for (long long until = now_ms() + 20000; now_ms() < until; usleep(1000)) {
         td_mq_stats(q, &st);
         if (st.queued == st.capacity)
             break;
@@ -286,7 +286,7 @@ static void test_outside_lock_is_waited_out(void **state)
         assert_int_equal(td_mq_push(s, "k", i, i, &err), 0);
     fl.s = s;
     pthread_create(&t, NULL, flush_thread, &fl);
-    for (long long until = now_ms() + 5000;
+    for (long long until = now_ms() + 20000;
          now_ms() < until && !td_mq_stalled(q, why, sizeof(why));)
         usleep(10 * 1000);
     assert_non_null(strstr(why, "locked by another process"));
@@ -436,7 +436,7 @@ static void test_disk_full_waits_for_room(void **state)
         assert_int_equal(td_mq_push(s, i % 2 ? "a" : "b", i, i, &err), 0);
     fl.s = s;
     pthread_create(&t, NULL, flush_thread, &fl);
-    for (long long until = now_ms() + 5000;
+    for (long long until = now_ms() + 20000;
          now_ms() < until && !td_mq_stalled(q, why, sizeof(why));)
         usleep(10 * 1000);
     assert_non_null(strstr(why, "the disk is full"));

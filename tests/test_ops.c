@@ -213,7 +213,7 @@ static void test_prometheus_file(void **state)
     ts_connect_hello(&c, d.sock);
 
     /* Before any job. */
-    wait_for(path, &p, written, NULL, 20, "the first write");
+    wait_for(path, &p, written, NULL, 60, "the first write");
     assert_true(value_of(&p, "traind_jobs", "state=queued") == 0);
     assert_true(value_of(&p, "traind_jobs", "state=running") == 0);
     assert_true(value_of(&p, "traind_queue_length", "") == 0);
@@ -260,7 +260,7 @@ static void test_prometheus_file(void **state)
     ts_send_job_request(&c, "cancel", job);
     td_proto_frame_free(ts_client_recv(&c));
     ts_wait_state(&c, job, "cancelled", 60);
-    wait_for(path, &p, state_count, cancelled, 20, "the cancelled job counted");
+    wait_for(path, &p, state_count, cancelled, 60, "the cancelled job counted");
     assert_true(value_of(&p, "traind_jobs", "state=running") == 0);
     assert_int_equal(samples_of(&p, "traind_job_step"), 0);
     ts_client_close(&c);
@@ -291,14 +291,14 @@ static void test_prometheus_state_changes(void **state)
     assert_non_null(mkdtemp(d.dir));
     ts_daemon_start_conf(&d, "cpu:1", conf);
     ts_connect_hello(&c, d.sock);
-    wait_for(path, &p, written, NULL, 20, "the first write");
+    wait_for(path, &p, written, NULL, 60, "the first write");
     job = tj_submit(&c, "long", 64, 1000000, NULL, 0);
     ts_wait_state(&c, job, "running", 60);
-    wait_for(path, &p, state_count, running, 5, "the job counted as running");
+    wait_for(path, &p, state_count, running, 60, "the job counted as running");
     ts_send_job_request(&c, "cancel", job);
     td_proto_frame_free(ts_client_recv(&c));
     ts_wait_state(&c, job, "cancelled", 60);
-    wait_for(path, &p, state_count, cancelled, 5, "the job counted as cancelled");
+    wait_for(path, &p, state_count, cancelled, 60, "the job counted as cancelled");
     ts_client_close(&c);
     assert_int_equal(ts_daemon_stop(&d), 0);
     remove_dir(dir);
@@ -370,7 +370,7 @@ static void check_lines(int journal)
         setenv("JOURNAL_STREAM", v, 1);
     ts_daemon_start_in(&d, "cpu:1");
     unsetenv("JOURNAL_STREAM");
-    ts_wait_log(&d, "listening on", 1, 20);
+    ts_wait_log(&d, "listening on", 1, 60);
     f = fopen(log, "r");
     assert_non_null(f);
     while (fgets(line, sizeof(line), f) != NULL) {
@@ -506,7 +506,7 @@ static void test_prometheus_dir_swapped(void **state)
     snprintf(d.dir, sizeof(d.dir), "/tmp/traind-test.XXXXXX");
     assert_non_null(mkdtemp(d.dir));
     ts_daemon_start_conf(&d, "cpu:1", conf);
-    wait_for(path, &p, written, NULL, 20, "the first write");
+    wait_for(path, &p, written, NULL, 60, "the first write");
 
     /* The directory's owner swaps it: the old one moved aside, a link to another in its
      * place, and a link to a file there planted at the temporary file's name. */
@@ -523,9 +523,9 @@ static void test_prometheus_dir_swapped(void **state)
         assert_true(errno == EEXIST && tries < 100);
         unlink(tmp);
     }
-    wait_for(held_path, &p, uptime_past, &up, 20, "a write into the held directory");
+    wait_for(held_path, &p, uptime_past, &up, 60, "a write into the held directory");
     snprintf(line, sizeof(line), "prometheus: %s is no longer the directory traind opened", dir);
-    ts_wait_log(&d, line, 1, 20);
+    ts_wait_log(&d, line, 1, 60);
     assert_int_equal(stat(held_path, &st), 0);
     assert_true(S_ISREG(st.st_mode));
     assert_int_equal(st.st_mode & 07777, 0644);

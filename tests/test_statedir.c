@@ -36,7 +36,7 @@
 #include "tests/support.h"
 
 #define FMNIST           "/usr/share/datasets/fashion-mnist"
-#define START_TIMEOUT_MS 20000 /* a traind's start, up to its socket accepting */
+#define START_TIMEOUT_MS 60000 /* a traind's start, up to its socket accepting */
 #define EXIT_TIMEOUT_MS  30000 /* a refused traind's exit */
 #define LOCK_HOLD_MS     12000 /* the outside write lock: past SQLite's 10 s busy timeout */
 /* A reply while it is held: under SQLite's 10 s busy timeout, which a reply that waited for the
@@ -448,7 +448,7 @@ static void test_one_daemon_per_state_dir(void **state)
             _exit(127);
         }
         ts_live_pid = b.pid;
-        for (int i = 0; i < 400 && !ts_can_connect(b.sock); i++)
+        for (int i = 0; i < 1200 && !ts_can_connect(b.sock); i++) /* 60 s */
             usleep(50 * 1000);
     }
     ts_connect_hello(&c, b.sock);
