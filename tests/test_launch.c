@@ -39,6 +39,7 @@
 #include "store/store.h"
 #include "tests/jobs_support.h"
 #include "tests/support.h"
+#include "train/ckpt.h"
 #include "train/device.h"
 
 #define FMNIST      "/usr/share/datasets/fashion-mnist"
@@ -967,23 +968,15 @@ static void test_restart_on_fewer_nodes(void **state)
     stop(&cd);
 }
 
-/* The highest step of a ckpt-STEP.bin in dir; 0 when none. */
+/* The highest step of a checkpoint in dir (td_ckpt_list); 0 when none. */
 static int64_t newest_checkpoint(const char *dir)
 {
-    DIR *dp = opendir(dir);
-    struct dirent *e;
-    int64_t best = 0;
+    td_ckpt_entry e[1];
+    td_error_t err;
+    int n;
 
-    while (dp != NULL && (e = readdir(dp)) != NULL) {
-        long long step;
-        char tail[8];
-        if (sscanf(e->d_name, "ckpt-%lld%7s", &step, tail) == 2 && strcmp(tail, ".bin") == 0 &&
-            step > best)
-            best = step;
-    }
-    if (dp != NULL)
-        closedir(dp);
-    return best;
+    assert_int_equal(td_ckpt_list(dir, e, 1, &n, &err), 0);
+    return n > 0 ? e[0].step : 0;
 }
 
 /* The train_loss steps of a rank stream's metrics frames, as seen[step] = 1. */
@@ -1021,7 +1014,7 @@ static void stream_losses(const char *bytes, size_t len, char *seen, int64_t max
 static void test_checkpoint_after_its_rows(void **state)
 {
     const char *traind = ts_env_or("TRAIND_BIN", "build/daemon/traind");
-    char dir[] = "/tmp/traind-ckrows.XXXXXX", spec[300], ck[300], errpath[300];
+    char dir[] = "/tmp/traind-ckrows.XXXXXX", spec[300], ck[300], errpath[300], cmd[320];
     size_t len = 0, cap = 1 << 20;
     char *bytes = malloc(cap), *seen = calloc(MAX_LOSSES + 1, 1);
     int64_t ckpt = 0;
@@ -1089,8 +1082,8 @@ static void test_checkpoint_after_its_rows(void **state)
                      (long long)ckpt, (long long)s);
     free(bytes);
     free(seen);
-    snprintf(errpath, sizeof(errpath), "rm -rf %s", dir);
-    assert_int_equal(system(errpath), 0);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
     live_dir[0] = '\0';
 }
 

@@ -222,7 +222,7 @@ static int selected(const filter *f, size_t n)
 static void check_run(const char *args, filter *f, int json)
 {
     double t0 = (double)time(NULL), t1;
-    size_t n;
+    size_t n, nwant;
 
     assert_int_equal(tc(NULL, "ls %s%s", args, json ? " --json" : ""), 0);
     t1 = (double)time(NULL) + 1;
@@ -236,8 +236,9 @@ static void check_run(const char *args, filter *f, int json)
         if (selected(f, n))
             return;
     }
-    if (n != expect(f))
-        fail_msg("ls %s%s: %zu jobs, want %zu", args, json ? " --json" : "", n, expect(f));
+    nwant = expect(f);
+    if (n != nwant)
+        fail_msg("ls %s%s: %zu jobs, want %zu", args, json ? " --json" : "", n, nwant);
     for (size_t i = 0; i < n; i++)
         if (ids[i] != want[i])
             fail_msg("ls %s%s: job %zu is %lld, want %lld", args, json ? " --json" : "", i + 1,
